@@ -1,0 +1,158 @@
+package main
+
+import (
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentd/agentd/control"
+)
+
+// socketFlag binds --debug-socket with the agent's default for the mode.
+func socketFlag(cmd *cobra.Command, path *string, user *bool) {
+	cmd.Flags().StringVar(path, "debug-socket", "", "the agent's debug socket (default /run/agentd/agentd.sock, or $XDG_RUNTIME_DIR/agentd.sock with --user)")
+	cmd.Flags().BoolVar(user, "user", false, "talk to the agent of the user's systemd instance")
+}
+
+func resolveSocket(path string, user bool) string {
+	if path != "" {
+		return path
+	}
+	o := &runOptions{user: user, host: "x"}
+	_ = o.defaults()
+	return o.debugSocket
+}
+
+func newStatusCmd() *cobra.Command {
+	var (
+		sock   string
+		user   bool
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show every unit's state as the running agent sees it",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
+			r, err := control.NewClient(resolveSocket(sock, user)).Status(cmd.Context())
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return writeJSON(out, r)
+			}
+			fmt.Fprintf(out, "host %s, registry revision %d\n", r.Host, r.Revision)
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "UNIT\tREGISTRY\tLOCAL\tSTATE\tLAST ACTION\tRESULT\tERROR")
+			for _, s := range r.Units {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%s\t%s\t%s\t%s\n", s.Unit, orDash(short(s.DesiredHash)), orDash(short(s.Hash)),
+					orDash(s.ActiveState), orDash(s.SubState), orDash(s.Action), orDash(s.Result), s.Error)
+			}
+			return tw.Flush()
+		},
+	}
+	socketFlag(cmd, &sock, &user)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newSyncCmd() *cobra.Command {
+	var (
+		sock   string
+		user   bool
+		asJSON bool
+		dry    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "sync [--dry-run]",
+		Short: "Run a reconcile pass now (or, with --dry-run, only print its plan)",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
+			r, err := control.NewClient(resolveSocket(sock, user)).Sync(cmd.Context(), dry)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return writeJSON(out, r)
+			}
+			if len(r.Plan) == 0 {
+				fmt.Fprintln(out, "nothing to do: every unit is converged")
+				return nil
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "UNIT\tACTION\tREASON")
+			for _, it := range r.Plan {
+				reason := it.Reason
+				if it.Error != "" {
+					reason = it.Error
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", it.Unit, it.Action, reason)
+			}
+			return tw.Flush()
+		},
+	}
+	socketFlag(cmd, &sock, &user)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&dry, "dry-run", false, "print the plan without changing anything")
+	return cmd
+}
+
+func newDiffCmd() *cobra.Command {
+	var (
+		sock   string
+		user   bool
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "diff [UNIT]",
+		Short: "Show a unified diff between the registry copy and the local file",
+		Args:  usageArgs(cobra.MaximumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
+			unit := ""
+			if len(args) == 1 {
+				unit = args[0]
+			}
+			ds, err := control.NewClient(resolveSocket(sock, user)).Diff(cmd.Context(), unit)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return writeJSON(out, ds)
+			}
+			for _, d := range ds {
+				switch {
+				case d.RegistryError != "":
+					fmt.Fprintf(out, "%s: invalid in the registry: %s\n", d.Path, d.RegistryError)
+				case d.LocalReadErr != "":
+					fmt.Fprintf(out, "%s: cannot read the local file: %s\n", d.Path, d.LocalReadErr)
+				default:
+					fmt.Fprint(out, control.UnifiedDiff("registry/"+d.Path, "local/"+d.Path, d.Registry, d.Local))
+				}
+			}
+			return nil
+		},
+	}
+	socketFlag(cmd, &sock, &user)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,539 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/registry"
+)
+
+type targetFlags struct {
+	host, group string
+}
+
+func (t *targetFlags) bind(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&t.host, "host", "", "target one host")
+	cmd.Flags().StringVar(&t.group, "group", "", "target every member of a group")
+}
+
+func (t *targetFlags) target() (registry.Target, error) {
+	tg := registry.Target{Host: t.host, Group: t.group}
+	if err := tg.Validate(); err != nil {
+		return tg, withCode(exitUsage, fmt.Errorf("%w (use --host H or --group G)", err))
+	}
+	return tg, nil
+}
+
+func newUnitCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "unit", Short: "Manage unit files in the registry"}
+	cmd.AddCommand(newUnitPutCmd(), newUnitRmCmd(), newUnitLsCmd(), newUnitCatCmd())
+	return cmd
+}
+
+// keyForFile maps a local file to its registry key: the base name, or
+// "<unit>.d/<name>.conf" for a file inside a drop-in directory.
+func keyForFile(path string) string {
+	base := filepath.Base(path)
+	if parent := filepath.Base(filepath.Dir(path)); strings.HasSuffix(parent, ".d") && strings.HasSuffix(base, ".conf") {
+		return parent + "/" + base
+	}
+	return base
+}
+
+func newUnitPutCmd() *cobra.Command {
+	var (
+		ef        etcdFlags
+		tf        targetFlags
+		wait      bool
+		timeout   time.Duration
+		asJSON    bool
+		instances []string
+	)
+	cmd := &cobra.Command{
+		Use:   "put FILE... (--host H | --group G) [--wait]",
+		Short: "Store unit files (and drop-ins) for a host or group",
+		Long: `Store unit files in the registry, all in one transaction. The key is the file's
+base name; a file inside a directory named <unit>.d is stored as the drop-in
+<unit>.d/<name>.conf. --instance NAME stores an empty key that runs that
+instance of its template (e.g. --instance web@1.service).
+
+With --wait, block until every targeted live host reports the new hash and the
+unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
+		Args: usageArgs(cobra.ArbitraryArgs),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
+			if len(args) == 0 && len(instances) == 0 {
+				return withCode(exitUsage, errors.New("unit put: give at least one FILE or --instance"))
+			}
+			tg, err := tf.target()
+			if err != nil {
+				return err
+			}
+			units := map[string][]byte{}
+			for _, path := range args {
+				b, err := os.ReadFile(path)
+				if err != nil {
+					return fmt.Errorf("unit put: %w", err)
+				}
+				key := keyForFile(path)
+				if _, _, err := reconcile.ParseKey(key); err != nil {
+					return withCode(exitUsage, fmt.Errorf("unit put %s: %w", path, err))
+				}
+				if err := reconcile.ValidateContent(b); err != nil {
+					return withCode(exitUsage, fmt.Errorf("unit put %s: %w", path, err))
+				}
+				if _, err := reconcile.ParsePolicy(b); err != nil {
+					return withCode(exitUsage, fmt.Errorf("unit put %s: %w", path, err))
+				}
+				units[key] = b
+			}
+			for _, in := range instances {
+				if err := reconcile.ValidateUnitName(in); err != nil || !reconcile.IsInstance(in) {
+					return withCode(exitUsage, fmt.Errorf("--instance %q: not a template instance name such as web@1.service", in))
+				}
+				units[in] = nil
+			}
+			ctx := cmd.Context()
+			reg, err := ef.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer reg.Close()
+			rev, err := reg.Put(ctx, tg, units)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			for _, k := range slices.Sorted(mapsKeys(units)) {
+				if asJSON {
+					writeJSONLine(out, map[string]any{"event": "stored", "key": tg.String() + "/units/" + k, "hash": reconcile.Hash(units[k]), "revision": rev})
+				} else {
+					fmt.Fprintf(out, "stored %s/units/%s (hash %s, revision %d)\n", tg.String(), k, short(reconcile.Hash(units[k])), rev)
+				}
+			}
+			if !wait {
+				return nil
+			}
+			return waitConverged(ctx, reg, tg, units, false, timeout, asJSON, out)
+		},
+	}
+	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+", the local agent's embedded etcd)")
+	tf.bind(cmd)
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every targeted host runs the new version")
+	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	cmd.Flags().StringArrayVar(&instances, "instance", nil, "run this template instance (empty key), e.g. web@1.service")
+	return cmd
+}
+
+func newUnitRmCmd() *cobra.Command {
+	var (
+		ef      etcdFlags
+		tf      targetFlags
+		wait    bool
+		timeout time.Duration
+		asJSON  bool
+	)
+	cmd := &cobra.Command{
+		Use:   "rm UNIT... (--host H | --group G) [--wait]",
+		Short: "Remove units from the registry: each agent stops, disables and deletes them",
+		Args:  usageArgs(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
+			tg, err := tf.target()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			reg, err := ef.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer reg.Close()
+			rev, err := reg.Remove(ctx, tg, args)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			for _, k := range args {
+				if asJSON {
+					writeJSONLine(out, map[string]any{"event": "removed", "key": tg.String() + "/units/" + k, "revision": rev})
+				} else {
+					fmt.Fprintf(out, "removed %s/units/%s (revision %d)\n", tg.String(), k, rev)
+				}
+			}
+			if !wait {
+				return nil
+			}
+			units := map[string][]byte{}
+			for _, k := range args {
+				units[k] = nil
+			}
+			return waitConverged(ctx, reg, tg, units, true, timeout, asJSON, out)
+		},
+	}
+	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
+	tf.bind(cmd)
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every targeted host has removed the units")
+	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	return cmd
+}
+
+func newUnitLsCmd() *cobra.Command {
+	var (
+		ef     etcdFlags
+		tf     targetFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "ls [--host H | --group G]",
+		Short: "List unit keys in the registry",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
+			var tp *registry.Target
+			if tf.host != "" || tf.group != "" {
+				tg, err := tf.target()
+				if err != nil {
+					return err
+				}
+				tp = &tg
+			}
+			ctx := cmd.Context()
+			reg, err := ef.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer reg.Close()
+			ls, err := reg.List(ctx, tp)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				type item struct {
+					Host     string `json:"host,omitempty"`
+					Group    string `json:"group,omitempty"`
+					Unit     string `json:"unit"`
+					Hash     string `json:"hash"`
+					Size     int    `json:"size"`
+					Revision int64  `json:"modRevision"`
+				}
+				items := []item{}
+				for _, l := range ls {
+					items = append(items, item{l.Host, l.Group, l.Unit, reconcile.Hash(l.Value), len(l.Value), l.ModRevision})
+				}
+				return writeJSON(out, items)
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TARGET\tUNIT\tHASH\tSIZE\tREVISION")
+			for _, l := range ls {
+				target := "hosts/" + l.Host
+				if l.Group != "" {
+					target = "groups/" + l.Group
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", target, l.Unit, short(reconcile.Hash(l.Value)), len(l.Value), l.ModRevision)
+			}
+			return tw.Flush()
+		},
+	}
+	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
+	tf.bind(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newUnitCatCmd() *cobra.Command {
+	var (
+		ef     etcdFlags
+		tf     targetFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "cat UNIT (--host H | --group G)",
+		Short: "Print a unit file as stored in the registry",
+		Args:  usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
+			tg, err := tf.target()
+			if err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			reg, err := ef.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer reg.Close()
+			b, err := reg.Get(ctx, tg, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(cmd.OutOrStdout(), map[string]any{"key": tg.String() + "/units/" + args[0], "hash": reconcile.Hash(b), "content": string(b)})
+			}
+			_, err = cmd.OutOrStdout().Write(b)
+			return err
+		},
+	}
+	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
+	tf.bind(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func newHostsCmd() *cobra.Command {
+	var (
+		ef     etcdFlags
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "hosts",
+		Short: "List live agents (from their lease-bound membership keys)",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			reg, err := ef.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer reg.Close()
+			ms, err := reg.Members(ctx)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				if ms == nil {
+					ms = []reconcile.Member{}
+				}
+				return writeJSON(out, ms)
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "HOST\tGROUPS\tVERSION\tMACHINE-ID\tSTARTED")
+			for _, m := range ms {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Host, strings.Join(m.Groups, ","), m.Version, short(m.MachineID), m.StartedAt.Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	}
+	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// waitConverged blocks until every targeted host reports each unit converged
+// to the content just written (or gone, for removals). It judges by the
+// status hash, never by state alone: a host still running the old hash is
+// never counted as done.
+func waitConverged(ctx context.Context, reg *registry.Client, tg registry.Target, units map[string][]byte, removing bool, timeout time.Duration, asJSON bool, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	hosts := []string{tg.Host}
+	if tg.Group != "" {
+		ms, err := reg.Members(ctx)
+		if err != nil {
+			return err
+		}
+		hosts = nil
+		for _, m := range ms {
+			if slices.Contains(m.Groups, tg.Group) {
+				hosts = append(hosts, m.Host)
+			}
+		}
+		if len(hosts) == 0 {
+			return withCode(exitFailed, fmt.Errorf("no live agent is in group %s: nothing to wait for", tg.Group))
+		}
+	}
+	want := map[string]expectation{}
+	for key, content := range units {
+		_, unit, err := reconcile.ParseKey(key)
+		if err != nil {
+			return withCode(exitUsage, err)
+		}
+		e := expectation{key: key, unit: unit, hash: reconcile.Hash(content), removing: removing, state: reconcile.StateStarted}
+		if len(content) == 0 {
+			e.hash = ""
+		}
+		if p, err := reconcile.ParsePolicy(content); err == nil && key == unit {
+			e.state = p.State
+		}
+		if reconcile.IsTemplate(unit) {
+			e.state = reconcile.StatePresent
+		}
+		want[key] = e
+	}
+	last := map[string]string{}
+	var failure error
+	err := reg.WatchStatuses(ctx, hosts, func(all map[string]map[string]reconcile.Status) bool {
+		done := true
+		failure = nil
+		for _, h := range hosts {
+			for _, key := range slices.Sorted(mapsKeys(want)) {
+				e := want[key]
+				state, detail := e.judge(all[h])
+				id := h + " " + key
+				if line := state + " " + detail; last[id] != line {
+					last[id] = line
+					if asJSON {
+						writeJSONLine(out, map[string]any{"event": "progress", "host": h, "key": key, "state": state, "detail": detail})
+					} else {
+						fmt.Fprintf(out, "%s %s: %s%s\n", h, key, state, prefixed(detail))
+					}
+				}
+				switch state {
+				case "failed":
+					failure = errors.Join(failure, fmt.Errorf("%s %s: %s", h, key, detail))
+				case "done":
+				default:
+					done = false
+				}
+			}
+		}
+		return done || failure != nil
+	})
+	if failure != nil {
+		return withCode(exitFailed, failure)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		var pending []string
+		for id, line := range last {
+			if !strings.HasPrefix(line, "done") {
+				pending = append(pending, id+" ("+line+")")
+			}
+		}
+		slices.Sort(pending)
+		return withCode(exitTimeout, fmt.Errorf("timed out after %s; not converged: %s", timeout, strings.Join(pending, "; ")))
+	}
+	return err
+}
+
+type expectation struct {
+	key, unit string
+	hash      string
+	removing  bool
+	state     reconcile.RunState
+}
+
+// judge says where one host is with one key: "done", "failed" or "pending",
+// and why.
+func (e expectation) judge(statuses map[string]reconcile.Status) (state, detail string) {
+	st, ok := statuses[e.unit]
+	if e.removing {
+		if !ok {
+			return "done", "removed"
+		}
+		if e.key != e.unit {
+			if _, still := st.DropIns[e.key]; !still {
+				return "done", "drop-in removed"
+			}
+			return "pending", "drop-in still on disk"
+		}
+		if st.DesiredHash == "" && st.Error != "" {
+			return "failed", st.Error
+		}
+		return "pending", "still installed (" + st.ActiveState + ")"
+	}
+	if !ok {
+		return "pending", "no status yet"
+	}
+	if e.key == e.unit && e.hash != "" && st.DesiredHash != e.hash {
+		return "pending", "agent has not seen the new content yet"
+	}
+	if st.Error != "" {
+		return "failed", describeFailure(st)
+	}
+	switch {
+	case e.key != e.unit:
+		if st.DropIns[e.key] != e.hash {
+			return "pending", "drop-in not written yet"
+		}
+	case e.hash != "" && st.Hash != e.hash:
+		return "pending", "file not replaced yet"
+	}
+	switch e.state {
+	case reconcile.StateStarted:
+		switch st.ActiveState {
+		case "active", "reloading":
+			return "done", fmt.Sprintf("%s (%s), hash %s", st.ActiveState, st.SubState, short(st.Hash))
+		case "failed":
+			return "failed", describeFailure(st)
+		}
+		return "pending", st.ActiveState + " (" + st.SubState + ")"
+	case reconcile.StateStopped:
+		if st.ActiveState == "inactive" || st.ActiveState == "failed" {
+			return "done", "stopped, hash " + short(st.Hash)
+		}
+		return "pending", st.ActiveState
+	}
+	return "done", "installed, hash " + short(st.Hash)
+}
+
+func describeFailure(st reconcile.Status) string {
+	msg := st.Error
+	if msg == "" {
+		msg = "unit " + st.ActiveState
+	}
+	if st.UnitResult != "" && st.UnitResult != "success" && !strings.Contains(msg, st.UnitResult) {
+		msg += " (unit result: " + st.UnitResult + ")"
+	}
+	return msg
+}
+
+func prefixed(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " — " + s
+}
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+func mapsKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func writeJSONLine(w io.Writer, v any) {
+	_ = json.NewEncoder(w).Encode(v)
+}

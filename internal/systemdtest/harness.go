@@ -1,0 +1,469 @@
+// Package systemdtest boots a private, throw-away `systemd --user` manager
+// for one test, so adapters that talk to systemd over D-Bus are tested
+// against the real thing (see shared/HARNESS.md, "User mode").
+//
+// Each Harness runs harness.sh (embedded) under `unshare --mount`: the
+// manager lives in a cgroup subtree of its own, with its own bus socket,
+// unit directories and log, all below a fresh temporary directory. The test
+// holds the script's stdin; closing it (Close, test cleanup, or the death of
+// the test process) tears the manager down and removes its cgroups.
+//
+// A Harness is safe for concurrent use by the test's goroutines. Tests in
+// different packages may run harnesses in parallel; on two cores more than
+// two at a time gains nothing.
+package systemdtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+	godbus "github.com/godbus/dbus/v5"
+
+	"github.com/agentd/agentd/systemd"
+)
+
+//go:embed harness.sh
+var script []byte
+
+const (
+	systemdBinary = "/lib/systemd/systemd"
+	dbusSocket    = "/usr/lib/systemd/user/dbus.socket"
+	// bootTimeout bounds the wait for "ready" and for systemd to answer on
+	// the bus (a loaded machine has been seen needing 2.7 s).
+	bootTimeout = 30 * time.Second
+	// stopTimeout bounds the script's teardown before it is killed.
+	stopTimeout = 10 * time.Second
+)
+
+// cgroupRoots are the hierarchies in which harness.sh creates its subtree.
+var cgroupRoots = []string{"/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"}
+
+// Harness is a running private systemd --user manager.
+type Harness struct {
+	Dir        string // temporary directory holding everything; removed at cleanup
+	BusAddress string // D-Bus address of the manager's user bus: "unix:path=DIR/run/bus"
+	UnitDir    string // $XDG_CONFIG_HOME/systemd/user: the agent's unit dir, where EnableUnitFiles puts symlinks
+	StateDir   string // a fresh, empty directory for the agent's state
+	ManagerPID int
+
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	cgroup string // subtree name below each of cgroupRoots
+
+	mu sync.Mutex
+	sd *sddbus.Conn // lazily dialed for Prop; closed by Close
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start boots a private systemd --user manager for the test and registers
+// its teardown with t.Cleanup. When the harness cannot start, Start fails
+// the test if the environment variable CI is "true" (a missing harness must
+// not pass silently in CI), and skips it with the reason otherwise.
+func Start(t testing.TB) *Harness {
+	t.Helper()
+	h, err := start(t.Name())
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("systemd harness: %v", err)
+		}
+		t.Skipf("systemd harness unavailable: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := h.Close(); err != nil {
+			t.Errorf("systemd harness teardown: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("systemd harness log (%s):\n%s", h.Dir, h.Log())
+		}
+		if err := os.RemoveAll(h.Dir); err != nil {
+			t.Errorf("systemd harness: %v", err)
+		}
+	})
+	return h
+}
+
+// preconditions reports why a harness cannot run here, or nil.
+func preconditions() error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (cgroups, mount namespace)")
+	}
+	for _, p := range []string{systemdBinary, dbusSocket} {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("%s missing (packages systemd, dbus-user-session): %w", p, err)
+		}
+	}
+	for _, p := range cgroupRoots {
+		if _, err := os.Stat(filepath.Join(p, "cgroup.procs")); err != nil {
+			return fmt.Errorf("needs the hybrid cgroup layout (%s): %w", p, err)
+		}
+	}
+	for _, bin := range []string{"unshare", "bash"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func start(testName string) (*Harness, error) {
+	if err := preconditions(); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "sdh")
+	if err != nil {
+		return nil, err
+	}
+	h, err := boot(dir, cgroupName(testName))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return h, nil
+}
+
+// cgroupName turns a test name into a short, safe cgroup name component.
+func cgroupName(testName string) string {
+	b := []byte(testName)
+	for i, c := range b {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.') {
+			b[i] = '_'
+		}
+	}
+	if len(b) > 48 {
+		b = b[len(b)-48:]
+	}
+	return string(b)
+}
+
+func boot(dir, name string) (_ *Harness, err error) {
+	scriptPath := filepath.Join(dir, "harness.sh")
+	if err := os.WriteFile(scriptPath, script, 0o700); err != nil {
+		return nil, err
+	}
+	stderr, err := os.Create(filepath.Join(dir, "harness.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer stderr.Close() // the child holds its own copy
+
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "bash", scriptPath, dir, name)
+	cmd.Stderr = stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	h := &Harness{
+		Dir:        dir,
+		BusAddress: "unix:path=" + filepath.Join(dir, "run", "bus"),
+		UnitDir:    filepath.Join(dir, "home", ".config", "systemd", "user"),
+		StateDir:   filepath.Join(dir, "state"),
+		cmd:        cmd,
+		stdin:      stdin,
+		// unshare without --fork execs bash in place: the script's $$ is our child's PID.
+		cgroup: fmt.Sprintf("systemd-harness-%d-%s", cmd.Process.Pid, name),
+	}
+	defer func() {
+		if err != nil {
+			h.Close()
+			if b, _ := os.ReadFile(filepath.Join(dir, "harness.log")); len(b) > 0 {
+				err = fmt.Errorf("%w\nharness.sh stderr:\n%s", err, b)
+			}
+			if l := h.Log(); l != "" {
+				err = fmt.Errorf("%w\n%s", err, l)
+			}
+		}
+	}()
+
+	// The script prints "ready PID" once the bus socket exists.
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(stdout).ReadString('\n')
+		line <- s
+	}()
+	timer := time.NewTimer(bootTimeout)
+	defer timer.Stop()
+	select {
+	case s := <-line:
+		pid, ok := strings.CutPrefix(strings.TrimSpace(s), "ready ")
+		if !ok {
+			return nil, fmt.Errorf("harness.sh did not become ready (said %q)", s)
+		}
+		if h.ManagerPID, err = strconv.Atoi(pid); err != nil {
+			return nil, fmt.Errorf("harness.sh: bad ready line %q", s)
+		}
+	case <-timer.C:
+		return nil, fmt.Errorf("harness.sh not ready after %s", bootTimeout)
+	}
+	if err := os.Mkdir(h.StateDir, 0o755); err != nil {
+		return nil, err
+	}
+
+	// The socket exists before systemd has connected to the bus; the bus
+	// holds a call to org.freedesktop.systemd1 until it has.
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	if err := h.ping(ctx); err != nil {
+		return nil, fmt.Errorf("systemd --user does not answer on %s: %w", h.BusAddress, err)
+	}
+	return h, nil
+}
+
+// ping waits until the manager answers a D-Bus Peer.Ping on its bus.
+func (h *Harness) ping(ctx context.Context) error {
+	conn, err := h.rawConn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").
+		CallWithContext(ctx, "org.freedesktop.DBus.Peer.Ping", 0).Err
+}
+
+// rawConn opens a godbus connection to the harness's bus. ctx bounds the
+// connection's whole lifetime.
+func (h *Harness) rawConn(ctx context.Context) (*godbus.Conn, error) {
+	conn, err := godbus.Dial(h.BusAddress, godbus.WithContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	if err := conn.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if err := conn.Hello(); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// Dial opens a go-systemd connection to this manager through its bus
+// address, without touching the process environment. As with every
+// systemd.Dialer, ctx bounds the connection's lifetime: cancelling it closes
+// the connection. The caller closes the connection.
+func (h *Harness) Dial(ctx context.Context) (*sddbus.Conn, error) {
+	return systemd.AddressDialer(h.BusAddress)(ctx)
+}
+
+// Log returns the manager's log and the output of its units, for failure
+// messages.
+func (h *Harness) Log() string {
+	var b strings.Builder
+	for _, name := range []string{"manager.log", "units.log"} {
+		data, err := os.ReadFile(filepath.Join(h.Dir, name))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			fmt.Fprintf(&b, "--- %s: %v\n", name, err)
+			continue
+		}
+		fmt.Fprintf(&b, "--- %s\n%s", name, data)
+		if len(data) > 0 && !bytes.HasSuffix(data, []byte("\n")) {
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+// CountReloads subscribes to the manager's Reloading signal and returns a
+// function giving the number of completed reloads (Reloading(false)) seen
+// since the call. Signals travel on their own connection, so a reload's
+// signal may arrive shortly after the Reload call returned: poll.
+func (h *Harness) CountReloads(t testing.TB) func() int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := h.rawConn(ctx)
+	if err != nil {
+		cancel()
+		t.Fatalf("CountReloads: %v", err)
+	}
+	var n atomic.Int64
+	ch := make(chan *godbus.Signal, 64)
+	conn.Signal(ch)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for sig := range ch { // closed when conn closes
+			if sig.Name != "org.freedesktop.systemd1.Manager.Reloading" || len(sig.Body) != 1 {
+				continue
+			}
+			if active, ok := sig.Body[0].(bool); ok && !active {
+				n.Add(1)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel() // closes conn and with it ch
+		<-done
+	})
+	err = conn.AddMatchSignalContext(ctx,
+		godbus.WithMatchInterface("org.freedesktop.systemd1.Manager"),
+		godbus.WithMatchMember("Reloading"))
+	if err == nil {
+		// Without a subscriber systemd emits no signals on the bus.
+		err = conn.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").
+			CallWithContext(ctx, "org.freedesktop.systemd1.Manager.Subscribe", 0).Err
+	}
+	if err != nil {
+		t.Fatalf("CountReloads: subscribe: %v", err)
+	}
+	return func() int { return int(n.Load()) }
+}
+
+// Prop returns the current value of a unit property, looked up on the
+// generic Unit interface first and then on the unit's type interface
+// (Service for ".service", ...). It fails the test on error.
+func (h *Harness) Prop(t testing.TB, unit, name string) any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := h.conn()
+	if err != nil {
+		t.Fatalf("Prop(%s, %s): %v", unit, name, err)
+	}
+	p, err := conn.GetUnitPropertyContext(ctx, unit, name)
+	if err != nil {
+		p, err = conn.GetUnitTypePropertyContext(ctx, unit, unitType(unit), name)
+	}
+	if err != nil {
+		t.Fatalf("Prop(%s, %s): %v", unit, name, err)
+	}
+	return p.Value.Value()
+}
+
+// ActiveState returns the unit's ActiveState.
+func (h *Harness) ActiveState(t testing.TB, unit string) string {
+	t.Helper()
+	s, _ := h.Prop(t, unit, "ActiveState").(string)
+	return s
+}
+
+// MainPID returns a service's MainPID (0 when it has none).
+func (h *Harness) MainPID(t testing.TB, unit string) uint32 {
+	t.Helper()
+	pid, _ := h.Prop(t, unit, "MainPID").(uint32)
+	return pid
+}
+
+// unitType maps "a.service" to "Service", the suffix of its D-Bus interface.
+func unitType(unit string) string {
+	ext := strings.TrimPrefix(filepath.Ext(unit), ".")
+	if ext == "" {
+		return ""
+	}
+	return strings.ToUpper(ext[:1]) + ext[1:]
+}
+
+// conn returns the harness's own go-systemd connection, dialing it once.
+func (h *Harness) conn() (*sddbus.Conn, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.sd != nil && h.sd.Connected() {
+		return h.sd, nil
+	}
+	if h.sd != nil {
+		h.sd.Close()
+	}
+	var err error
+	h.sd, err = h.Dial(context.Background())
+	return h.sd, err
+}
+
+// Close stops the manager: it closes the script's stdin, waits for its
+// teardown (at most 10 s, then kills it and every process left in the
+// harness's cgroups) and checks that the cgroups are gone. It does not
+// remove Dir (the test cleanup does, after logging on failure). Close is
+// idempotent; Start registers it as a cleanup.
+func (h *Harness) Close() error {
+	h.closeOnce.Do(func() {
+		h.mu.Lock()
+		if h.sd != nil {
+			h.sd.Close()
+		}
+		h.mu.Unlock()
+
+		h.stdin.Close()
+		done := make(chan error, 1)
+		go func() { done <- h.cmd.Wait() }()
+		timer := time.NewTimer(stopTimeout)
+		defer timer.Stop()
+		select {
+		case <-done:
+		case <-timer.C:
+			h.cmd.Process.Kill() // our own child, by PID
+			<-done
+			h.closeErr = fmt.Errorf("harness.sh did not stop within %s; killed it", stopTimeout)
+		}
+		// Normally the script has removed its subtree; make sure.
+		for _, root := range cgroupRoots {
+			sub := filepath.Join(root, h.cgroup)
+			if _, err := os.Stat(sub); err != nil {
+				continue
+			}
+			if err := killTree(sub); err != nil {
+				h.closeErr = errors.Join(h.closeErr, fmt.Errorf("cgroup %s left behind: %w", sub, err))
+			}
+		}
+	})
+	return h.closeErr
+}
+
+// killTree SIGKILLs every process in the cgroup subtree root (processes the
+// harness started: nothing else lives there) and removes the subtree,
+// deepest first.
+func killTree(root string) error {
+	var dirs []string
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		left := 0
+		for _, d := range dirs {
+			data, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			for _, f := range strings.Fields(string(data)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+					syscall.Kill(pid, syscall.SIGKILL)
+					left++
+				}
+			}
+		}
+		if left == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var errs []error
+	for i := len(dirs) - 1; i >= 0; i-- { // WalkDir lists parents first
+		if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,177 @@
+package reconcile
+
+import (
+	"bytes"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+)
+
+// DesiredFile is one file the registry wants in the unit directory.
+type DesiredFile struct {
+	Path    string // relative to the unit directory: "x.service" or "x.service.d/y.conf"
+	Content []byte
+	Hash    string
+	Source  string // "host" or "group:<name>"
+}
+
+// DesiredUnit is everything the registry says about one unit on this host.
+type DesiredUnit struct {
+	Name     string
+	File     *DesiredFile           // the unit file itself; nil for an instance key or drop-ins only
+	DropIns  map[string]DesiredFile // by path
+	Instance bool                   // an empty-valued instance key: run Name from its template
+	Policy   Policy
+	// Err, when set, blocks the unit: it is reported and nothing is applied.
+	Err error
+}
+
+// Files returns the unit's files sorted by path.
+func (u *DesiredUnit) Files() []DesiredFile {
+	var fs []DesiredFile
+	if u.File != nil {
+		fs = append(fs, *u.File)
+	}
+	for _, p := range sortedKeys(u.DropIns) {
+		fs = append(fs, u.DropIns[p])
+	}
+	return fs
+}
+
+// Hash is the hash of the unit file ("" when the registry has none).
+func (u *DesiredUnit) Hash() string {
+	if u.File == nil {
+		return ""
+	}
+	return u.File.Hash
+}
+
+// Desire turns a registry snapshot into the desired units of this host:
+// it validates every key and value, lets a host key override group keys,
+// and blocks a unit that two groups define differently. Pure.
+func Desire(s Snapshot) map[string]*DesiredUnit {
+	type cand struct {
+		e    Entry
+		path string
+		unit string
+	}
+	units := map[string]*DesiredUnit{}
+	get := func(name string) *DesiredUnit {
+		u := units[name]
+		if u == nil {
+			u = &DesiredUnit{Name: name, DropIns: map[string]DesiredFile{}}
+			units[name] = u
+		}
+		return u
+	}
+	block := func(u *DesiredUnit, err error) {
+		if u.Err == nil {
+			u.Err = err
+		}
+	}
+
+	byPath := map[string][]cand{}
+	for _, e := range s.Entries {
+		path, unit, err := ParseKey(e.Unit)
+		if err != nil {
+			// Reported under an escaped name so a hostile key cannot shape the status key.
+			block(get(url.PathEscape(e.Unit)), err)
+			continue
+		}
+		byPath[path] = append(byPath[path], cand{e, path, unit})
+	}
+
+	for _, path := range sortedKeys(byPath) {
+		cs := byPath[path]
+		u := get(cs[0].unit)
+		// A host key wins over every group key for the same path.
+		var chosen *cand
+		for i := range cs {
+			if cs[i].e.Scope == ScopeHost {
+				chosen = &cs[i]
+			}
+		}
+		if chosen == nil {
+			chosen = &cs[0]
+			conflict := false
+			for _, c := range cs[1:] {
+				conflict = conflict || !bytes.Equal(c.e.Value, chosen.e.Value)
+			}
+			if conflict {
+				var groups []string
+				for _, c := range cs {
+					groups = append(groups, c.e.Group)
+				}
+				block(u, fmt.Errorf("conflict: groups %s give different content for %s; nothing applied",
+					strings.Join(dedupe(groups), ", "), path))
+				continue
+			}
+		}
+		e := chosen.e
+		source := "host"
+		if e.Scope == ScopeGroup {
+			source = "group:" + e.Group
+		}
+		if len(e.Value) == 0 {
+			if path == u.Name && IsInstance(u.Name) {
+				u.Instance = true
+				continue
+			}
+			block(u, fmt.Errorf("%s: empty value (only a template instance such as foo@1.service may be empty)", path))
+			continue
+		}
+		if err := ValidateContent(e.Value); err != nil {
+			block(u, fmt.Errorf("%s: %w", path, err))
+			continue
+		}
+		f := DesiredFile{Path: path, Content: e.Value, Hash: Hash(e.Value), Source: source}
+		if path == u.Name {
+			u.File = &f
+		} else {
+			u.DropIns[path] = f
+		}
+	}
+
+	for _, u := range units {
+		if u.Err != nil {
+			continue
+		}
+		// Policy comes from the unit file, else from the drop-ins.
+		var src []byte
+		if u.File != nil {
+			src = u.File.Content
+		} else {
+			for _, f := range u.Files() {
+				src = append(src, f.Content...)
+				src = append(src, '\n')
+			}
+		}
+		p, err := ParsePolicy(src)
+		if err != nil {
+			u.Err = err
+			continue
+		}
+		if IsTemplate(u.Name) {
+			// A template cannot run by itself; its instances do.
+			p.State = StatePresent
+			p.Enable = false
+		}
+		u.Policy = p
+	}
+	return units
+}
+
+func dedupe(s []string) []string {
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+func sortedKeys[M ~map[string]V, V any](m M) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}

@@ -1,0 +1,106 @@
+// Package reconcile decides and applies what an agent does to the units of
+// its host. It owns the domain types; the adapters (registry, systemd,
+// unitdir) import it, never the other way round.
+//
+// Plan is pure: it maps desired state (from the registry) and current state
+// (from disk and D-Bus) to actions. Agent is the thin, single-goroutine loop
+// that gathers state, calls Plan and executes the actions in a fixed order
+// with one daemon-reload per batch.
+package reconcile
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+)
+
+// Hash is the identity of a unit file's content: hex SHA-256 of its exact
+// bytes, the same bytes that are written to disk.
+func Hash(content []byte) string {
+	sum := sha256.Sum256(content)
+	return hex.EncodeToString(sum[:])
+}
+
+// Scope says where a registry entry came from.
+type Scope int
+
+const (
+	ScopeHost Scope = iota
+	ScopeGroup
+)
+
+func (s Scope) String() string {
+	if s == ScopeGroup {
+		return "group"
+	}
+	return "host"
+}
+
+// Entry is one unit key read from the registry, before validation.
+type Entry struct {
+	Scope Scope
+	Group string // set when Scope is ScopeGroup
+	Unit  string // key suffix after ".../units/": a unit name or "<unit>.d/<name>.conf"
+	Value []byte
+	// ModRevision is the etcd revision that last wrote the key.
+	ModRevision int64
+}
+
+// Snapshot is a complete, consistent read of every key meant for one host.
+type Snapshot struct {
+	Revision int64
+	Entries  []Entry
+}
+
+// UnitState is what systemd says about a unit right now.
+type UnitState struct {
+	LoadState   string // loaded, not-found, bad-setting, error, masked
+	LoadError   string // systemd's message when LoadState is not "loaded"
+	ActiveState string // active, reloading, inactive, failed, activating, deactivating
+	SubState    string
+	Result      string // the unit's Result property (success, exit-code, signal, ...)
+	MainPID     uint32
+	// Ran is true when the unit has left "inactive" at least once since the
+	// manager started (InactiveExitTimestampMonotonic != 0). It lets the agent
+	// start a unit after boot without fighting an operator who stopped it.
+	Ran bool
+}
+
+// Active reports whether the unit is up or on its way up.
+func (s UnitState) Active() bool {
+	switch s.ActiveState {
+	case "active", "reloading", "activating":
+		return true
+	}
+	return false
+}
+
+// Status is what an agent publishes per unit at <prefix>/status/<host>/<unit>
+// and serves on its debug socket. Field names are the documented contract.
+type Status struct {
+	Unit        string `json:"unit"`
+	Hash        string `json:"hash"`        // SHA-256 of the local file ("" when absent)
+	DesiredHash string `json:"desiredHash"` // SHA-256 of the registry value ("" when not in the registry)
+	// DropIns maps each drop-in the agent manages for this unit to the
+	// hash of the file on disk.
+	DropIns     map[string]string `json:"dropIns,omitempty"`
+	LoadState   string            `json:"loadState,omitempty"`
+	ActiveState string            `json:"activeState"`
+	SubState    string            `json:"subState"`
+	UnitResult  string            `json:"unitResult,omitempty"` // systemd's Result property
+	MainPID     uint32            `json:"mainPID,omitempty"`
+	Action      string            `json:"action"`           // last action taken on this unit
+	Result      string            `json:"result"`           // result of that action: done, failed, timeout, refused, ...
+	Error       string            `json:"error,omitempty"`  // why the unit is not converged, if it is not
+	Source      string            `json:"source,omitempty"` // registry key scope: "host" or "group:<name>"
+	UpdatedAt   time.Time         `json:"updatedAt"`
+}
+
+// Member is an agent's membership record at <prefix>/agents/<host>.
+type Member struct {
+	Host      string    `json:"host"`
+	MachineID string    `json:"machineID"`
+	Groups    []string  `json:"groups"`
+	Version   string    `json:"version"`
+	StartedAt time.Time `json:"startedAt"`
+}

@@ -1,0 +1,120 @@
+package reconcile
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxValueSize bounds a registry value. Real unit files are a few KiB; a
+// larger value is a mistake (or an attack) and is refused before it reaches
+// the disk.
+const MaxValueSize = 256 << 10
+
+// supportedTypes are the unit types agentd manages. Devices and scopes are
+// not configured by files; swaps and automounts are left out deliberately.
+var supportedTypes = map[string]bool{
+	"service": true, "socket": true, "timer": true, "path": true,
+	"target": true, "slice": true, "mount": true,
+}
+
+// ValidateUnitName checks a unit name the way systemd does (unit_name_is_valid),
+// plus the types agentd supports. Names with "/" or ".." are refused outright:
+// they are the ones that could name a path outside the unit directory.
+func ValidateUnitName(name string) error {
+	if name == "" {
+		return fmt.Errorf("empty unit name")
+	}
+	if len(name) > 255 {
+		return fmt.Errorf("unit name %.40q…: longer than 255 bytes", name)
+	}
+	if strings.Contains(name, "/") || strings.Contains(name, "..") {
+		return fmt.Errorf("invalid unit name %q: must not contain \"/\" or \"..\"", name)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune(":-_.\\@", r)) {
+			return fmt.Errorf("invalid unit name %q: character %q not allowed", name, r)
+		}
+	}
+	dot := strings.LastIndexByte(name, '.')
+	if dot <= 0 {
+		return fmt.Errorf("invalid unit name %q: no unit type suffix", name)
+	}
+	typ := name[dot+1:]
+	if !supportedTypes[typ] {
+		return fmt.Errorf("unsupported unit type %q in %q (supported: service, socket, timer, path, target, slice, mount)", typ, name)
+	}
+	prefix := name[:dot]
+	if at := strings.IndexByte(prefix, '@'); at >= 0 {
+		if at == 0 {
+			return fmt.Errorf("invalid unit name %q: empty template prefix", name)
+		}
+		if strings.Count(prefix, "@") > 1 {
+			return fmt.Errorf("invalid unit name %q: more than one \"@\"", name)
+		}
+	}
+	return nil
+}
+
+// IsTemplate reports whether name is a template such as foo@.service.
+func IsTemplate(name string) bool {
+	return strings.Contains(name, "@.")
+}
+
+// IsInstance reports whether name is a template instance such as foo@1.service.
+func IsInstance(name string) bool {
+	at := strings.IndexByte(name, '@')
+	return at > 0 && !IsTemplate(name)
+}
+
+// TemplateOf returns foo@.service for foo@1.service.
+func TemplateOf(instance string) string {
+	at := strings.IndexByte(instance, '@')
+	dot := strings.LastIndexByte(instance, '.')
+	if at < 0 || dot < at {
+		return ""
+	}
+	return instance[:at+1] + instance[dot:]
+}
+
+// ParseKey splits a registry key suffix (what follows ".../units/") into the
+// file path relative to the unit directory and the unit it belongs to. It
+// accepts "<unit>" and "<unit>.d/<name>.conf" (a drop-in).
+func ParseKey(key string) (path, unit string, err error) {
+	if unitPart, dropIn, ok := strings.Cut(key, ".d/"); ok {
+		if err := ValidateUnitName(unitPart); err != nil {
+			return "", "", err
+		}
+		if !strings.HasSuffix(dropIn, ".conf") || len(dropIn) <= len(".conf") {
+			return "", "", fmt.Errorf("invalid drop-in %q: name must end in .conf", key)
+		}
+		if strings.ContainsAny(dropIn, "/\\") || strings.Contains(dropIn, "..") || strings.HasPrefix(dropIn, ".") {
+			return "", "", fmt.Errorf("invalid drop-in %q: must be a plain file name", key)
+		}
+		for _, r := range dropIn {
+			if r < 0x21 || r > 0x7e {
+				return "", "", fmt.Errorf("invalid drop-in %q: character %q not allowed", key, r)
+			}
+		}
+		return key, unitPart, nil
+	}
+	if err := ValidateUnitName(key); err != nil {
+		return "", "", err
+	}
+	return key, key, nil
+}
+
+// ValidateContent checks a registry value before it may become a file.
+func ValidateContent(b []byte) error {
+	if len(b) > MaxValueSize {
+		return fmt.Errorf("value is %d bytes, over the %d KiB limit", len(b), MaxValueSize>>10)
+	}
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		return fmt.Errorf("value contains a NUL byte at offset %d", i)
+	}
+	if !utf8.Valid(b) {
+		return fmt.Errorf("value is not valid UTF-8")
+	}
+	return nil
+}

@@ -1,0 +1,29 @@
+// Package registry is agentd's adapter to etcd v3: the only package that
+// imports the etcd client and server.
+//
+// Key layout under a prefix (default "/agentd"):
+//
+//	<p>/hosts/<host>/units/<unit>     unit file (raw bytes) for one host
+//	<p>/groups/<group>/units/<unit>   unit file for every member of a group
+//	<p>/agents/<host>                 JSON reconcile.Member, bound to the agent's lease
+//	<p>/status/<host>/<unit>          JSON reconcile.Status, bound to the agent's lease
+//
+// <unit> is a unit name ("hello.service") or a drop-in ("hello.service.d/10-x.conf").
+//
+// Agent side: [Client.Watch] delivers complete, consistent snapshots of the
+// keys meant for a host (read at one revision, watched from the next one,
+// re-read on compaction, reconnect and periodically); [Client.Join] and
+// [Session.Report] publish the agent's presence and unit statuses, bound to
+// a lease that is re-created when it is lost.
+//
+// CLI side: [Client.Put], [Client.Remove], [Client.List], [Client.Get],
+// [Client.Members], [Client.Statuses] and [Client.WatchStatuses].
+//
+// [StartEmbedded] runs a single-node etcd inside the process (for `agentd run`
+// without endpoints, and for tests via [StartTestEtcd]).
+//
+// A *Client and a *Session are safe for concurrent use. Every method honours
+// its ctx; agent-side calls (Watch reads, Join, Report) additionally bound
+// each etcd round trip by a request timeout (5 s) so that an unreachable etcd
+// surfaces as an error instead of a hang.
+package registry

@@ -1,0 +1,171 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+const (
+	defaultEmbedClientURL = "http://127.0.0.1:2379"
+	defaultEmbedPeerURL   = "http://127.0.0.1:2380"
+	embedStartTimeout     = 60 * time.Second
+	embedTestStartTimeout = 15 * time.Second
+)
+
+// EmbedConfig configures a single-node etcd running inside the process.
+type EmbedConfig struct {
+	Dir       string // data directory (created 0700 if missing)
+	ClientURL string // default http://127.0.0.1:2379
+	PeerURL   string // default http://127.0.0.1:2380
+	// ForTests allows port 0, shortens raft timings (TickMs=10,
+	// ElectionMs=100) and disables fsync. Never for real data.
+	ForTests bool
+	// Logger receives etcd's own errors (default: discarded). etcd's
+	// info and warning chatter is always dropped.
+	Logger *slog.Logger
+}
+
+// Embedded is a running in-process etcd.
+type Embedded struct {
+	etcd     *embed.Etcd
+	endpoint string
+}
+
+// StartEmbedded starts etcd and waits until it serves clients (up to 60 s,
+// 15 s with ForTests, or until ctx is done). Outside tests the URLs must
+// have fixed ports so that a restart on the same Dir finds its member
+// again; auto-compaction keeps one hour of history.
+func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("start embedded etcd: no data directory given")
+	}
+	curl, err := parseEmbedURL(cfg.ClientURL, defaultEmbedClientURL, cfg.ForTests)
+	if err != nil {
+		return nil, fmt.Errorf("start embedded etcd: client URL: %w", err)
+	}
+	purl, err := parseEmbedURL(cfg.PeerURL, defaultEmbedPeerURL, cfg.ForTests)
+	if err != nil {
+		return nil, fmt.Errorf("start embedded etcd: peer URL: %w", err)
+	}
+	ec := embed.NewConfig()
+	ec.Name = "agentd"
+	ec.Dir = cfg.Dir
+	ec.ListenClientUrls = []url.URL{*curl}
+	ec.AdvertiseClientUrls = []url.URL{*curl}
+	ec.ListenPeerUrls = []url.URL{*purl}
+	ec.AdvertisePeerUrls = []url.URL{*purl}
+	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	if cfg.Logger != nil {
+		ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(&slogCore{log: cfg.Logger.With("component", "etcd"), min: zapcore.ErrorLevel}))
+	}
+	timeout := embedStartTimeout
+	if cfg.ForTests {
+		ec.TickMs, ec.ElectionMs = 10, 100
+		ec.UnsafeNoFsync = true
+		timeout = embedTestStartTimeout
+	} else {
+		ec.AutoCompactionMode = embed.CompactorModePeriodic
+		ec.AutoCompactionRetention = "1h"
+	}
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		return nil, fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, err)
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, err)
+	case <-t.C:
+		e.Server.Stop()
+		e.Close()
+		return nil, fmt.Errorf("start embedded etcd in %s: not ready after %s", cfg.Dir, timeout)
+	case <-ctx.Done():
+		e.Server.Stop()
+		e.Close()
+		return nil, fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, ctx.Err())
+	}
+	scheme := "http://"
+	if curl.Scheme == "https" {
+		scheme = "https://"
+	}
+	return &Embedded{etcd: e, endpoint: scheme + e.Clients[0].Addr().String()}, nil
+}
+
+func parseEmbedURL(s, def string, allowPort0 bool) (*url.URL, error) {
+	if s == "" {
+		s = def
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "http" || u.Port() == "" {
+		return nil, fmt.Errorf("%q: want http://host:port", s)
+	}
+	if u.Port() == "0" && !allowPort0 {
+		return nil, fmt.Errorf("%q: port 0 only in tests; a restart must find the same port", s)
+	}
+	return u, nil
+}
+
+// Endpoint is the client URL actually listened on (with the real port
+// when port 0 was asked for), e.g. "http://127.0.0.1:2379".
+func (e *Embedded) Endpoint() string { return e.endpoint }
+
+// Close stops etcd. With client watch streams still open this takes the
+// server's request timeout (about 5 s) before they are cut.
+func (e *Embedded) Close() { e.etcd.Close() }
+
+// slogCore forwards etcd's zap records at or above min to slog.
+type slogCore struct {
+	log    *slog.Logger
+	min    zapcore.Level
+	fields []zapcore.Field
+}
+
+func (c *slogCore) Enabled(l zapcore.Level) bool { return l >= c.min }
+
+func (c *slogCore) With(fs []zapcore.Field) zapcore.Core {
+	return &slogCore{log: c.log, min: c.min, fields: append(append([]zapcore.Field(nil), c.fields...), fs...)}
+}
+
+func (c *slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if c.Enabled(e.Level) {
+		return ce.AddCore(e, c)
+	}
+	return ce
+}
+
+func (c *slogCore) Write(e zapcore.Entry, fs []zapcore.Field) error {
+	enc := zapcore.NewMapObjectEncoder()
+	for _, f := range c.fields {
+		f.AddTo(enc)
+	}
+	for _, f := range fs {
+		f.AddTo(enc)
+	}
+	attrs := make([]slog.Attr, 0, len(enc.Fields))
+	for k, v := range enc.Fields {
+		attrs = append(attrs, slog.Any(k, v))
+	}
+	lvl := slog.LevelError
+	if e.Level < zapcore.ErrorLevel {
+		lvl = slog.LevelWarn
+	}
+	c.log.LogAttrs(context.Background(), lvl, e.Message, attrs...)
+	return nil
+}
+
+func (c *slogCore) Sync() error { return nil }

@@ -1,0 +1,387 @@
+package registry
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// maxTxnOps keeps Report's transactions well under etcd's default limit of
+// 128 operations per transaction.
+const maxTxnOps = 64
+
+// Session is an agent's lease-bound presence in the registry: its
+// membership record at <p>/agents/<host> and its statuses at
+// <p>/status/<host>/. When the lease is lost (etcd away longer than the
+// TTL, or the lease revoked), a goroutine owned by the Session — and Report
+// itself — creates a new lease, re-puts the membership and re-publishes the
+// last reported statuses. Safe for concurrent use.
+type Session struct {
+	c      *Client
+	member reconcile.Member
+	ttl    int // seconds
+
+	mu   sync.Mutex
+	sess *concurrency.Session // nil when lost and not yet re-created
+	want map[string]reconcile.Status
+	// published is what etcd holds for this host, in comparison form (see
+	// compareForm): nil map = not read yet; a nil entry = a key of unknown
+	// content (left by an earlier lease).
+	published map[string][]byte
+	closed    bool
+
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+// Join announces the agent: it grants a lease of ttl (default 15 s, rounded
+// up to whole seconds), keeps it alive, and puts m at <p>/agents/<m.Host>
+// bound to it. It fails with ErrHostTaken when a live agent with a
+// different MachineID holds the host name. An earlier record with the same
+// MachineID (this machine's agent before a restart) is taken over and its
+// lease revoked, which also removes the statuses it left behind.
+func (c *Client) Join(ctx context.Context, m reconcile.Member, ttl time.Duration) (*Session, error) {
+	if err := ValidateName("host", m.Host); err != nil {
+		return nil, fmt.Errorf("join: %w", err)
+	}
+	if ttl <= 0 {
+		ttl = defaultSessionTTL
+	}
+	s := &Session{c: c, member: m, ttl: int((ttl + time.Second - 1) / time.Second)}
+	if err := s.establishLocked(ctx); err != nil {
+		return nil, err
+	}
+	bg, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.wg.Go(func() { s.keep(bg) })
+	return s, nil
+}
+
+// Lease returns the current lease ID (0 while the lease is lost), for keys
+// that must live and die with this agent.
+func (s *Session) Lease() clientv3.LeaseID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sess == nil {
+		return clientv3.NoLease
+	}
+	return s.sess.Lease()
+}
+
+// establishLocked grants a new lease, starts keeping it alive and claims
+// the membership key with it. Caller holds s.mu (or owns s exclusively).
+func (s *Session) establishLocked(ctx context.Context) error {
+	c := s.c
+	rctx, cancel := c.reqCtx(ctx)
+	defer cancel()
+	g, err := c.cli.Grant(rctx, int64(s.ttl))
+	if err != nil {
+		return fmt.Errorf("join %s: grant lease: %w", s.member.Host, err)
+	}
+	sess, err := concurrency.NewSession(c.cli, concurrency.WithLease(g.ID), concurrency.WithTTL(s.ttl))
+	if err != nil {
+		c.revokeQuietly(g.ID)
+		return fmt.Errorf("join %s: keep lease alive: %w", s.member.Host, err)
+	}
+	if err := c.claim(rctx, s.member, g.ID); err != nil {
+		sess.Orphan()
+		c.revokeQuietly(g.ID)
+		return fmt.Errorf("join %s: %w", s.member.Host, err)
+	}
+	s.sess = sess
+	s.published = nil
+	return nil
+}
+
+// revokeQuietly revokes a lease we are abandoning; if etcd cannot be
+// reached the lease simply expires after its TTL.
+func (c *Client) revokeQuietly(id clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := c.cli.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		c.log.Debug("revoke abandoned lease", "lease", fmt.Sprintf("%x", int64(id)), "err", err)
+	}
+}
+
+// claim puts the membership record bound to lease unless a live agent
+// with another machine ID holds it.
+func (c *Client) claim(ctx context.Context, m reconcile.Member, lease clientv3.LeaseID) error {
+	key := c.agentKey(m.Host)
+	val, err := json.Marshal(m)
+	if err != nil {
+		return fmt.Errorf("encode member: %w", err)
+	}
+	put := clientv3.OpPut(key, string(val), clientv3.WithLease(lease))
+	for range 5 {
+		resp, err := c.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(put).Else(clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return fmt.Errorf("put %s: %w", key, err)
+		}
+		if resp.Succeeded {
+			return nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			continue // deleted in between
+		}
+		kv := kvs[0]
+		var old reconcile.Member
+		oldLease := clientv3.LeaseID(kv.Lease)
+		if oldLease != clientv3.NoLease && oldLease != lease {
+			if err := json.Unmarshal(kv.Value, &old); err != nil || old.MachineID != m.MachineID {
+				return fmt.Errorf("%w: %s is held by machine ID %q (lease %x, started %s); stop that agent or choose another --host",
+					ErrHostTaken, key, old.MachineID, kv.Lease, old.StartedAt.Format(time.RFC3339))
+			}
+		}
+		// Ours, a leftover of this machine's previous run, or a key
+		// without a lease (not a live agent): take it over.
+		resp, err = c.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			Then(put).Commit()
+		if err != nil {
+			return fmt.Errorf("put %s: %w", key, err)
+		}
+		if !resp.Succeeded {
+			continue
+		}
+		if oldLease != clientv3.NoLease && oldLease != lease {
+			// The previous run is gone: drop what it left under its lease
+			// (statuses, semaphore slots) instead of waiting for the TTL.
+			if _, err := c.cli.Revoke(ctx, oldLease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				c.log.Warn("revoke the previous agent's lease", "key", key, "lease", fmt.Sprintf("%x", kv.Lease), "err", err)
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("put %s: key keeps changing; retry", key)
+}
+
+// Report publishes the complete set of statuses of this host: it puts
+// those that changed (ignoring UpdatedAt) and deletes the status keys of
+// units not in the set, all bound to the lease. If the lease was lost it
+// first creates a new one, re-puts the membership and re-publishes
+// everything. On error (etcd unreachable, ErrHostTaken) the set is kept:
+// the next successful Report, or the Session's own recovery, publishes it.
+func (s *Session) Report(ctx context.Context, statuses []reconcile.Status) error {
+	want := make(map[string]reconcile.Status, len(statuses))
+	var errs []error
+	for _, st := range statuses {
+		if err := validStatusUnit(st.Unit); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		want[st.Unit] = st
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrSessionClosed
+	}
+	s.want = want
+	return s.publishLocked(ctx)
+}
+
+func validStatusUnit(unit string) error {
+	if unit == "" || strings.Contains(unit, "..") || strings.HasPrefix(unit, "/") || strings.HasSuffix(unit, "/") {
+		return fmt.Errorf("%w status unit %q", ErrInvalid, unit)
+	}
+	return nil
+}
+
+func (s *Session) alive() bool {
+	if s.sess == nil {
+		return false
+	}
+	select {
+	case <-s.sess.Done():
+		return false
+	default:
+		return true
+	}
+}
+
+// publishLocked makes etcd hold s.want under a live lease.
+func (s *Session) publishLocked(ctx context.Context) error {
+	for attempt := 0; ; attempt++ {
+		if !s.alive() {
+			if s.sess != nil {
+				s.sess.Orphan()
+				s.sess = nil
+			}
+			if err := s.establishLocked(ctx); err != nil {
+				return err
+			}
+		}
+		err := s.syncLocked(ctx)
+		if attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			// Revoked or expired while the keep-alive had not noticed yet.
+			s.sess.Orphan()
+			s.sess = nil
+			continue
+		}
+		return err
+	}
+}
+
+// compareForm is a status encoded without UpdatedAt: two statuses that
+// differ only in time are not re-published.
+func compareForm(st reconcile.Status) ([]byte, error) {
+	st.UpdatedAt = time.Time{}
+	return json.Marshal(st)
+}
+
+func (s *Session) syncLocked(ctx context.Context) error {
+	c := s.c
+	root := c.hostStatus(s.member.Host)
+	rctx, cancel := c.reqCtx(ctx)
+	defer cancel()
+	if s.published == nil {
+		// After a new lease, every wanted status is put again; keys
+		// left by an earlier lease that are no longer wanted go.
+		resp, err := c.cli.Get(rctx, root, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			return fmt.Errorf("report: list %s: %w", root, err)
+		}
+		s.published = map[string][]byte{}
+		for _, kv := range resp.Kvs {
+			s.published[strings.TrimPrefix(string(kv.Key), root)] = nil
+		}
+	}
+	lease := s.sess.Lease()
+	type change struct {
+		unit string
+		op   clientv3.Op
+		form []byte // nil for a delete
+	}
+	var changes []change
+	for _, u := range slices.Sorted(maps.Keys(s.want)) {
+		st := s.want[u]
+		form, err := compareForm(st)
+		if err != nil {
+			return fmt.Errorf("report: encode status of %s: %w", u, err)
+		}
+		if old := s.published[u]; old != nil && bytes.Equal(old, form) {
+			continue
+		}
+		val, err := json.Marshal(st)
+		if err != nil {
+			return fmt.Errorf("report: encode status of %s: %w", u, err)
+		}
+		changes = append(changes, change{u, clientv3.OpPut(root+u, string(val), clientv3.WithLease(lease)), form})
+	}
+	for _, u := range slices.Sorted(maps.Keys(s.published)) {
+		if _, ok := s.want[u]; !ok {
+			changes = append(changes, change{u, clientv3.OpDelete(root + u), nil})
+		}
+	}
+	for chunk := range slices.Chunk(changes, maxTxnOps) {
+		ops := make([]clientv3.Op, len(chunk))
+		for i, ch := range chunk {
+			ops[i] = ch.op
+		}
+		if _, err := c.cli.Txn(rctx).Then(ops...).Commit(); err != nil {
+			return fmt.Errorf("report: put %s*: %w", root, err)
+		}
+		for _, ch := range chunk {
+			if ch.form != nil {
+				s.published[ch.unit] = ch.form
+			} else {
+				delete(s.published, ch.unit)
+			}
+		}
+	}
+	return nil
+}
+
+// keep re-creates a lost lease and re-publishes, with backoff, until ctx
+// (the Session's own) is done.
+func (s *Session) keep(ctx context.Context) {
+	log := s.c.log.With("host", s.member.Host)
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		var done <-chan struct{}
+		if s.sess != nil {
+			done = s.sess.Done()
+		}
+		s.mu.Unlock()
+		if done != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-done:
+			}
+		}
+		for fails := 0; ; fails++ {
+			s.mu.Lock()
+			var err error
+			lost := !s.closed && !s.alive()
+			if lost {
+				if fails == 0 {
+					log.Warn("registry lease lost; re-creating it")
+				}
+				err = s.publishLocked(ctx)
+			}
+			s.mu.Unlock()
+			if ctx.Err() != nil {
+				return
+			}
+			if err == nil {
+				if lost {
+					log.Info("registry lease re-created; membership and statuses re-published")
+				}
+				break
+			}
+			d := backoffDelay(fails)
+			log.Warn("re-create registry lease", "err", err, "retry_in", d.Round(time.Millisecond))
+			if sleepCtx(ctx, d) != nil {
+				return
+			}
+		}
+	}
+}
+
+// Close stops the Session and revokes its lease: the membership record and
+// the statuses disappear at once.
+func (s *Session) Close() error {
+	s.stop()
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	if s.sess == nil {
+		return nil
+	}
+	s.sess.Orphan()
+	lease := s.sess.Lease()
+	s.sess = nil
+	ctx, cancel := s.c.reqCtx(context.Background())
+	defer cancel()
+	if _, err := s.c.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("leave %s: revoke lease: %w", s.member.Host, err)
+	}
+	return nil
+}

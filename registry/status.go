@@ -1,0 +1,188 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/agentd/agentd/reconcile"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Members returns the membership records of the live agents, sorted by
+// host. Host is taken from the key.
+func (c *Client) Members(ctx context.Context) ([]reconcile.Member, error) {
+	resp, err := c.cli.Get(ctx, c.agentsRoot(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", c.agentsRoot(), err)
+	}
+	out := make([]reconcile.Member, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		host := strings.TrimPrefix(string(kv.Key), c.agentsRoot())
+		var m reconcile.Member
+		if err := json.Unmarshal(kv.Value, &m); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", kv.Key, err)
+		}
+		m.Host = host
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b reconcile.Member) int { return strings.Compare(a.Host, b.Host) })
+	return out, nil
+}
+
+// Statuses returns the published statuses of host, by unit.
+func (c *Client) Statuses(ctx context.Context, host string) (map[string]reconcile.Status, error) {
+	if err := ValidateName("host", host); err != nil {
+		return nil, fmt.Errorf("statuses: %w", err)
+	}
+	root := c.hostStatus(host)
+	resp, err := c.cli.Get(ctx, root, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", root, err)
+	}
+	out := make(map[string]reconcile.Status, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		unit, st, err := decodeStatus(root, kv)
+		if err != nil {
+			return nil, err
+		}
+		out[unit] = st
+	}
+	return out, nil
+}
+
+func decodeStatus(root string, kv *mvccpb.KeyValue) (string, reconcile.Status, error) {
+	unit := strings.TrimPrefix(string(kv.Key), root)
+	var st reconcile.Status
+	if err := json.Unmarshal(kv.Value, &st); err != nil {
+		return "", st, fmt.Errorf("decode %s: %w", kv.Key, err)
+	}
+	if st.Unit == "" {
+		st.Unit = unit
+	}
+	return unit, st, nil
+}
+
+// WatchStatuses calls fn with the statuses of hosts (host → unit →
+// Status; every requested host has an entry, possibly empty) read at one
+// revision R, then again after every change under <p>/status/<host>/ for
+// those hosts, watched from R+1. fn gets a fresh map each time. It returns
+// nil once fn returns true, ctx.Err() when ctx is done, or an error (etcd
+// unreachable, watch refused). On compaction or a closed watch channel it
+// re-reads and carries on.
+func (c *Client) WatchStatuses(ctx context.Context, hosts []string, fn func(map[string]map[string]reconcile.Status) (done bool)) error {
+	hs := slices.Clone(hosts)
+	slices.Sort(hs)
+	hs = slices.Compact(hs)
+	for _, h := range hs {
+		if err := ValidateName("host", h); err != nil {
+			return fmt.Errorf("watch statuses: %w", err)
+		}
+	}
+	for {
+		state, rev, err := c.readStatuses(ctx, hs)
+		if err != nil {
+			return err
+		}
+		if fn(cloneStatuses(state)) {
+			return nil
+		}
+		done, err := c.followStatuses(ctx, hs, state, rev, fn)
+		if done || err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// readStatuses reads the statuses of hosts at one revision: the first
+// transaction picks R, the others read at R.
+func (c *Client) readStatuses(ctx context.Context, hosts []string) (map[string]map[string]reconcile.Status, int64, error) {
+	state := make(map[string]map[string]reconcile.Status, len(hosts))
+	for _, h := range hosts {
+		state[h] = map[string]reconcile.Status{}
+	}
+	var rev int64
+	for chunk := range slices.Chunk(hosts, maxTxnOps) {
+		ops := make([]clientv3.Op, len(chunk))
+		for i, h := range chunk {
+			ops[i] = clientv3.OpGet(c.hostStatus(h), clientv3.WithPrefix(), clientv3.WithRev(rev))
+		}
+		resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, 0, fmt.Errorf("read %s: %w", c.statusRoot(), err)
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for i, r := range resp.Responses {
+			root := c.hostStatus(chunk[i])
+			for _, kv := range r.GetResponseRange().GetKvs() {
+				unit, st, err := decodeStatus(root, kv)
+				if err != nil {
+					return nil, 0, err
+				}
+				state[chunk[i]][unit] = st
+			}
+		}
+	}
+	return state, rev, nil
+}
+
+// followStatuses watches from rev+1. done reports fn returned true; (false,
+// nil) asks the caller to re-read.
+func (c *Client) followStatuses(ctx context.Context, hosts []string, state map[string]map[string]reconcile.Status, rev int64,
+	fn func(map[string]map[string]reconcile.Status) bool) (done bool, err error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	prefix := c.statusRoot() // several hosts: one watcher, filtered here
+	if len(hosts) == 1 {
+		prefix = c.hostStatus(hosts[0])
+	}
+	for resp := range c.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
+		if resp.CompactRevision != 0 {
+			return false, nil
+		}
+		if err := resp.Err(); err != nil {
+			return false, fmt.Errorf("watch %s: %w", prefix, err)
+		}
+		changed := false
+		for _, ev := range resp.Events {
+			host, unit, ok := strings.Cut(strings.TrimPrefix(string(ev.Kv.Key), c.statusRoot()), "/")
+			if !ok || state[host] == nil {
+				continue
+			}
+			changed = true
+			if ev.Type == clientv3.EventTypeDelete {
+				delete(state[host], unit)
+				continue
+			}
+			_, st, err := decodeStatus(c.hostStatus(host), ev.Kv)
+			if err != nil {
+				return false, err
+			}
+			state[host][unit] = st
+		}
+		if changed && fn(cloneStatuses(state)) {
+			return true, nil
+		}
+	}
+	if ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	return false, nil // channel closed: re-read
+}
+
+func cloneStatuses(s map[string]map[string]reconcile.Status) map[string]map[string]reconcile.Status {
+	out := make(map[string]map[string]reconcile.Status, len(s))
+	for h, m := range s {
+		out[h] = maps.Clone(m)
+	}
+	return out
+}

@@ -1,0 +1,161 @@
+package registry
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Listed is one unit key as the CLI sees it: its target (Host or Group),
+// the unit key suffix and the raw value.
+type Listed struct {
+	Target
+	Unit        string // unit name or "<unit>.d/<name>.conf"
+	Value       []byte
+	Key         string // full etcd key
+	ModRevision int64
+}
+
+// Put writes units (unit key suffix → file content) for t in one
+// transaction and returns its revision. An empty value is allowed (a
+// template instance to run).
+func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte) (int64, error) {
+	if err := t.Validate(); err != nil {
+		return 0, fmt.Errorf("put: %w", err)
+	}
+	if len(units) == 0 {
+		return 0, fmt.Errorf("put %s: %w: no units given", t, ErrInvalid)
+	}
+	var errs []error
+	for u := range units {
+		if err := ValidateUnit(u); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, fmt.Errorf("put %s: %w", t, err)
+	}
+	root := c.targetUnits(t)
+	names := slices.Sorted(maps.Keys(units))
+	ops := make([]clientv3.Op, len(names))
+	for i, u := range names {
+		ops[i] = clientv3.OpPut(root+u, string(units[u]))
+	}
+	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("put %s (%s): %w", root, strings.Join(names, ", "), err)
+	}
+	return resp.Header.Revision, nil
+}
+
+// Remove deletes units of t in one transaction. If any of them does not
+// exist nothing is removed and the error (wrapping ErrNotFound) names the
+// missing ones.
+func (c *Client) Remove(ctx context.Context, t Target, units []string) (int64, error) {
+	if err := t.Validate(); err != nil {
+		return 0, fmt.Errorf("remove: %w", err)
+	}
+	if len(units) == 0 {
+		return 0, fmt.Errorf("remove from %s: %w: no units given", t, ErrInvalid)
+	}
+	var errs []error
+	for _, u := range units {
+		if err := ValidateUnit(u); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, fmt.Errorf("remove from %s: %w", t, err)
+	}
+	names := slices.Clone(units)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	root := c.targetUnits(t)
+	cmps := make([]clientv3.Cmp, len(names))
+	dels := make([]clientv3.Op, len(names))
+	gets := make([]clientv3.Op, len(names))
+	for i, u := range names {
+		cmps[i] = clientv3.Compare(clientv3.CreateRevision(root+u), ">", 0)
+		dels[i] = clientv3.OpDelete(root + u)
+		gets[i] = clientv3.OpGet(root+u, clientv3.WithCountOnly())
+	}
+	resp, err := c.cli.Txn(ctx).If(cmps...).Then(dels...).Else(gets...).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("remove %s (%s): %w", root, strings.Join(names, ", "), err)
+	}
+	if !resp.Succeeded {
+		var missing []string
+		for i, r := range resp.Responses {
+			if r.GetResponseRange().GetCount() == 0 {
+				missing = append(missing, names[i])
+			}
+		}
+		return 0, fmt.Errorf("remove from %s: %w: %s (nothing removed)", t, ErrNotFound, strings.Join(missing, ", "))
+	}
+	return resp.Header.Revision, nil
+}
+
+// List returns the unit keys of t, or of every host and group when t is
+// nil, sorted by host, then group, then unit (host entries first).
+func (c *Client) List(ctx context.Context, t *Target) ([]Listed, error) {
+	var ops []clientv3.Op
+	if t == nil {
+		ops = []clientv3.Op{
+			clientv3.OpGet(c.hostsRoot(), clientv3.WithPrefix()),
+			clientv3.OpGet(c.groupsRoot(), clientv3.WithPrefix()),
+		}
+	} else {
+		if err := t.Validate(); err != nil {
+			return nil, fmt.Errorf("list: %w", err)
+		}
+		ops = []clientv3.Op{clientv3.OpGet(c.targetUnits(*t), clientv3.WithPrefix())}
+	}
+	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", c.prefix, err)
+	}
+	var out []Listed
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().GetKvs() {
+			tg, unit, ok := c.parseUnitKey(string(kv.Key))
+			if !ok {
+				continue
+			}
+			out = append(out, Listed{Target: tg, Unit: unit, Value: kv.Value, Key: string(kv.Key), ModRevision: kv.ModRevision})
+		}
+	}
+	slices.SortFunc(out, func(a, b Listed) int {
+		return cmp.Or(
+			cmp.Compare(a.Scope(), b.Scope()), // hosts first
+			cmp.Compare(a.Host, b.Host),
+			cmp.Compare(a.Group, b.Group),
+			cmp.Compare(a.Unit, b.Unit))
+	})
+	return out, nil
+}
+
+// Get returns the content of one unit key of t; the error wraps
+// ErrNotFound when it does not exist.
+func (c *Client) Get(ctx context.Context, t Target, unit string) ([]byte, error) {
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("get: %w", err)
+	}
+	if err := ValidateUnit(unit); err != nil {
+		return nil, fmt.Errorf("get: %w", err)
+	}
+	key := c.targetUnits(t) + unit
+	resp, err := c.cli.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, fmt.Errorf("get %s: %w", key, ErrNotFound)
+	}
+	return resp.Kvs[0].Value, nil
+}

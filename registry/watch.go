@@ -1,0 +1,266 @@
+package registry
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// settleDelay is how long Watch keeps collecting watch responses after the
+// first one before it hands out a snapshot. A transaction that touches
+// several watched prefixes (host and group keys) arrives on separate
+// watchers; this window lets it land as one snapshot.
+const settleDelay = 10 * time.Millisecond
+
+// a watch that lived this long is considered healthy: its failure restarts
+// the retry backoff from the bottom.
+const healthyWatch = 10 * time.Second
+
+var errWatchClosed = errors.New("watch channel closed")
+
+// Watch delivers the unit keys meant for host: <p>/hosts/<host>/units/ and
+// <p>/groups/<g>/units/ for each of groups.
+//
+// It reads all of them in one transaction (one revision R), calls
+// onSnapshot with the complete Snapshot, then watches every prefix from R+1
+// and calls onSnapshot with the complete new Snapshot after each batch of
+// changes (responses arriving within 10 ms are coalesced; all events of one
+// revision on one prefix always arrive in one batch). Entries are sorted by
+// (Scope, Group, Unit); their Value slices are shared between snapshots and
+// must not be modified.
+//
+// On compaction, a closed watch channel or a watch error it re-reads
+// everything (new R) after a backoff of 100 ms doubling to 10 s with
+// jitter; it also re-reads every ResyncInterval (±10 %) and hands out that
+// snapshot even when nothing changed. While etcd is unreachable it keeps
+// retrying and never calls onSnapshot: a snapshot is only ever the result
+// of a successful read plus watched events.
+//
+// onSnapshot runs on Watch's goroutine; it should return quickly (store the
+// snapshot and poke a loop). Watch returns ctx.Err() when ctx is done, or
+// an error for invalid arguments.
+func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnapshot func(reconcile.Snapshot)) error {
+	if err := ValidateName("host", host); err != nil {
+		return fmt.Errorf("watch: %w", err)
+	}
+	gs := slices.Clone(groups)
+	slices.Sort(gs)
+	gs = slices.Compact(gs)
+	for _, g := range gs {
+		if err := ValidateName("group", g); err != nil {
+			return fmt.Errorf("watch: %w", err)
+		}
+	}
+	w := &unitWatch{c: c, prefixes: []string{c.hostUnits(host)}}
+	for _, g := range gs {
+		w.prefixes = append(w.prefixes, c.groupUnits(g))
+	}
+	log := c.log.With("host", host)
+
+	fails := 0
+	retry := func(what string, err error) error {
+		d := backoffDelay(fails)
+		fails++
+		lvl := slog.LevelWarn
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			lvl = slog.LevelInfo
+		}
+		log.Log(ctx, lvl, what+"; keeping the last snapshot and retrying", "err", err, "retry_in", d.Round(time.Millisecond))
+		return sleepCtx(ctx, d)
+	}
+	for {
+		state, rev, err := w.read(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err := retry("registry read failed", err); err != nil {
+				return err
+			}
+			continue
+		}
+		onSnapshot(state.snapshot(rev))
+		if c.testAfterRead != nil {
+			c.testAfterRead()
+		}
+		start := time.Now()
+		err = w.watch(ctx, state, rev, onSnapshot)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err == nil { // periodic resync
+			fails = 0
+			continue
+		}
+		if time.Since(start) > healthyWatch {
+			fails = 0
+		}
+		if err := retry("registry watch ended", err); err != nil {
+			return err
+		}
+	}
+}
+
+type unitWatch struct {
+	c        *Client
+	prefixes []string
+}
+
+// unitState maps full keys to entries.
+type unitState map[string]reconcile.Entry
+
+func (s unitState) snapshot(rev int64) reconcile.Snapshot {
+	entries := make([]reconcile.Entry, 0, len(s))
+	for _, e := range s {
+		entries = append(entries, e)
+	}
+	slices.SortFunc(entries, compareEntries)
+	return reconcile.Snapshot{Revision: rev, Entries: entries}
+}
+
+func compareEntries(a, b reconcile.Entry) int {
+	return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.Group, b.Group), cmp.Compare(a.Unit, b.Unit))
+}
+
+func (w *unitWatch) put(s unitState, kv *mvccpb.KeyValue) {
+	t, unit, ok := w.c.parseUnitKey(string(kv.Key))
+	if !ok {
+		return // not a unit key (e.g. <p>/hosts/h/other); ignore
+	}
+	e := reconcile.Entry{Scope: reconcile.ScopeHost, Unit: unit, Value: kv.Value, ModRevision: kv.ModRevision}
+	if t.Group != "" {
+		e.Scope, e.Group = reconcile.ScopeGroup, t.Group
+	}
+	s[string(kv.Key)] = e
+}
+
+// read gets every watched prefix in one transaction, at one revision.
+func (w *unitWatch) read(ctx context.Context) (unitState, int64, error) {
+	ops := make([]clientv3.Op, len(w.prefixes))
+	for i, p := range w.prefixes {
+		ops[i] = clientv3.OpGet(p, clientv3.WithPrefix())
+	}
+	rctx, cancel := w.c.reqCtx(ctx)
+	defer cancel()
+	resp, err := w.c.cli.Txn(rctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s: %w", w.prefixes[0], err)
+	}
+	s := unitState{}
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().GetKvs() {
+			w.put(s, kv)
+		}
+	}
+	return s, resp.Header.Revision, nil
+}
+
+type watchItem struct {
+	resp   clientv3.WatchResponse
+	closed bool
+}
+
+// watch follows every prefix from rev+1, updating state and handing out
+// snapshots. It returns nil when the periodic resync is due, or the error
+// that ended the watch.
+func (w *unitWatch) watch(ctx context.Context, state unitState, rev int64, onSnapshot func(reconcile.Snapshot)) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	merged := make(chan watchItem)
+	for _, p := range w.prefixes {
+		ch := w.c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		wg.Go(func() {
+			defer func() {
+				for range ch { // drain until the client closes it after cancel
+				}
+			}()
+			for resp := range ch {
+				select {
+				case merged <- watchItem{resp: resp}:
+				case <-wctx.Done():
+					return
+				}
+			}
+			select {
+			case merged <- watchItem{closed: true}:
+			case <-wctx.Done():
+			}
+		})
+	}
+
+	resync := time.NewTimer(jitter(w.c.resyncInterval))
+	defer resync.Stop()
+	for {
+		var it watchItem
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-resync.C:
+			return nil
+		case it = <-merged:
+		}
+		changed, err := w.apply(state, &rev, it)
+		if err != nil {
+			return err
+		}
+		if !changed {
+			continue
+		}
+		settle := time.NewTimer(settleDelay)
+	collect:
+		for {
+			select {
+			case <-ctx.Done():
+				settle.Stop()
+				return ctx.Err()
+			case it = <-merged:
+				if _, err := w.apply(state, &rev, it); err != nil {
+					settle.Stop()
+					return err
+				}
+			case <-settle.C:
+				break collect
+			}
+		}
+		onSnapshot(state.snapshot(rev))
+	}
+}
+
+// apply folds one watch response into state. It reports whether any key
+// changed.
+func (w *unitWatch) apply(state unitState, rev *int64, it watchItem) (bool, error) {
+	if it.closed {
+		return false, errWatchClosed
+	}
+	resp := it.resp
+	if err := resp.Err(); err != nil {
+		return false, fmt.Errorf("watch %s from revision %d: %w", w.prefixes[0], *rev+1, err)
+	}
+	if resp.Canceled {
+		return false, fmt.Errorf("watch %s canceled by etcd: %s", w.prefixes[0], resp.CancelReason)
+	}
+	for _, ev := range resp.Events {
+		switch ev.Type {
+		case clientv3.EventTypePut:
+			w.put(state, ev.Kv)
+		case clientv3.EventTypeDelete:
+			delete(state, string(ev.Kv.Key))
+		}
+		*rev = max(*rev, ev.Kv.ModRevision)
+	}
+	return len(resp.Events) > 0, nil
+}

@@ -1,0 +1,410 @@
+// Package systemd is the adapter between the agent and a systemd manager
+// (the system instance, or a user instance in tests). It is the only package
+// that imports go-systemd and godbus.
+//
+// Manager keeps one long-lived D-Bus connection for calls and redials it
+// when it has dropped (daemon-reexec over the private socket, a restart of
+// the bus). Every method takes a context and honours it: a job call stops
+// waiting when ctx is done (the job itself keeps running in systemd). Job
+// results other than "done" come back as *JobError. Manager is safe for
+// concurrent use.
+package systemd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+	godbus "github.com/godbus/dbus/v5"
+
+	"github.com/agentd/agentd/reconcile"
+)
+
+// DefaultJobTimeout is how long Manager waits for a job's result by default.
+// systemd's own default start timeout is 90 s.
+const DefaultJobTimeout = 90 * time.Second
+
+var (
+	// ErrClosed is returned by calls on a closed Manager.
+	ErrClosed = errors.New("systemd manager closed")
+	// ErrJobTimeout means no result arrived for a job within the Manager's
+	// JobTimeout. The job may still be running.
+	ErrJobTimeout = errors.New("timed out waiting for the job")
+	// ErrConnectionLost means the connection dropped while waiting for a
+	// job's result. The job may or may not have run: re-read the state.
+	ErrConnectionLost = errors.New("connection to systemd lost while waiting for the job")
+)
+
+// JobError is a job that finished with a result other than "done".
+type JobError struct {
+	Op     string // start, stop, restart, reload
+	Unit   string
+	Result string // systemd's job result: canceled, timeout, failed, dependency, skipped, ...
+	// UnitResult is the unit's Result property (exit-code, signal, ...),
+	// read right after a job failed; empty otherwise or when unknown.
+	UnitResult string
+}
+
+func (e *JobError) Error() string {
+	s := fmt.Sprintf("%s %s: job %s", e.Op, e.Unit, e.Result)
+	if e.UnitResult != "" {
+		s += " (unit result: " + e.UnitResult + ")"
+	}
+	return s
+}
+
+// JobResult returns systemd's job result. It lets packages that must not
+// import this one test for a job error with errors.As and an interface
+// such as interface{ JobResult() string }.
+func (e *JobError) JobResult() string { return e.Result }
+
+// Manager talks to one systemd manager. Create it with Open.
+type Manager struct {
+	// JobTimeout bounds the wait for a job's result. Open sets it to
+	// DefaultJobTimeout; change it before the Manager is in use.
+	JobTimeout time.Duration
+
+	dial Dialer
+	log  *slog.Logger
+	life context.Context // done when the Manager is closed; parent of every connection
+	stop context.CancelFunc
+
+	dialing chan struct{} // held while (re)dialing the call connection
+
+	mu     sync.Mutex
+	cur    *conn
+	closed bool
+}
+
+// Open connects to systemd with dial. A nil log discards logging.
+func Open(ctx context.Context, dial Dialer, log *slog.Logger) (*Manager, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	life, stop := context.WithCancel(context.Background())
+	m := &Manager{
+		JobTimeout: DefaultJobTimeout,
+		dial:       dial,
+		log:        log,
+		life:       life,
+		stop:       stop,
+		dialing:    make(chan struct{}, 1),
+	}
+	c, err := dialConn(ctx, life, dial)
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("connect to systemd: %w", err)
+	}
+	m.cur = c
+	return m, nil
+}
+
+// Close closes the connection and ends Watch. Calls after Close return
+// ErrClosed.
+func (m *Manager) Close() error {
+	m.stop()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	if m.cur != nil {
+		m.cur.close()
+		m.cur = nil
+	}
+	return nil
+}
+
+// conn returns the call connection, redialing it if it has dropped.
+func (m *Manager) conn(ctx context.Context) (*conn, error) {
+	m.mu.Lock()
+	c, closed := m.cur, m.closed
+	m.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if c != nil && c.Connected() {
+		return c, nil
+	}
+
+	select {
+	case m.dialing <- struct{}{}:
+		defer func() { <-m.dialing }()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	m.mu.Lock()
+	c, closed = m.cur, m.closed
+	m.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if c != nil && c.Connected() { // redialed while we waited
+		return c, nil
+	}
+	if c != nil {
+		c.close()
+	}
+	m.log.Info("connection to systemd lost; reconnecting")
+	nc, err := dialConn(ctx, m.life, m.dial)
+	if err != nil {
+		return nil, fmt.Errorf("reconnect to systemd: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		nc.close()
+		return nil, ErrClosed
+	}
+	m.cur = nc
+	m.log.Info("reconnected to systemd")
+	return nc, nil
+}
+
+// call runs f on the call connection. When f fails because the connection
+// dropped under it, call redials once and runs f again.
+func (m *Manager) call(ctx context.Context, f func(*sddbus.Conn) error) (*conn, error) {
+	c, err := m.conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	err = f(c.Conn)
+	if err == nil || c.Connected() || ctx.Err() != nil {
+		return c, err
+	}
+	c, err2 := m.conn(ctx)
+	if err2 != nil {
+		return nil, errors.Join(err, err2)
+	}
+	return c, f(c.Conn)
+}
+
+// Reload makes systemd re-read all unit files (daemon-reload). It returns
+// once the reload has finished.
+func (m *Manager) Reload(ctx context.Context) error {
+	_, err := m.call(ctx, func(c *sddbus.Conn) error { return c.ReloadContext(ctx) })
+	if err != nil {
+		return fmt.Errorf("daemon-reload: %w", err)
+	}
+	return nil
+}
+
+// Start starts unit (job mode "replace") and waits for the job.
+func (m *Manager) Start(ctx context.Context, unit string) error {
+	return m.job(ctx, "start", unit, (*sddbus.Conn).StartUnitContext)
+}
+
+// Stop stops unit and waits for the job. Stopping a unit that is not
+// loaded (so not running) succeeds.
+func (m *Manager) Stop(ctx context.Context, unit string) error {
+	err := m.job(ctx, "stop", unit, (*sddbus.Conn).StopUnitContext)
+	if isDBusError(err, "org.freedesktop.systemd1.NoSuchUnit") {
+		return nil
+	}
+	return err
+}
+
+// Restart restarts unit (starting it if it is not running) and waits for
+// the job.
+func (m *Manager) Restart(ctx context.Context, unit string) error {
+	return m.job(ctx, "restart", unit, (*sddbus.Conn).RestartUnitContext)
+}
+
+// ReloadUnit reloads a running unit's configuration (its ExecReload) and
+// waits for the job.
+func (m *Manager) ReloadUnit(ctx context.Context, unit string) error {
+	return m.job(ctx, "reload", unit, (*sddbus.Conn).ReloadUnitContext)
+}
+
+type jobFunc func(c *sddbus.Conn, ctx context.Context, name, mode string, ch chan<- string) (int, error)
+
+// job enqueues a job and waits for its result.
+func (m *Manager) job(ctx context.Context, op, unit string, enqueue jobFunc) error {
+	// Buffered: go-systemd sends the result while holding the lock that
+	// every other job call on the connection needs.
+	ch := make(chan string, 1)
+	c, err := m.call(ctx, func(c *sddbus.Conn) error {
+		_, err := enqueue(c, ctx, unit, "replace", ch)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", op, unit, err)
+	}
+	timeout := m.JobTimeout
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	// The result signal never comes if the connection drops: look now and then.
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case res := <-ch:
+			return m.jobResult(ctx, c, op, unit, res)
+		case <-ctx.Done():
+			return fmt.Errorf("%s %s: %w", op, unit, ctx.Err())
+		case <-m.life.Done():
+			return fmt.Errorf("%s %s: %w", op, unit, ErrClosed)
+		case <-timer.C:
+			return fmt.Errorf("%s %s: %w after %s", op, unit, ErrJobTimeout, timeout)
+		case <-tick.C:
+			if c.Connected() {
+				continue
+			}
+			select {
+			case res := <-ch:
+				return m.jobResult(ctx, c, op, unit, res)
+			default:
+				return fmt.Errorf("%s %s: %w", op, unit, ErrConnectionLost)
+			}
+		}
+	}
+}
+
+func (m *Manager) jobResult(ctx context.Context, c *conn, op, unit, res string) error {
+	m.log.Debug("job finished", "op", op, "unit", unit, "result", res)
+	if res == "done" {
+		return nil
+	}
+	e := &JobError{Op: op, Unit: unit, Result: res}
+	if iface := typeInterface(unit); res == "failed" && iface != "" {
+		// Best effort: the message says why, the error stands without it.
+		if p, err := c.GetUnitTypePropertyContext(ctx, unit, iface, "Result"); err == nil {
+			e.UnitResult, _ = p.Value.Value().(string)
+		}
+	}
+	return e
+}
+
+// Enable enables unit files as their [Install] sections say (symlinks in
+// the manager's persistent config dir; runtime=false, force=false). It does
+// not daemon-reload: UnitFileState changes only after the next Reload.
+func (m *Manager) Enable(ctx context.Context, units ...string) error {
+	var changes []sddbus.EnableUnitFileChange
+	var install bool
+	_, err := m.call(ctx, func(c *sddbus.Conn) (err error) {
+		install, changes, err = c.EnableUnitFilesContext(ctx, units, false, false)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("enable %s: %w", strings.Join(units, " "), err)
+	}
+	m.log.Debug("enabled", "units", units, "installInfo", install, "changes", len(changes))
+	return nil
+}
+
+// Disable removes the symlinks that enabled the unit files (runtime=false).
+// It does not daemon-reload.
+func (m *Manager) Disable(ctx context.Context, units ...string) error {
+	var changes []sddbus.DisableUnitFileChange
+	_, err := m.call(ctx, func(c *sddbus.Conn) (err error) {
+		changes, err = c.DisableUnitFilesContext(ctx, units, false)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("disable %s: %w", strings.Join(units, " "), err)
+	}
+	m.log.Debug("disabled", "units", units, "changes", len(changes))
+	return nil
+}
+
+// State reads what systemd says about unit now. A unit that does not exist
+// has LoadState "not-found"; that is not an error.
+func (m *Manager) State(ctx context.Context, unit string) (reconcile.UnitState, error) {
+	var s reconcile.UnitState
+	_, err := m.call(ctx, func(c *sddbus.Conn) error {
+		var err error
+		s, err = readState(ctx, c, unit)
+		return err
+	})
+	if err != nil {
+		return reconcile.UnitState{}, fmt.Errorf("state of %s: %w", unit, err)
+	}
+	return s, nil
+}
+
+func readState(ctx context.Context, c *sddbus.Conn, unit string) (reconcile.UnitState, error) {
+	var s reconcile.UnitState
+	props, err := c.GetUnitPropertiesContext(ctx, unit)
+	if err != nil {
+		return s, err
+	}
+	s.LoadState, _ = props["LoadState"].(string)
+	s.ActiveState, _ = props["ActiveState"].(string)
+	s.SubState, _ = props["SubState"].(string)
+	exit, _ := props["InactiveExitTimestampMonotonic"].(uint64)
+	s.Ran = exit != 0
+	if s.LoadState != "loaded" {
+		// LoadError is (ss): the D-Bus error name and its message.
+		if le, ok := props["LoadError"].([]any); ok && len(le) == 2 {
+			s.LoadError, _ = le[1].(string)
+		}
+	}
+	if s.LoadState == "not-found" {
+		return s, nil
+	}
+	iface := typeInterface(unit)
+	if iface == "" {
+		return s, nil
+	}
+	p, err := c.GetUnitTypePropertyContext(ctx, unit, iface, "Result")
+	if err != nil {
+		return s, err
+	}
+	s.Result, _ = p.Value.Value().(string)
+	if iface == "Service" {
+		p, err := c.GetUnitTypePropertyContext(ctx, unit, iface, "MainPID")
+		if err != nil {
+			return s, err
+		}
+		s.MainPID, _ = p.Value.Value().(uint32)
+	}
+	return s, nil
+}
+
+// typeInterface names the D-Bus interface, below org.freedesktop.systemd1,
+// of the unit's type when that type has a Result property; "" otherwise.
+func typeInterface(unit string) string {
+	_, ext, ok := cutLast(unit, ".")
+	if !ok {
+		return ""
+	}
+	switch ext {
+	case "service":
+		return "Service"
+	case "socket":
+		return "Socket"
+	case "mount":
+		return "Mount"
+	case "automount":
+		return "Automount"
+	case "swap":
+		return "Swap"
+	case "timer":
+		return "Timer"
+	case "path":
+		return "Path"
+	case "scope":
+		return "Scope"
+	}
+	return ""
+}
+
+func cutLast(s, sep string) (before, after string, found bool) {
+	if i := strings.LastIndex(s, sep); i >= 0 {
+		return s[:i], s[i+len(sep):], true
+	}
+	return s, "", false
+}
+
+// isDBusError reports whether err is, or wraps, the D-Bus error name.
+func isDBusError(err error, name string) bool {
+	var de godbus.Error
+	if errors.As(err, &de) {
+		return de.Name == name
+	}
+	var dep *godbus.Error
+	return errors.As(err, &dep) && dep.Name == name
+}

@@ -75,6 +75,7 @@ type Agent struct {
 
 	// Loop-owned.
 	refused map[string]Refusal
+	started map[string]string // unit -> content key last started (see Current.Started)
 	last    map[string]outcome
 }
 
@@ -107,6 +108,7 @@ func New(cfg Config) *Agent {
 		reqs:     make(chan func(context.Context)),
 		relevant: map[string]bool{},
 		refused:  map[string]Refusal{},
+		started:  map[string]string{},
 		last:     map[string]outcome{},
 	}
 }
@@ -265,6 +267,7 @@ func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, 
 		Managed: a.cfg.Manifest.Managed(),
 		Units:   map[string]UnitState{},
 		Refused: a.refused,
+		Started: a.started,
 	}
 	paths := map[string]bool{}
 	units := map[string]bool{}
@@ -444,8 +447,10 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current) error {
 					break
 				}
 			}
+			a.started[act.Unit] = act.ContentKey
 			err = a.cfg.Systemd.Start(ctx, act.Unit)
 		case KindRestart:
+			a.started[act.Unit] = act.ContentKey
 			err = a.cfg.Systemd.Restart(ctx, act.Unit)
 		case KindStop:
 			err = a.cfg.Systemd.Stop(ctx, act.Unit)
@@ -468,6 +473,7 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current) error {
 		}
 		if act.Kind == KindRemove {
 			delete(a.refused, act.Unit)
+			delete(a.started, act.Unit)
 		}
 	}
 	return nil

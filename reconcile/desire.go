@@ -75,8 +75,7 @@ func Desire(s Snapshot) map[string]*DesiredUnit {
 	for _, e := range s.Entries {
 		path, unit, err := ParseKey(e.Unit)
 		if err != nil {
-			// Reported under an escaped name so a hostile key cannot shape the status key.
-			block(get(url.PathEscape(e.Unit)), err)
+			block(get(StatusName(e.Unit)), err)
 			continue
 		}
 		byPath[path] = append(byPath[path], cand{e, path, unit})
@@ -160,6 +159,13 @@ func Desire(s Snapshot) map[string]*DesiredUnit {
 		u.Policy = p
 	}
 	return units
+}
+
+// StatusName is the name an invalid registry key is reported under: escaped
+// so that a hostile key cannot shape the status key ("/" and ".." never
+// survive), yet still recognisable to the operator who wrote it.
+func StatusName(key string) string {
+	return strings.ReplaceAll(url.PathEscape(key), "..", "%2E%2E")
 }
 
 func dedupe(s []string) []string {

@@ -67,6 +67,11 @@ type Current struct {
 	Units   map[string]UnitState // every desired or managed unit
 	// Refused maps a unit to the content key systemd refused to load and why.
 	Refused map[string]Refusal
+	// Started maps a unit to the content key this agent process last
+	// started or restarted it with. systemd forgets that a unit ran once it
+	// unloads it (an unreferenced unit is unloaded when stopped), so this is
+	// what keeps an operator's stop from being undone on the next pass.
+	Started map[string]string
 }
 
 // Refusal remembers content systemd would not load.
@@ -243,7 +248,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			a.Kind, a.Reason = KindStart, describe()
 		case d.Instance && !isManaged[name]:
 			a.Kind, a.Reason = KindStart, "new instance of "+TemplateOf(name)
-		case !st.Active() && !st.Ran && st.LoadState == "loaded":
+		case !st.Active() && !st.Ran && st.LoadState == "loaded" && cur.Started[name] != a.ContentKey:
 			// Not run since the manager started (a boot, or the agent was
 			// away): start it. A unit that ran and stopped or failed is left
 			// as it is — an operator's stop is respected, and a crash is

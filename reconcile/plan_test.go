@@ -34,6 +34,7 @@ func TestPlan(t *testing.T) {
 		managed  map[string]string
 		units    map[string]UnitState
 		refused  map[string]Refusal
+		started  map[string]string
 		want     Kind
 		wantUnit string // default hello.service
 		writes   int
@@ -64,6 +65,10 @@ func TestPlan(t *testing.T) {
 		{name: "unit not run since boot is started", entries: []Entry{entry("hello.service", svc)},
 			files: map[string]LocalFile{"hello.service": onDisk(svc)}, managed: map[string]string{"hello.service": Hash([]byte(svc))},
 			units: map[string]UnitState{"hello.service": fresh}, want: KindStart},
+		{name: "unloaded unit this agent already started stays stopped", entries: []Entry{entry("hello.service", svc)},
+			files: map[string]LocalFile{"hello.service": onDisk(svc)}, managed: map[string]string{"hello.service": Hash([]byte(svc))},
+			started: map[string]string{"hello.service": "hello.service=" + Hash([]byte(svc)) + ";"},
+			units:   map[string]UnitState{"hello.service": fresh}, want: KindNone},
 		{name: "missing managed file is rewritten", entries: []Entry{entry("hello.service", svc)},
 			managed: map[string]string{"hello.service": Hash([]byte(svc))},
 			units:   map[string]UnitState{"hello.service": running}, want: KindRestart, writes: 1},
@@ -90,8 +95,8 @@ func TestPlan(t *testing.T) {
 			refused: map[string]Refusal{"hello.service": {ContentKey: "old", Reason: "systemd refused"}},
 			units:   map[string]UnitState{"hello.service": running}, want: KindRestart, writes: 1},
 		{name: "invalid name blocks", entries: []Entry{entry("hel lo.service", svc)}, want: KindBlocked, wantUnit: "hel%20lo.service", errLike: "not allowed"},
-		{name: "name with .. blocks", entries: []Entry{entry("..service", svc)}, want: KindBlocked, wantUnit: "..service", errLike: "must not contain"},
-		{name: "name with slash blocks", entries: []Entry{entry("../../etc/passwd", svc)}, want: KindBlocked, wantUnit: "..%2F..%2Fetc%2Fpasswd", errLike: "must not contain"},
+		{name: "name with .. blocks", entries: []Entry{entry("..service", svc)}, want: KindBlocked, wantUnit: "%2E%2Eservice", errLike: "must not contain"},
+		{name: "name with slash blocks", entries: []Entry{entry("../../etc/passwd", svc)}, want: KindBlocked, wantUnit: "%2E%2E%2F%2E%2E%2Fetc%2Fpasswd", errLike: "must not contain"},
 		{name: "unsupported type blocks", entries: []Entry{entry("hello.device", svc)}, want: KindBlocked, wantUnit: "hello.device", errLike: "unsupported unit type"},
 		{name: "oversized value blocks", entries: []Entry{entry("hello.service", svc+strings.Repeat("#", MaxValueSize))}, want: KindBlocked, errLike: "over the 256 KiB"},
 		{name: "invalid utf8 blocks", entries: []Entry{entry("hello.service", svc+"\xff\xfe")}, want: KindBlocked, errLike: "UTF-8"},
@@ -126,7 +131,7 @@ func TestPlan(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cur := Current{Files: tt.files, Managed: tt.managed, Units: tt.units, Refused: tt.refused}
+			cur := Current{Files: tt.files, Managed: tt.managed, Units: tt.units, Refused: tt.refused, Started: tt.started}
 			if cur.Files == nil {
 				cur.Files = map[string]LocalFile{}
 			}

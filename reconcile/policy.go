@@ -68,14 +68,14 @@ func ParsePolicy(content []byte) (Policy, error) {
 				case "present":
 					p.State = StatePresent
 				default:
-					err = fmt.Errorf("State=%s: want started, stopped or present", val)
+					err = fmt.Errorf("bad State=%s: want started, stopped or present", val)
 				}
 			case "Enable":
 				p.Enable, err = parseBool(val)
 				enableSet = true
 			case "OnChange":
 				if !onChangeValues[val] {
-					err = fmt.Errorf("OnChange=%s: want auto, restart, reload, reload-or-restart, stop-start or none", val)
+					err = fmt.Errorf("bad OnChange=%s: want auto, restart, reload, reload-or-restart, stop-start or none", val)
 				}
 				p.OnChange = val
 			case "Rollback":
@@ -83,12 +83,12 @@ func ParsePolicy(content []byte) (Policy, error) {
 			case "HealthySec":
 				p.HealthySec, err = strconv.Atoi(val)
 				if err != nil || p.HealthySec < 0 {
-					err = fmt.Errorf("HealthySec=%s: want a number of seconds ≥ 0", val)
+					err = fmt.Errorf("bad HealthySec=%s: want a number of seconds ≥ 0", val)
 				}
 			case "MaxUnavailable":
 				p.MaxUnavailable, err = strconv.Atoi(val)
 				if err != nil || p.MaxUnavailable < 1 {
-					err = fmt.Errorf("MaxUnavailable=%s: want an integer ≥ 1", val)
+					err = fmt.Errorf("bad MaxUnavailable=%s: want an integer ≥ 1", val)
 				}
 			default:
 				err = fmt.Errorf("unknown key %s= (known: State, Enable, OnChange, Rollback, HealthySec, MaxUnavailable)", key)

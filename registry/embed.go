@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
 )
 
 const (
@@ -18,6 +20,8 @@ const (
 	defaultEmbedPeerURL   = "http://127.0.0.1:2380"
 	embedStartTimeout     = 60 * time.Second
 	embedTestStartTimeout = 15 * time.Second
+	closeGrace            = time.Second
+	closeGraceForTests    = 100 * time.Millisecond
 )
 
 // EmbedConfig configures a single-node etcd running inside the process.
@@ -35,8 +39,13 @@ type EmbedConfig struct {
 
 // Embedded is a running in-process etcd.
 type Embedded struct {
-	etcd     *embed.Etcd
-	endpoint string
+	etcd      *embed.Etcd
+	endpoint  string
+	grace     time.Duration
+	closeOnce sync.Once
+
+	mu  sync.Mutex
+	gss []*grpc.Server // etcd's client-facing gRPC servers
 }
 
 // StartEmbedded starts etcd and waits until it serves clients (up to 60 s,
@@ -63,6 +72,15 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	ec.ListenPeerUrls = []url.URL{*purl}
 	ec.AdvertisePeerUrls = []url.URL{*purl}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	em := &Embedded{grace: closeGrace}
+	// Capture the client gRPC servers: etcd's own Close waits ~5 s for
+	// open watch and keep-alive streams; Close cuts them after a short
+	// grace instead.
+	ec.ServiceRegister = func(gs *grpc.Server) {
+		em.mu.Lock()
+		em.gss = append(em.gss, gs)
+		em.mu.Unlock()
+	}
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	if cfg.Logger != nil {
 		ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(&slogCore{log: cfg.Logger.With("component", "etcd"), min: zapcore.ErrorLevel}))
@@ -72,6 +90,7 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 		ec.TickMs, ec.ElectionMs = 10, 100
 		ec.UnsafeNoFsync = true
 		timeout = embedTestStartTimeout
+		em.grace = closeGraceForTests
 	} else {
 		ec.AutoCompactionMode = embed.CompactorModePeriodic
 		ec.AutoCompactionRetention = "1h"
@@ -100,7 +119,8 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	if curl.Scheme == "https" {
 		scheme = "https://"
 	}
-	return &Embedded{etcd: e, endpoint: scheme + e.Clients[0].Addr().String()}, nil
+	em.etcd, em.endpoint = e, scheme+e.Clients[0].Addr().String()
+	return em, nil
 }
 
 func parseEmbedURL(s, def string, allowPort0 bool) (*url.URL, error) {
@@ -124,9 +144,36 @@ func parseEmbedURL(s, def string, allowPort0 bool) (*url.URL, error) {
 // when port 0 was asked for), e.g. "http://127.0.0.1:2379".
 func (e *Embedded) Endpoint() string { return e.endpoint }
 
-// Close stops etcd. With client watch streams still open this takes the
-// server's request timeout (about 5 s) before they are cut.
-func (e *Embedded) Close() { e.etcd.Close() }
+// Close stops etcd. Client streams still open (watches, lease keep-alives)
+// get a short grace (1 s, 100 ms with ForTests) and are then cut. Calling
+// Close again does nothing.
+func (e *Embedded) Close() {
+	e.closeOnce.Do(func() {
+		e.mu.Lock()
+		gss := e.gss
+		e.mu.Unlock()
+		var wg sync.WaitGroup
+		for _, gs := range gss {
+			wg.Go(func() {
+				done := make(chan struct{})
+				go func() {
+					gs.GracefulStop()
+					close(done)
+				}()
+				t := time.NewTimer(e.grace)
+				defer t.Stop()
+				select {
+				case <-done:
+				case <-t.C:
+					gs.Stop()
+					<-done
+				}
+			})
+		}
+		wg.Wait()
+		e.etcd.Close()
+	})
+}
 
 // slogCore forwards etcd's zap records at or above min to slog.
 type slogCore struct {

@@ -22,6 +22,8 @@ import (
 // 128 operations per transaction.
 const maxTxnOps = 64
 
+var errLeaseLost = errors.New("lease lost: the membership key no longer carries it")
+
 // Session is an agent's lease-bound presence in the registry: its
 // membership record at <p>/agents/<host> and its statuses at
 // <p>/status/<host>/. When the lease is lost (etcd away longer than the
@@ -230,7 +232,7 @@ func (s *Session) publishLocked(ctx context.Context) error {
 			}
 		}
 		err := s.syncLocked(ctx)
-		if attempt == 0 && errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		if attempt == 0 && (errors.Is(err, errLeaseLost) || errors.Is(err, rpctypes.ErrLeaseNotFound)) {
 			// Revoked or expired while the keep-alive had not noticed yet.
 			s.sess.Orphan()
 			s.sess = nil
@@ -291,13 +293,24 @@ func (s *Session) syncLocked(ctx context.Context) error {
 			changes = append(changes, change{u, clientv3.OpDelete(root + u), nil})
 		}
 	}
-	for chunk := range slices.Chunk(changes, maxTxnOps) {
+	// Every transaction is guarded by the membership key still carrying
+	// our lease: that detects a lease revoked or expired before the
+	// keep-alive noticed, and a host name taken over, even when there is
+	// nothing to write (a read-only round trip then).
+	guard := clientv3.Compare(clientv3.LeaseValue(c.agentKey(s.member.Host)), "=", lease)
+	for first := true; first || len(changes) > 0; first = false {
+		chunk := changes[:min(len(changes), maxTxnOps)]
+		changes = changes[len(chunk):]
 		ops := make([]clientv3.Op, len(chunk))
 		for i, ch := range chunk {
 			ops[i] = ch.op
 		}
-		if _, err := c.cli.Txn(rctx).Then(ops...).Commit(); err != nil {
+		resp, err := c.cli.Txn(rctx).If(guard).Then(ops...).Commit()
+		if err != nil {
 			return fmt.Errorf("report: put %s*: %w", root, err)
+		}
+		if !resp.Succeeded {
+			return errLeaseLost
 		}
 		for _, ch := range chunk {
 			if ch.form != nil {

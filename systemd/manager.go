@@ -98,7 +98,7 @@ func Open(ctx context.Context, dial Dialer, log *slog.Logger) (*Manager, error) 
 	c, err := dialConn(ctx, life, dial)
 	if err != nil {
 		stop()
-		return nil, fmt.Errorf("connect to systemd: %w", err)
+		return nil, fmt.Errorf("open D-Bus connection: %w", err)
 	}
 	m.cur = c
 	return m, nil

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	sddbus "github.com/coreos/go-systemd/v22/dbus"
+
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/systemd"
@@ -294,7 +296,7 @@ func TestReconnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn.KillUnitContext(ctx, "dbus.service", 9)
+	conn.KillUnitWithTarget(ctx, "dbus.service", sddbus.All, 9)
 	conn.Close()
 
 	// A call notices the dead connection and redials once.

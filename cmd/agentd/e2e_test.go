@@ -54,7 +54,7 @@ func (e *env) startAgent() *testAgent {
 		host: e.host, groups: []string{"all"},
 		unitDir: e.h.UnitDir, stateDir: e.h.StateDir, debugSocket: filepath.Join(e.h.Dir, "agentd.sock"),
 		logLevel: "debug", leaseTTL: 5 * time.Second,
-		dialSystemd: systemd.AddressDialer(e.h.BusAddress),
+		dialSystemd: e.agentDialer(),
 		logOut:      e.t.Output(),
 	}
 	o.etcd.endpoints = []string{e.endpoint}
@@ -76,6 +76,8 @@ func (e *env) startAgent() *testAgent {
 	e.t.Cleanup(func() { ta.stop(e.t) })
 	return ta
 }
+
+func (e *env) agentDialer() systemd.Dialer { return systemd.AddressDialer(e.h.BusAddress) }
 
 func (ta *testAgent) stop(t *testing.T) {
 	t.Helper()

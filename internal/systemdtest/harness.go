@@ -189,13 +189,10 @@ func boot(dir, name string) (_ *Harness, err error) {
 	}
 	defer func() {
 		if err != nil {
-			h.Close()
-			if b, _ := os.ReadFile(filepath.Join(dir, "harness.log")); len(b) > 0 {
-				err = fmt.Errorf("%w\nharness.sh stderr:\n%s", err, b)
+			if cerr := h.Close(); cerr != nil {
+				err = fmt.Errorf("%w (and: %v)", err, cerr)
 			}
-			if l := h.Log(); l != "" {
-				err = fmt.Errorf("%w\n%s", err, l)
-			}
+			err = fmt.Errorf("%w\n%s", err, h.Log())
 		}
 	}()
 
@@ -270,14 +267,18 @@ func (h *Harness) Dial(ctx context.Context) (*sddbus.Conn, error) {
 	return systemd.AddressDialer(h.BusAddress)(ctx)
 }
 
-// Log returns the manager's log and the output of its units, for failure
+// Log returns the manager's log (manager.log) and the output of its units
+// (units.log), plus harness.sh's own errors if it had any, for failure
 // messages.
 func (h *Harness) Log() string {
 	var b strings.Builder
-	for _, name := range []string{"manager.log", "units.log"} {
+	for _, name := range []string{"manager.log", "units.log", "harness.log"} {
 		data, err := os.ReadFile(filepath.Join(h.Dir, name))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			fmt.Fprintf(&b, "--- %s: %v\n", name, err)
+			continue
+		}
+		if name == "harness.log" && len(data) == 0 {
 			continue
 		}
 		fmt.Fprintf(&b, "--- %s\n%s", name, data)

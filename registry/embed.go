@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -43,6 +46,7 @@ type Embedded struct {
 	endpoint  string
 	grace     time.Duration
 	closeOnce sync.Once
+	closing   atomic.Bool // silences etcd's shutdown noise in the log bridge
 
 	mu  sync.Mutex
 	gss []*grpc.Server // etcd's client-facing gRPC servers
@@ -83,7 +87,8 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	}
 	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	if cfg.Logger != nil {
-		ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(&slogCore{log: cfg.Logger.With("component", "etcd"), min: zapcore.ErrorLevel}))
+		core := &slogCore{log: cfg.Logger.With("component", "etcd"), min: zapcore.ErrorLevel, mute: &em.closing}
+		ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(core))
 	}
 	timeout := embedStartTimeout
 	if cfg.ForTests {
@@ -149,6 +154,7 @@ func (e *Embedded) Endpoint() string { return e.endpoint }
 // Close again does nothing.
 func (e *Embedded) Close() {
 	e.closeOnce.Do(func() {
+		e.closing.Store(true)
 		e.mu.Lock()
 		gss := e.gss
 		e.mu.Unlock()
@@ -179,13 +185,14 @@ func (e *Embedded) Close() {
 type slogCore struct {
 	log    *slog.Logger
 	min    zapcore.Level
+	mute   *atomic.Bool
 	fields []zapcore.Field
 }
 
-func (c *slogCore) Enabled(l zapcore.Level) bool { return l >= c.min }
+func (c *slogCore) Enabled(l zapcore.Level) bool { return l >= c.min && !c.mute.Load() }
 
 func (c *slogCore) With(fs []zapcore.Field) zapcore.Core {
-	return &slogCore{log: c.log, min: c.min, fields: append(append([]zapcore.Field(nil), c.fields...), fs...)}
+	return &slogCore{log: c.log, min: c.min, mute: c.mute, fields: append(append([]zapcore.Field(nil), c.fields...), fs...)}
 }
 
 func (c *slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
@@ -204,8 +211,8 @@ func (c *slogCore) Write(e zapcore.Entry, fs []zapcore.Field) error {
 		f.AddTo(enc)
 	}
 	attrs := make([]slog.Attr, 0, len(enc.Fields))
-	for k, v := range enc.Fields {
-		attrs = append(attrs, slog.Any(k, v))
+	for _, k := range slices.Sorted(maps.Keys(enc.Fields)) {
+		attrs = append(attrs, slog.Any(k, enc.Fields[k]))
 	}
 	lvl := slog.LevelError
 	if e.Level < zapcore.ErrorLevel {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"sync"
@@ -188,6 +189,23 @@ func TestWatchSnapshots(t *testing.T) {
 		return len(s.Entries) == 3 && !slices.Contains(units(s), "group:web:w.service.d/10-x.conf=X")
 	})
 
+	// A transaction touching host and group keys (two watchers) arrives
+	// as one callback too.
+	n = len(r.all())
+	if _, err := c.cli.Txn(ctxT(t)).Then(
+		clientv3.OpPut("/agentd/hosts/h1/units/x.service", "X"),
+		clientv3.OpPut("/agentd/groups/all/units/x.service", "GX"),
+	).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor(t, "cross-prefix txn", 5*time.Second, func(s reconcile.Snapshot) bool {
+		return has(s, "host:x.service=X", "group:all:x.service=GX")
+	})
+	time.Sleep(50 * time.Millisecond)
+	if got := len(r.all()) - n; got != 1 {
+		t.Errorf("a host+group transaction produced %d callbacks, want 1:%s", got, describe(r.all()[n:]))
+	}
+
 	// 50 units in one transaction arrive as one callback.
 	n = len(r.all())
 	big := map[string][]byte{}
@@ -197,7 +215,7 @@ func TestWatchSnapshots(t *testing.T) {
 	if _, err := c.Put(ctxT(t), Target{Group: "all"}, big); err != nil {
 		t.Fatal(err)
 	}
-	r.waitFor(t, "50 new units", 5*time.Second, func(s reconcile.Snapshot) bool { return len(s.Entries) == 53 })
+	r.waitFor(t, "50 new units", 5*time.Second, func(s reconcile.Snapshot) bool { return len(s.Entries) == 55 })
 	time.Sleep(50 * time.Millisecond)
 	if got := len(r.all()) - n; got != 1 {
 		t.Errorf("a 50-unit transaction produced %d callbacks, want 1:%s", got, describe(r.all()[n:]))
@@ -297,6 +315,7 @@ func TestWatchSurvivesEtcdRestart(t *testing.T) {
 		ClientURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
 		PeerURL:   "http://127.0.0.1:0",
 		ForTests:  true,
+		Logger:    slog.New(slog.NewTextHandler(t.Output(), nil)),
 	}
 	e, err := StartEmbedded(ctxT(t), cfg)
 	if err != nil {

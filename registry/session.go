@@ -310,7 +310,7 @@ func (s *Session) syncLocked(ctx context.Context) error {
 			return fmt.Errorf("report: put %s*: %w", root, err)
 		}
 		if !resp.Succeeded {
-			return errLeaseLost
+			return fmt.Errorf("report %s: %w", s.member.Host, errLeaseLost)
 		}
 		for _, ch := range chunk {
 			if ch.form != nil {

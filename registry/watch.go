@@ -44,11 +44,12 @@ var errWatchClosed = errors.New("watch channel closed")
 // jitter; it also re-reads every ResyncInterval (±10 %) and hands out that
 // snapshot even when nothing changed. While etcd is unreachable it keeps
 // retrying and never calls onSnapshot: a snapshot is only ever the result
-// of a successful read plus watched events.
+// of a successful read plus watched events. Snapshot.Revision is the read
+// revision, then the revision of the newest change applied.
 //
 // onSnapshot runs on Watch's goroutine; it should return quickly (store the
-// snapshot and poke a loop). Watch returns ctx.Err() when ctx is done, or
-// an error for invalid arguments.
+// snapshot and poke a loop). Watch returns ctx.Err() when ctx is done, an
+// error for invalid arguments, or one when the Client is closed.
 func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnapshot func(reconcile.Snapshot)) error {
 	if err := ValidateName("host", host); err != nil {
 		return fmt.Errorf("watch: %w", err)
@@ -69,6 +70,9 @@ func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnap
 
 	fails := 0
 	retry := func(what string, err error) error {
+		if c.cli.Ctx().Err() != nil {
+			return fmt.Errorf("watch %s: etcd client closed", host)
+		}
 		d := backoffDelay(fails)
 		fails++
 		lvl := slog.LevelWarn

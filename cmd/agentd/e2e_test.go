@@ -26,7 +26,8 @@ const (
 // env is one host under test: a private systemd, an etcd, and the agent
 // running in-process with exactly the code `agentd run` runs.
 type env struct {
-	t        *testing.T
+	t        testing.TB
+	quiet    bool // log warnings only (benchmarks)
 	h        *systemdtest.Harness
 	endpoint string
 	reg      *registry.Client
@@ -41,7 +42,7 @@ type testAgent struct {
 	agent  *reconcile.Agent
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	h := systemdtest.Start(t)
 	e := registry.StartTestEtcd(t)
@@ -56,6 +57,9 @@ func (e *env) startAgent() *testAgent {
 		logLevel: "debug", leaseTTL: 5 * time.Second,
 		dialSystemd: e.agentDialer(),
 		logOut:      e.t.Output(),
+	}
+	if e.quiet {
+		o.logLevel = "warn"
 	}
 	o.etcd.endpoints = []string{e.endpoint}
 	o.etcd.prefix = registry.DefaultPrefix
@@ -79,7 +83,7 @@ func (e *env) startAgent() *testAgent {
 
 func (e *env) agentDialer() systemd.Dialer { return systemd.AddressDialer(e.h.BusAddress) }
 
-func (ta *testAgent) stop(t *testing.T) {
+func (ta *testAgent) stop(t testing.TB) {
 	t.Helper()
 	ta.cancel()
 	select {

@@ -41,6 +41,34 @@ type Reporter interface {
 	Report(ctx context.Context, statuses []Status) error
 }
 
+// Observer hears what the loop does, for metrics and the service manager.
+// Methods are called from the loop goroutine and must not block.
+type Observer interface {
+	// Action is called once per executed action with its kind and result.
+	Action(unit string, kind Kind, result string)
+	// Pass is called after every pass with its duration and error.
+	Pass(d time.Duration, err error)
+	// Reported is called after every pass with the statuses it computed.
+	Reported(revision int64, st []Status)
+	// Heartbeat is called every HeartbeatInterval from the loop itself, so
+	// a wedged loop stops calling it (the watchdog's evidence).
+	Heartbeat()
+	// Drift is called when a managed file was changed behind the agent's back.
+	Drift(path string)
+	// Rollback is called when a change is rolled back on this host.
+	Rollback(unit string)
+}
+
+// NopObserver ignores everything; embed it to implement only some methods.
+type NopObserver struct{}
+
+func (NopObserver) Action(string, Kind, string) {}
+func (NopObserver) Pass(time.Duration, error)   {}
+func (NopObserver) Reported(int64, []Status)    {}
+func (NopObserver) Heartbeat()                  {}
+func (NopObserver) Drift(string)                {}
+func (NopObserver) Rollback(string)             {}
+
 // Config wires an Agent. Systemd, Files and Manifest are required.
 type Config struct {
 	Systemd  Systemd
@@ -48,6 +76,11 @@ type Config struct {
 	Manifest Manifest
 	Reporter Reporter // nil: statuses are only served locally
 	Log      *slog.Logger
+	Observer Observer // nil: NopObserver
+
+	// HeartbeatInterval is how often the loop calls Observer.Heartbeat
+	// (default 1s); set it below half the watchdog interval.
+	HeartbeatInterval time.Duration
 
 	// BatchWindow is how long the loop waits for more changes after one
 	// arrives, so that a burst is applied with one daemon-reload.
@@ -100,6 +133,12 @@ func New(cfg Config) *Agent {
 	}
 	if cfg.ResyncInterval <= 0 {
 		cfg.ResyncInterval = time.Minute
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = NopObserver{}
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = time.Second
 	}
 	return &Agent{
 		cfg:      cfg,
@@ -201,12 +240,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
+	heartbeat := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer heartbeat.Stop()
 	backoff := time.Duration(0)
 	a.trigger()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-heartbeat.C:
+			a.cfg.Observer.Heartbeat()
+			continue
 		case req := <-a.reqs:
 			req(ctx)
 			continue
@@ -216,7 +260,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-retry.C:
 		}
 		resync.Reset(jitter(a.cfg.ResyncInterval))
-		if _, err := a.pass(ctx); err != nil && ctx.Err() == nil {
+		start := time.Now()
+		_, err := a.pass(ctx)
+		a.cfg.Observer.Pass(time.Since(start), err)
+		a.cfg.Observer.Heartbeat()
+		if err != nil && ctx.Err() == nil {
 			backoff = min(max(2*backoff, 250*time.Millisecond), 30*time.Second)
 			a.log.Warn("pass failed; retrying", "err", err, "retry_in", backoff)
 			retry.Reset(jitter(backoff))
@@ -530,6 +578,7 @@ func (a *Agent) record(act Action, result string, err error) {
 		o.err = err.Error()
 	}
 	a.last[act.Unit] = o
+	a.cfg.Observer.Action(act.Unit, act.Kind, result)
 	log := a.log.With("unit", act.Unit, "action", o.action, "result", result)
 	if act.Reason != "" {
 		log = log.With("reason", act.Reason)
@@ -640,7 +689,9 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 	if a.snap != nil {
 		a.revision = a.snap.Revision
 	}
+	rev := a.revision
 	a.mu.Unlock()
+	a.cfg.Observer.Reported(rev, out)
 	for u := range a.last {
 		if !units[u] {
 			delete(a.last, u)

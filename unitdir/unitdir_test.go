@@ -1,0 +1,146 @@
+package unitdir
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func TestWriteIsAtomicReplace(t *testing.T) {
+	root := t.TempDir()
+	d, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.Write("a.service", []byte("v1")); err != nil {
+		t.Fatal(err)
+	}
+	var st1 syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(root, "a.service"), &st1); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Write("a.service", []byte("v2")); err != nil {
+		t.Fatal(err)
+	}
+	var st2 syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(root, "a.service"), &st2); err != nil {
+		t.Fatal(err)
+	}
+	if st1.Ino == st2.Ino {
+		t.Fatal("file rewritten in place, not replaced by rename")
+	}
+	if st2.Mode&0o777 != 0o644 {
+		t.Fatalf("mode %o, want 644", st2.Mode&0o777)
+	}
+	b, exists, err := d.Read("a.service")
+	if err != nil || !exists || string(b) != "v2" {
+		t.Fatalf("read: %q %v %v", b, exists, err)
+	}
+	entries, _ := os.ReadDir(root)
+	if len(entries) != 1 {
+		t.Fatalf("temp files left behind: %v", entries)
+	}
+}
+
+func TestDropInDirectoryCreatedAndRemoved(t *testing.T) {
+	root := t.TempDir()
+	d, _ := Open(root)
+	defer d.Close()
+	if err := d.Write("a.service.d/x.conf", []byte("[Service]\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Remove("a.service.d/x.conf"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "a.service.d")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("empty drop-in dir left: %v", err)
+	}
+	if err := d.Remove("gone.service"); err != nil {
+		t.Fatalf("removing a missing file: %v", err)
+	}
+}
+
+func TestNothingLeavesTheDirectory(t *testing.T) {
+	parent := t.TempDir()
+	root := filepath.Join(parent, "units")
+	d, _ := Open(root)
+	defer d.Close()
+	for _, p := range []string{"../x.service", "/etc/x.service", "a/../../x.service", "", ".", "a\\b"} {
+		if err := d.Write(p, []byte("x")); err == nil {
+			t.Errorf("Write(%q) succeeded", p)
+		}
+	}
+	// A symlinked directory inside the root must not lead outside either.
+	if err := os.Symlink(parent, filepath.Join(root, "link.d")); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Write("link.d/x.conf", []byte("x")); err == nil {
+		t.Error("write through a symlink that leaves the root succeeded")
+	}
+	if _, err := os.Stat(filepath.Join(parent, "x.conf")); err == nil {
+		t.Error("file written outside the unit directory")
+	}
+}
+
+func TestNonRegularTargetsAreRefused(t *testing.T) {
+	root := t.TempDir()
+	d, _ := Open(root)
+	defer d.Close()
+	// A masked unit is a symlink to /dev/null: never replace it.
+	if err := os.Symlink("/dev/null", filepath.Join(root, "masked.service")); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Write("masked.service", []byte("x")); !errors.Is(err, ErrNotRegular) {
+		t.Fatalf("write over a symlink: %v", err)
+	}
+	if _, _, err := d.Read("masked.service"); !errors.Is(err, ErrNotRegular) {
+		t.Fatalf("read of a symlink: %v", err)
+	}
+	if err := d.Remove("masked.service"); !errors.Is(err, ErrNotRegular) {
+		t.Fatalf("remove of a symlink: %v", err)
+	}
+	if target, _ := os.Readlink(filepath.Join(root, "masked.service")); target != "/dev/null" {
+		t.Fatal("symlink touched")
+	}
+}
+
+func TestManifestPersists(t *testing.T) {
+	dir := t.TempDir()
+	m, err := OpenManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Set("a.service", "h1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Set("b.service", "h2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Forget("b.service"); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	m2, err := OpenManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	got := m2.Managed()
+	if len(got) != 1 || got["a.service"] != "h1" {
+		t.Fatalf("reloaded manifest = %v", got)
+	}
+}
+
+func TestCorruptManifestIsAnError(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "managed.json"), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenManifest(dir); err == nil || !strings.Contains(err.Error(), "managed.json") {
+		t.Fatalf("corrupt manifest: %v", err)
+	}
+}

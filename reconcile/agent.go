@@ -17,6 +17,7 @@ type Systemd interface {
 	Start(ctx context.Context, unit string) error
 	Stop(ctx context.Context, unit string) error
 	Restart(ctx context.Context, unit string) error
+	ReloadUnit(ctx context.Context, unit string) error
 	Enable(ctx context.Context, units ...string) error
 	Disable(ctx context.Context, units ...string) error
 	State(ctx context.Context, unit string) (UnitState, error)
@@ -29,11 +30,17 @@ type Files interface {
 	Remove(path string) error
 }
 
-// Manifest records the paths the agent owns (see unitdir.Manifest).
+// Manifest is the agent's persistent memory (see unitdir.Manifest): the
+// paths it owns, per-unit records, and content blobs by hash.
 type Manifest interface {
 	Managed() map[string]string
 	Set(path, hash string) error
 	Forget(path string) error
+	Units() map[string]UnitRecord
+	SetUnit(name string, rec UnitRecord) error
+	PutBlob(hash string, content []byte) error
+	Blob(hash string) ([]byte, bool)
+	GC() error
 }
 
 // Reporter publishes the full set of this host's unit statuses.
@@ -109,6 +116,9 @@ type Agent struct {
 	// Loop-owned.
 	refused map[string]Refusal
 	started map[string]string // unit -> content key last started (see Current.Started)
+	records map[string]UnitRecord
+	health  map[string]healthWait
+	drifted map[string]string // path -> on-disk hash already reported as drift
 	last    map[string]outcome
 }
 
@@ -148,6 +158,9 @@ func New(cfg Config) *Agent {
 		relevant: map[string]bool{},
 		refused:  map[string]Refusal{},
 		started:  map[string]string{},
+		records:  cfg.Manifest.Units(),
+		health:   map[string]healthWait{},
+		drifted:  map[string]string{},
 		last:     map[string]outcome{},
 	}
 }
@@ -172,6 +185,10 @@ func (a *Agent) UnitChanged(unit string) {
 		a.trigger()
 	}
 }
+
+// FileChanged tells the agent something changed in the unit directory
+// (fsnotify): a managed file edited by hand is restored on the next pass.
+func (a *Agent) FileChanged(path string) { a.trigger() }
 
 func (a *Agent) trigger() {
 	select {
@@ -242,6 +259,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer retry.Stop()
 	heartbeat := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer heartbeat.Stop()
+	wake := time.NewTimer(time.Hour) // the next HealthySec deadline
+	wake.Stop()
+	defer wake.Stop()
 	backoff := time.Duration(0)
 	a.trigger()
 	for {
@@ -258,12 +278,16 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.settle(ctx)
 		case <-resync.C:
 		case <-retry.C:
+		case <-wake.C:
 		}
 		resync.Reset(jitter(a.cfg.ResyncInterval))
 		start := time.Now()
 		_, err := a.pass(ctx)
 		a.cfg.Observer.Pass(time.Since(start), err)
 		a.cfg.Observer.Heartbeat()
+		if next, ok := a.nextHealthDeadline(); ok {
+			wake.Reset(time.Until(next) + 10*time.Millisecond)
+		}
 		if err != nil && ctx.Err() == nil {
 			backoff = min(max(2*backoff, 250*time.Millisecond), 30*time.Second)
 			a.log.Warn("pass failed; retrying", "err", err, "retry_in", backoff)
@@ -298,412 +322,6 @@ func (a *Agent) settle(ctx context.Context) {
 
 func jitter(d time.Duration) time.Duration {
 	return d - d/10 + rand.N(d/5+1)
-}
-
-// observe reads desired state (the last snapshot) and current state (disk,
-// manifest, D-Bus).
-func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, error) {
-	a.mu.Lock()
-	snap := a.snap
-	a.mu.Unlock()
-	if snap == nil {
-		return nil, Current{}, ErrNoRegistry
-	}
-	desired := Desire(*snap)
-	cur := Current{
-		Files:   map[string]LocalFile{},
-		Managed: a.cfg.Manifest.Managed(),
-		Units:   map[string]UnitState{},
-		Refused: a.refused,
-		Started: a.started,
-	}
-	paths := map[string]bool{}
-	units := map[string]bool{}
-	for name, u := range desired {
-		units[name] = true
-		for _, f := range u.Files() {
-			paths[f.Path] = true
-		}
-	}
-	for p, h := range cur.Managed {
-		units[UnitOfPath(p)] = true
-		if h != InstanceMarker {
-			paths[p] = true
-		}
-	}
-	for p := range paths {
-		b, exists, err := a.cfg.Files.Read(p)
-		lf := LocalFile{Exists: exists}
-		if err != nil {
-			lf.Err = err.Error()
-		} else if exists {
-			lf.Hash = Hash(b)
-		}
-		cur.Files[p] = lf
-	}
-	rel := map[string]bool{}
-	for u := range units {
-		rel[u] = true
-		if d := desired[u]; d != nil && d.Err != nil {
-			continue // maybe not even a valid name: do not ask systemd
-		}
-		st, err := a.cfg.Systemd.State(ctx, u)
-		if err != nil {
-			return nil, Current{}, fmt.Errorf("read state of %s: %w", u, err)
-		}
-		cur.Units[u] = st
-	}
-	a.mu.Lock()
-	a.relevant = rel
-	a.mu.Unlock()
-	return desired, cur, nil
-}
-
-// pass observes, plans, applies and reports.
-func (a *Agent) pass(ctx context.Context) ([]Action, error) {
-	desired, cur, err := a.observe(ctx)
-	if errors.Is(err, ErrNoRegistry) {
-		return nil, nil // nothing known yet: touch nothing
-	}
-	if err != nil {
-		return nil, err
-	}
-	plan := Plan(desired, cur)
-	applyErr := a.apply(ctx, plan, cur)
-	return plan, errors.Join(applyErr, a.report(ctx, desired, plan))
-}
-
-// apply executes a plan in a fixed order — stops of removed units, disables,
-// file writes and removals, enables, ONE daemon-reload, load checks, jobs —
-// so a batch of changes costs one reload. A failure ends that unit's chain
-// only; the returned error is for failures that affect every unit (D-Bus).
-func (a *Agent) apply(ctx context.Context, plan []Action, cur Current) error {
-	failed := map[string]bool{}
-	noted := map[string]bool{} // a failure recorded for a unit whose chain goes on
-	fail := func(act Action, result string, err error) {
-		failed[act.Unit] = true
-		a.record(act, result, err)
-	}
-
-	// 1–2. Units leaving: stop with their current definition, then disable.
-	for _, act := range plan {
-		if act.Kind != KindRemove {
-			continue
-		}
-		if st := cur.Units[act.Unit]; st.Active() {
-			if err := a.cfg.Systemd.Stop(ctx, act.Unit); err != nil {
-				// Keep going: the registry no longer wants this unit, and a
-				// unit that will not stop must not keep its file forever.
-				a.record(act, resultOf(err), err)
-				noted[act.Unit] = true
-			}
-		}
-		if act.Disable {
-			if err := a.cfg.Systemd.Disable(ctx, act.Unit); err != nil {
-				a.record(act, "failed", err)
-				noted[act.Unit] = true
-			}
-		}
-	}
-
-	// 3. Files. The manifest claims a path before the file is written, so a
-	// crash in between never leaves a file the agent forgot it owns.
-	reloadNeeded := false
-	previous := map[string][]byte{} // path -> content before this pass (nil: absent)
-	for _, act := range plan {
-		if act.Kind == KindBlocked || !act.Changes() {
-			continue
-		}
-		if err := a.writeFiles(act, previous); err != nil {
-			fail(act, "failed", err)
-		}
-		reloadNeeded = true
-	}
-	for _, act := range plan {
-		if act.Kind != KindRemove {
-			continue
-		}
-		for p, h := range cur.Managed {
-			if h == InstanceMarker && p == act.Unit {
-				if err := a.cfg.Manifest.Forget(p); err != nil {
-					fail(act, "failed", err)
-				}
-			}
-		}
-	}
-
-	// 4. Enable per [Install]; symlinks only, the reload below picks them up.
-	for _, act := range plan {
-		if act.Enable && !failed[act.Unit] {
-			if err := a.cfg.Systemd.Enable(ctx, act.Unit); err != nil {
-				fail(act, "failed", err)
-			}
-		}
-	}
-
-	// 5. One daemon-reload for the whole batch.
-	if reloadNeeded {
-		if err := a.cfg.Systemd.Reload(ctx); err != nil {
-			err = fmt.Errorf("daemon-reload: %w", err)
-			for _, act := range plan {
-				if act.Changes() && !failed[act.Unit] {
-					fail(act, "failed", err)
-				}
-			}
-			return err
-		}
-	}
-
-	// 6. Content systemd will not load is put back the way it was.
-	reloadAgain := false
-	for _, act := range plan {
-		if len(act.Writes) == 0 || failed[act.Unit] || IsTemplate(act.Unit) {
-			continue
-		}
-		st, err := a.cfg.Systemd.State(ctx, act.Unit)
-		if err != nil {
-			fail(act, "failed", err)
-			continue
-		}
-		if st.LoadState == "loaded" {
-			continue
-		}
-		reason := fmt.Sprintf("systemd refused to load %s (%s): %s", act.Unit, st.LoadState, st.LoadError)
-		if err := a.restoreFiles(act, previous); err != nil {
-			reason += "; restoring the previous files failed: " + err.Error()
-		}
-		a.refused[act.Unit] = Refusal{ContentKey: act.ContentKey, Reason: reason}
-		fail(act, "refused", errors.New(reason))
-		reloadAgain = true
-	}
-	if reloadAgain {
-		if err := a.cfg.Systemd.Reload(ctx); err != nil {
-			return fmt.Errorf("daemon-reload after restoring refused files: %w", err)
-		}
-	}
-
-	// 7. Jobs, each waited on.
-	for _, act := range plan {
-		if failed[act.Unit] {
-			continue
-		}
-		var err error
-		switch act.Kind {
-		case KindStart:
-			if act.Instance {
-				if err = a.cfg.Manifest.Set(act.Unit, InstanceMarker); err != nil {
-					break
-				}
-			}
-			a.started[act.Unit] = act.ContentKey
-			err = a.cfg.Systemd.Start(ctx, act.Unit)
-		case KindRestart:
-			a.started[act.Unit] = act.ContentKey
-			err = a.cfg.Systemd.Restart(ctx, act.Unit)
-		case KindStop:
-			err = a.cfg.Systemd.Stop(ctx, act.Unit)
-		case KindNone, KindBlocked:
-			continue
-		}
-		if err != nil {
-			fail(act, resultOf(err), err)
-			continue
-		}
-		if !noted[act.Unit] {
-			a.record(act, "done", nil)
-		}
-	}
-	for _, act := range plan {
-		if act.Kind == KindBlocked {
-			if prev, ok := a.last[act.Unit]; !ok || prev.err != act.Err {
-				a.record(act, "blocked", errors.New(act.Err))
-			}
-		}
-		if act.Kind == KindRemove {
-			delete(a.refused, act.Unit)
-			delete(a.started, act.Unit)
-		}
-	}
-	return nil
-}
-
-func (a *Agent) writeFiles(act Action, previous map[string][]byte) error {
-	for _, w := range act.Writes {
-		old, exists, err := a.cfg.Files.Read(w.Path)
-		if err != nil {
-			return err
-		}
-		if exists {
-			previous[w.Path] = old
-		} else {
-			previous[w.Path] = nil
-		}
-		if err := a.cfg.Manifest.Set(w.Path, w.Hash); err != nil {
-			return err
-		}
-		if err := a.cfg.Files.Write(w.Path, w.Content); err != nil {
-			return err
-		}
-	}
-	for _, p := range act.Removes {
-		if err := a.cfg.Files.Remove(p); err != nil {
-			return err
-		}
-		if err := a.cfg.Manifest.Forget(p); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (a *Agent) restoreFiles(act Action, previous map[string][]byte) error {
-	var errs []error
-	for _, w := range act.Writes {
-		old, ok := previous[w.Path]
-		if !ok {
-			continue
-		}
-		if old == nil {
-			errs = append(errs, a.cfg.Files.Remove(w.Path), a.cfg.Manifest.Forget(w.Path))
-			continue
-		}
-		errs = append(errs, a.cfg.Manifest.Set(w.Path, Hash(old)), a.cfg.Files.Write(w.Path, old))
-	}
-	return errors.Join(errs...)
-}
-
-func (a *Agent) record(act Action, result string, err error) {
-	o := outcome{action: act.Kind.String(), result: result, contentKey: act.ContentKey, at: time.Now()}
-	if err != nil {
-		o.err = err.Error()
-	}
-	a.last[act.Unit] = o
-	a.cfg.Observer.Action(act.Unit, act.Kind, result)
-	log := a.log.With("unit", act.Unit, "action", o.action, "result", result)
-	if act.Reason != "" {
-		log = log.With("reason", act.Reason)
-	}
-	switch {
-	case err != nil && result == "blocked":
-		log.Warn("unit not applied", "err", err)
-	case err != nil:
-		log.Error("action failed", "err", err)
-	default:
-		log.Info(actionMessage(act.Kind))
-	}
-}
-
-func actionMessage(k Kind) string {
-	switch k {
-	case KindStart:
-		return "started unit"
-	case KindRestart:
-		return "replaced unit file, restarted in place"
-	case KindStop:
-		return "stopped unit"
-	case KindUpdate:
-		return "replaced unit file"
-	case KindRemove:
-		return "removed unit"
-	}
-	return k.String()
-}
-
-// resultOf maps a job error to the status "result" word.
-func resultOf(err error) string {
-	var jr interface{ JobResult() string }
-	if errors.As(err, &jr) {
-		return jr.JobResult()
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		return "timeout"
-	}
-	return "failed"
-}
-
-// report builds every unit's status from fresh state and publishes it.
-func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, plan []Action) error {
-	managed := a.cfg.Manifest.Managed()
-	units := map[string]bool{}
-	for n := range desired {
-		units[n] = true
-	}
-	for p := range managed {
-		units[UnitOfPath(p)] = true
-	}
-	blockedErr := map[string]string{}
-	for _, act := range plan {
-		if act.Kind == KindBlocked {
-			blockedErr[act.Unit] = act.Err
-		}
-	}
-	var out []Status
-	for _, name := range sortedKeys(units) {
-		d := desired[name]
-		s := Status{Unit: name, UpdatedAt: time.Now().UTC()}
-		if d != nil {
-			s.DesiredHash = d.Hash()
-			if d.File != nil {
-				s.Source = d.File.Source
-			}
-		}
-		if _, owned := managed[name]; owned || d == nil || d.Err == nil {
-			if b, exists, err := a.cfg.Files.Read(name); err == nil && exists && managed[name] != InstanceMarker {
-				s.Hash = Hash(b)
-			}
-		}
-		for p, h := range managed {
-			if p != name && UnitOfPath(p) == name && h != InstanceMarker {
-				if b, exists, err := a.cfg.Files.Read(p); err == nil && exists {
-					if s.DropIns == nil {
-						s.DropIns = map[string]string{}
-					}
-					s.DropIns[p] = Hash(b)
-				}
-			}
-		}
-		if d == nil || d.Err == nil {
-			st, err := a.cfg.Systemd.State(ctx, name)
-			if err != nil {
-				return fmt.Errorf("read state of %s: %w", name, err)
-			}
-			s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
-			s.UnitResult, s.MainPID = st.Result, st.MainPID
-			if d != nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" {
-				s.Error = fmt.Sprintf("unit failed (result: %s)", st.Result)
-			}
-		}
-		if o, ok := a.last[name]; ok {
-			s.Action, s.Result = o.action, o.result
-			if o.err != "" && (d == nil || o.contentKey == ContentKey(d)) {
-				s.Error = o.err
-			}
-		}
-		if e, ok := blockedErr[name]; ok {
-			s.Action, s.Result, s.Error = KindBlocked.String(), "blocked", e
-		}
-		out = append(out, s)
-	}
-	a.mu.Lock()
-	a.statuses = out
-	if a.snap != nil {
-		a.revision = a.snap.Revision
-	}
-	rev := a.revision
-	a.mu.Unlock()
-	a.cfg.Observer.Reported(rev, out)
-	for u := range a.last {
-		if !units[u] {
-			delete(a.last, u)
-		}
-	}
-	if a.cfg.Reporter == nil {
-		return nil
-	}
-	if err := a.cfg.Reporter.Report(ctx, out); err != nil {
-		return fmt.Errorf("report status: %w", err)
-	}
-	return nil
 }
 
 // FileDiff pairs the registry's and the disk's version of one file.

@@ -151,11 +151,6 @@ func Desire(s Snapshot) map[string]*DesiredUnit {
 			u.Err = err
 			continue
 		}
-		if IsTemplate(u.Name) {
-			// A template cannot run by itself; its instances do.
-			p.State = StatePresent
-			p.Enable = false
-		}
 		u.Policy = p
 	}
 	return units

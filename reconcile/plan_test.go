@@ -177,23 +177,46 @@ func TestPlan(t *testing.T) {
 	}
 }
 
-func TestPlanTemplateChangeRestartsRunningInstances(t *testing.T) {
-	old := svc
-	entries := []Entry{entry("web@.service", svc+"Environment=V=2\n"), entry("web@1.service", ""), entry("web@2.service", "")}
+func TestPlanTemplateChangeRollsInstancesOneAtATime(t *testing.T) {
+	old, newT := svc, svc+"Environment=V=2\n"
+	oldApplied := map[string]string{"web@.service": Hash([]byte(old))}
+	entries := []Entry{entry("web@.service", newT), entry("web@1.service", ""), entry("web@2.service", ""), entry("web@3.service", "")}
 	cur := Current{
-		Files:   map[string]LocalFile{"web@.service": onDisk(old)},
-		Managed: map[string]string{"web@.service": "x", "web@1.service": InstanceMarker, "web@2.service": InstanceMarker},
-		Units:   map[string]UnitState{"web@.service": absent, "web@1.service": running, "web@2.service": stopped},
+		Files:   map[string]LocalFile{"web@.service": {Exists: true, Hash: Hash([]byte(old)), Content: []byte(old)}},
+		Managed: map[string]string{"web@.service": "x", "web@1.service": InstanceMarker, "web@2.service": InstanceMarker, "web@3.service": InstanceMarker},
+		Units:   map[string]UnitState{"web@.service": absent, "web@1.service": running, "web@2.service": running, "web@3.service": stopped},
+		Records: map[string]UnitRecord{"web@1.service": {Applied: oldApplied}, "web@2.service": {Applied: oldApplied}, "web@3.service": {Applied: oldApplied}},
 	}
-	kinds := map[string]Kind{}
-	for _, a := range Plan(Desire(Snapshot{Entries: entries}), cur) {
-		kinds[a.Unit] = a.Kind
-	}
-	want := map[string]Kind{"web@.service": KindUpdate, "web@1.service": KindRestart, "web@2.service": KindNone}
-	for u, k := range want {
-		if kinds[u] != k {
-			t.Errorf("%s: %s, want %s", u, kinds[u], k)
+	kinds := func() map[string]Kind {
+		k := map[string]Kind{}
+		for _, a := range Plan(Desire(Snapshot{Entries: entries}), cur) {
+			k[a.Unit] = a.Kind
 		}
+		return k
+	}
+	// First pass: the template is written, ONE running instance restarts, the other waits.
+	want := map[string]Kind{"web@.service": KindUpdate, "web@1.service": KindRestart, "web@2.service": KindWait}
+	got := kinds()
+	for u, k := range want {
+		if got[u] != k {
+			t.Errorf("pass 1 %s: %s, want %s", u, got[u], k)
+		}
+	}
+	// web@3 is stopped: started on the new content (not disruptive).
+	if got["web@3.service"] != KindStart {
+		t.Errorf("pass 1 web@3: %s, want start", got["web@3.service"])
+	}
+	// While web@1 verifies its health, web@2 still waits.
+	cur.Files["web@.service"] = LocalFile{Exists: true, Hash: Hash([]byte(newT)), Content: []byte(newT)}
+	cur.Records["web@1.service"] = UnitRecord{Applied: map[string]string{"web@.service": Hash([]byte(newT))}}
+	cur.Verifying = map[string]bool{"web@1.service": true}
+	if k := kinds()["web@2.service"]; k != KindWait {
+		t.Errorf("pass 2 web@2 while web@1 verifies: %s, want wait", k)
+	}
+	// Once web@1 is healthy, web@2 goes.
+	cur.Verifying = nil
+	if k := kinds()["web@2.service"]; k != KindRestart {
+		t.Errorf("pass 3 web@2: %s, want restart", k)
 	}
 }
 
@@ -278,5 +301,95 @@ func TestParsePolicy(t *testing.T) {
 		if _, err := ParsePolicy([]byte("[X-Agentd]\n" + bad + "\n")); err == nil {
 			t.Errorf("%s accepted", bad)
 		}
+	}
+}
+
+// TestPlanChangeOnRunningUnit covers how a content change reaches an active
+// unit: classification × OnChange × unit type.
+func TestPlanChangeOnRunningUnit(t *testing.T) {
+	const svcReload = "[Service]\nType=exec\nExecStart=/bin/sleep 1000\nExecReload=/bin/true\n"
+	tests := []struct {
+		name        string
+		unit        string
+		old, new    string
+		canReload   bool
+		want        Kind
+		enable      bool
+		alsoStop    string
+		noEffRecord bool // OnChange=none keeps the old Applied record
+	}{
+		{name: "comment only: update, no restart", old: svc, new: "# hi\n" + svc, want: KindUpdate},
+		{name: "Description only: update", old: svc, new: strings.Replace(svc, "hello", "hello world", 1), want: KindUpdate},
+		{name: "X-Agentd only: update", old: svc, new: svc + "[X-Agentd]\nHealthySec=1\n", want: KindUpdate},
+		{name: "[Install] only: update and re-enable", old: svc + "[Install]\nWantedBy=a.target\n", new: svc + "[Install]\nWantedBy=b.target\n", want: KindUpdate, enable: true},
+		{name: "ExecReload only: reload", old: svcReload, new: strings.Replace(svcReload, "/bin/true", "/bin/echo", 1), canReload: true, want: KindReload},
+		{name: "ExecStart: restart", old: svc, new: strings.Replace(svc, "1000", "1001", 1), want: KindRestart},
+		{name: "OnChange=restart forces restart of a cosmetic change", old: svc + "[X-Agentd]\nOnChange=restart\n", new: "#x\n" + svc + "[X-Agentd]\nOnChange=restart\n", want: KindRestart},
+		{name: "OnChange=reload", old: svcReload + "[X-Agentd]\nOnChange=reload\n", new: strings.Replace(svcReload, "1000", "1001", 1) + "[X-Agentd]\nOnChange=reload\n", canReload: true, want: KindReload},
+		{name: "OnChange=reload-or-restart that can reload", old: svcReload + "[X-Agentd]\nOnChange=reload-or-restart\n", new: strings.Replace(svcReload, "1000", "1001", 1) + "[X-Agentd]\nOnChange=reload-or-restart\n", canReload: true, want: KindReload},
+		{name: "OnChange=reload-or-restart that cannot reload", old: svc + "[X-Agentd]\nOnChange=reload-or-restart\n", new: strings.Replace(svc, "1000", "1001", 1) + "[X-Agentd]\nOnChange=reload-or-restart\n", want: KindRestart},
+		{name: "OnChange=stop-start", old: svc + "[X-Agentd]\nOnChange=stop-start\n", new: strings.Replace(svc, "1000", "1001", 1) + "[X-Agentd]\nOnChange=stop-start\n", want: KindStopStart},
+		{name: "OnChange=none: files only, restart pending", old: svc + "[X-Agentd]\nOnChange=none\n", new: strings.Replace(svc, "1000", "1001", 1) + "[X-Agentd]\nOnChange=none\n", want: KindUpdate, noEffRecord: true},
+		{name: "socket: restart, stopping its service", unit: "web.socket", old: "[Socket]\nListenStream=8080\n", new: "[Socket]\nListenStream=8081\n", want: KindRestart, alsoStop: "web.service"},
+		{name: "socket with Service=", unit: "web.socket", old: "[Socket]\nListenStream=8080\nService=api.service\n", new: "[Socket]\nListenStream=8081\nService=api.service\n", want: KindRestart, alsoStop: "api.service"},
+		{name: "timer: restart", unit: "t.timer", old: "[Timer]\nOnCalendar=daily\n", new: "[Timer]\nOnCalendar=hourly\n", want: KindRestart},
+		{name: "path: restart", unit: "p.path", old: "[Path]\nPathExists=/a\n", new: "[Path]\nPathExists=/b\n", want: KindRestart},
+		{name: "target: start, never restart", unit: "app.target", old: "[Unit]\nWants=a.service\n", new: "[Unit]\nWants=b.service\n", want: KindStart},
+		{name: "slice: daemon-reload only", unit: "app.slice", old: "[Slice]\nCPUWeight=100\n", new: "[Slice]\nCPUWeight=200\n", want: KindUpdate},
+		{name: "mount Options: reload", unit: "data.mount", old: "[Mount]\nWhat=/dev/a\nWhere=/data\nOptions=rw\n", new: "[Mount]\nWhat=/dev/a\nWhere=/data\nOptions=ro\n", want: KindReload},
+		{name: "mount What: restart", unit: "data.mount", old: "[Mount]\nWhat=/dev/a\nWhere=/data\n", new: "[Mount]\nWhat=/dev/b\nWhere=/data\n", want: KindRestart},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			unit := tt.unit
+			if unit == "" {
+				unit = "hello.service"
+			}
+			oldH := Hash([]byte(tt.old))
+			st := running
+			st.CanReload = tt.canReload
+			cur := Current{
+				Files:   map[string]LocalFile{unit: {Exists: true, Hash: oldH, Content: []byte(tt.old)}},
+				Managed: map[string]string{unit: oldH},
+				Units:   map[string]UnitState{unit: st},
+				Records: map[string]UnitRecord{unit: {Applied: map[string]string{unit: oldH}}},
+			}
+			plan := Plan(Desire(Snapshot{Entries: []Entry{entry(unit, tt.new)}}), cur)
+			a := plan[0]
+			if a.Kind != tt.want {
+				t.Fatalf("kind = %s (%s), want %s", a.Kind, a.Reason, tt.want)
+			}
+			if len(a.Writes) != 1 {
+				t.Errorf("writes = %d, want 1", len(a.Writes))
+			}
+			if a.Enable != tt.enable {
+				t.Errorf("enable = %v, want %v", a.Enable, tt.enable)
+			}
+			if tt.alsoStop != "" && (len(a.AlsoStop) != 1 || a.AlsoStop[0] != tt.alsoStop) {
+				t.Errorf("alsoStop = %v, want %s", a.AlsoStop, tt.alsoStop)
+			}
+			if tt.noEffRecord != (a.Effective == nil) {
+				t.Errorf("effective record = %v", a.Effective)
+			}
+		})
+	}
+}
+
+func TestPlanFailedContentIsHeld(t *testing.T) {
+	v2 := strings.Replace(svc, "1000", "1001", 1)
+	h1, h2 := Hash([]byte(svc)), Hash([]byte(v2))
+	cur := Current{
+		Files:   map[string]LocalFile{"hello.service": {Exists: true, Hash: h1, Content: []byte(svc)}},
+		Managed: map[string]string{"hello.service": h1},
+		Units:   map[string]UnitState{"hello.service": running},
+		Records: map[string]UnitRecord{"hello.service": {Applied: map[string]string{"hello.service": h1}, Failed: "hello.service=" + h2 + ";", FailReason: "start failed"}},
+	}
+	a := Plan(Desire(Snapshot{Entries: []Entry{entry("hello.service", v2)}}), cur)[0]
+	if a.Kind != KindBlocked || !strings.Contains(a.Err, "rolled back: start failed") {
+		t.Fatalf("got %s %q", a.Kind, a.Err)
+	}
+	v3 := strings.Replace(svc, "1000", "1002", 1)
+	if a := Plan(Desire(Snapshot{Entries: []Entry{entry("hello.service", v3)}}), cur)[0]; a.Kind != KindRestart {
+		t.Fatalf("new content after a rollback: %s, want restart", a.Kind)
 	}
 }

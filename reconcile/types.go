@@ -60,6 +60,8 @@ type UnitState struct {
 	SubState    string
 	Result      string // the unit's Result property (success, exit-code, signal, ...)
 	MainPID     uint32
+	CanReload   bool  // the unit has ExecReload= (or its type can reload)
+	ExitStatus  int32 // a service's ExecMainStatus: exit code or signal number
 	// Ran is true when the unit has left "inactive" at least once since the
 	// manager started (InactiveExitTimestampMonotonic != 0). It lets the agent
 	// start a unit after boot without fighting an operator who stopped it.
@@ -89,11 +91,17 @@ type Status struct {
 	SubState    string            `json:"subState"`
 	UnitResult  string            `json:"unitResult,omitempty"` // systemd's Result property
 	MainPID     uint32            `json:"mainPID,omitempty"`
-	Action      string            `json:"action"`           // last action taken on this unit
-	Result      string            `json:"result"`           // result of that action: done, failed, timeout, refused, ...
-	Error       string            `json:"error,omitempty"`  // why the unit is not converged, if it is not
-	Source      string            `json:"source,omitempty"` // registry key scope: "host" or "group:<name>"
-	UpdatedAt   time.Time         `json:"updatedAt"`
+	// Verifying is true while a (re)started unit has not yet been active
+	// for HealthySec; a failure in that window is rolled back.
+	Verifying bool `json:"verifying,omitempty"`
+	// PendingRestart is true when the file changed but OnChange=none kept
+	// the running unit on the old content.
+	PendingRestart bool      `json:"pendingRestart,omitempty"`
+	Action         string    `json:"action"`           // last action taken on this unit
+	Result         string    `json:"result"`           // result of that action: done, failed, timeout, refused, ...
+	Error          string    `json:"error,omitempty"`  // why the unit is not converged, if it is not
+	Source         string    `json:"source,omitempty"` // registry key scope: "host" or "group:<name>"
+	UpdatedAt      time.Time `json:"updatedAt"`
 }
 
 // Member is an agent's membership record at <prefix>/agents/<host>.

@@ -336,6 +336,7 @@ func readState(ctx context.Context, c *sddbus.Conn, unit string) (reconcile.Unit
 	s.SubState, _ = props["SubState"].(string)
 	exit, _ := props["InactiveExitTimestampMonotonic"].(uint64)
 	s.Ran = exit != 0
+	s.CanReload, _ = props["CanReload"].(bool)
 	if s.LoadState != "loaded" {
 		// LoadError is (ss): the D-Bus error name and its message.
 		if le, ok := props["LoadError"].([]any); ok && len(le) == 2 {
@@ -360,6 +361,9 @@ func readState(ctx context.Context, c *sddbus.Conn, unit string) (reconcile.Unit
 			return s, err
 		}
 		s.MainPID, _ = p.Value.Value().(uint32)
+		if p, err := c.GetUnitTypePropertyContext(ctx, unit, iface, "ExecMainStatus"); err == nil {
+			s.ExitStatus, _ = p.Value.Value().(int32)
+		}
 	}
 	return s, nil
 }

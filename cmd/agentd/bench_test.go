@@ -51,7 +51,7 @@ func BenchmarkPutToRestart(b *testing.B) {
 	for b.Loop() {
 		var lat []time.Duration
 		for i := range changes {
-			content := []byte(fmt.Sprintf("[Service]\nType=exec\nExecStart=/bin/sleep %d\n", 10000+i))
+			content := []byte(fmt.Sprintf("[Service]\nType=exec\nExecStart=/bin/sleep %d\n"+fast, 10000+i))
 			start := time.Now()
 			if _, err := e.reg.Put(ctx, registry.Target{Host: e.host}, map[string][]byte{"bench.service": content}); err != nil {
 				b.Fatal(err)
@@ -85,7 +85,7 @@ func BenchmarkBurst50(b *testing.B) {
 		want := map[string]string{}
 		for i := range 50 {
 			name := fmt.Sprintf("burst%02d.service", i)
-			units[name] = []byte(fmt.Sprintf("[Service]\nType=exec\nExecStart=/bin/sleep %d\n", 100000+1000*round+i))
+			units[name] = []byte(fmt.Sprintf("[Service]\nType=exec\nExecStart=/bin/sleep %d\n"+fast, 100000+1000*round+i))
 			want[name] = reconcile.Hash(units[name])
 		}
 		round++

@@ -19,8 +19,10 @@ import (
 
 // helloV1 and helloV2 differ in ExecStart, so a change must restart.
 const (
-	helloV1 = "[Unit]\nDescription=hello\n[Service]\nType=exec\nExecStart=/bin/sleep 1001\n"
-	helloV2 = "[Unit]\nDescription=hello\n[Service]\nType=exec\nExecStart=/bin/sleep 1002\n"
+	helloV1 = "[Unit]\nDescription=hello\n[Service]\nType=exec\nExecStart=/bin/sleep 1001\n" + fast
+	helloV2 = "[Unit]\nDescription=hello\n[Service]\nType=exec\nExecStart=/bin/sleep 1002\n" + fast
+	// fast skips the HealthySec window (default 5 s) where a test is not about it.
+	fast = "[X-Agentd]\nHealthySec=0\n"
 )
 
 // env is one host under test: a private systemd, an etcd, and the agent

@@ -26,7 +26,7 @@ func TestBurstOf50UnitsOneReload(t *testing.T) {
 	reloads := e.h.CountReloads(t)
 	args := []string{"unit", "put"}
 	for i := range 50 {
-		args = append(args, e.writeUnit(fmt.Sprintf("burst%02d.service", i), fmt.Sprintf("[Service]\nType=exec\nExecStart=/bin/sleep %d\n", 1000+i)))
+		args = append(args, e.writeUnit(fmt.Sprintf("burst%02d.service", i), fmt.Sprintf("[Service]\nType=exec\nExecStart=/bin/sleep %d\n"+fast, 1000+i)))
 	}
 	args = append(args, "--host", e.host, "--wait", "--timeout", "60s")
 	if out, code := e.cli(args...); code != 0 {
@@ -282,7 +282,7 @@ func TestAgentRestartLeavesUnchangedUnitsRunning(t *testing.T) {
 func TestCrashShowsInStatusFromSignals(t *testing.T) {
 	e := newEnv(t)
 	e.startAgent()
-	e.put("crash.service", "[Service]\nType=exec\nExecStart=/bin/sh -c 'sleep 1; exit 3'\n")
+	e.put("crash.service", "[Service]\nType=exec\nExecStart=/bin/sh -c 'sleep 1; exit 3'\n"+fast)
 	var failedAt time.Time
 	eventually(t, "systemd reports crash.service failed", func() bool {
 		if e.h.ActiveState(t, "crash.service") == "failed" {

@@ -479,6 +479,9 @@ func (e expectation) judge(statuses map[string]reconcile.Status) (state, detail 
 	case reconcile.StateStarted:
 		switch st.ActiveState {
 		case "active", "reloading":
+			if st.Verifying {
+				return "pending", "running, verifying it stays up (HealthySec)"
+			}
 			return "done", fmt.Sprintf("%s (%s), hash %s", st.ActiveState, st.SubState, short(st.Hash))
 		case "failed":
 			return "failed", describeFailure(st)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -26,6 +25,9 @@ type failure struct {
 	op     string
 	reason string
 	policy Policy
+	// keepRunning: the unit's process still runs the old version (a reload
+	// failed); a rollback restores files without restarting it.
+	keepRunning bool
 }
 
 func (a *Agent) nextHealthDeadline() (time.Time, bool) {
@@ -102,9 +104,9 @@ func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, 
 		if d := desired[u]; d != nil && d.Err != nil {
 			continue // maybe not even a valid name: do not ask systemd
 		}
-		st, err := a.cfg.Systemd.State(ctx, u)
+		st, err := a.state(ctx, u)
 		if err != nil {
-			return nil, Current{}, fmt.Errorf("read state of %s: %w", u, err)
+			return nil, Current{}, err
 		}
 		cur.Units[u] = st
 	}
@@ -112,6 +114,19 @@ func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, 
 	a.relevant = rel
 	a.mu.Unlock()
 	return desired, cur, nil
+}
+
+// state asks systemd about a unit; a template has no state of its own
+// (systemd refuses the name), only its instances do.
+func (a *Agent) state(ctx context.Context, unit string) (UnitState, error) {
+	if IsTemplate(unit) {
+		return UnitState{LoadState: "template", ActiveState: "inactive", SubState: "template"}, nil
+	}
+	st, err := a.cfg.Systemd.State(ctx, unit)
+	if err != nil {
+		return st, fmt.Errorf("read state of %s: %w", unit, err)
+	}
+	return st, nil
 }
 
 // noteDrift logs, once per distinct content, a managed file changed behind
@@ -150,6 +165,11 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 		a.rollback(ctx, fails, desired)
 		if desired, cur, err = a.observe(ctx); err != nil {
 			return nil, err
+		}
+	}
+	for u := range cur.Verifying {
+		if _, still := a.health[u]; !still {
+			delete(cur.Verifying, u) // healthy now: the next instance may go
 		}
 	}
 	plan := Plan(desired, cur)
@@ -317,6 +337,10 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 	// 6. Jobs, each waited on; what they started is then watched for HealthySec.
 	var fails []failure
 	for _, act := range plan {
+		if ctx.Err() != nil {
+			// Shutting down: finish nothing new, judge nothing.
+			return ctx.Err()
+		}
 		if failed[act.Unit] {
 			continue
 		}
@@ -342,8 +366,14 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 			}
 		case KindReload:
 			if !cur.Units[act.Unit].CanReload {
-				err = fmt.Errorf("reload %s: the unit cannot reload (no ExecReload=); not restarting it silently — use OnChange=reload-or-restart or restart", act.Unit)
-				break
+				// Nothing ran: the unit still runs the old version. Report,
+				// and do not try this content again; no rollback needed.
+				err := fmt.Errorf("reload %s: the unit cannot reload (no ExecReload=); not restarting it silently — use OnChange=reload-or-restart or restart", act.Unit)
+				a.record(act, "failed", err)
+				rec := a.records[act.Unit]
+				rec.Failed, rec.FailReason = act.ContentKey, err.Error()
+				a.records[act.Unit] = rec
+				continue
 			}
 			err = a.cfg.Systemd.ReloadUnit(ctx, act.Unit)
 		case KindStop:
@@ -367,10 +397,14 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 		case KindBlocked, KindWait:
 			continue
 		}
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
 		if err != nil {
 			a.record(act, resultOf(err), err)
 			if act.Kind != KindStop && act.Kind != KindRemove && act.Effective != nil {
-				fails = append(fails, failure{unit: act.Unit, key: act.ContentKey, op: act.Kind.String(), reason: err.Error(), policy: act.Policy})
+				fails = append(fails, failure{unit: act.Unit, key: act.ContentKey, op: act.Kind.String(), reason: err.Error(), policy: act.Policy,
+					keepRunning: act.Kind == KindReload})
 			}
 			continue
 		}
@@ -464,13 +498,17 @@ func (a *Agent) rollback(ctx context.Context, fails []failure, desired map[strin
 	}
 	for _, r := range restores {
 		act := Action{Unit: r.unit, ContentKey: r.key}
-		err := a.cfg.Systemd.Restart(ctx, r.unit)
+		var err error
+		if !r.keepRunning {
+			err = a.cfg.Systemd.Restart(ctx, r.unit)
+		}
 		rec := a.records[r.unit]
 		rec.Applied = r.good
+		msg := r.reason + "; rolled back to " + short(r.good[r.unit]) + " (the previous version)"
+		rec.FailReason = msg
 		a.records[r.unit] = rec
 		delete(a.health, r.unit)
 		a.cfg.Observer.Rollback(r.unit)
-		msg := r.reason + "; rolled back to " + short(r.good[r.unit]) + " (the previous version)"
 		if err != nil {
 			a.recordAs(act, "rolled-back", "failed", fmt.Errorf("%s; restarting the previous version failed: %w", msg, err))
 			continue
@@ -695,9 +733,9 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 			}
 		}
 		if d == nil || d.Err == nil {
-			st, err := a.cfg.Systemd.State(ctx, name)
+			st, err := a.state(ctx, name)
 			if err != nil {
-				return fmt.Errorf("read state of %s: %w", name, err)
+				return err
 			}
 			s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
 			s.UnitResult, s.MainPID = st.Result, st.MainPID
@@ -723,9 +761,7 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 			if o, ok := a.last[name]; !ok || o.action != "rolled-back" {
 				s.Action, s.Result = KindBlocked.String(), "blocked"
 			}
-			if s.Error == "" || !strings.HasPrefix(act.Err, "rolled back") {
-				s.Error = act.Err
-			}
+			s.Error = act.Err
 		}
 		out = append(out, s)
 	}

@@ -279,7 +279,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		return blocked(a, r.Reason)
 	}
 	if rec.Failed != "" && rec.Failed == a.ContentKey {
-		return blocked(a, "rolled back: "+rec.FailReason+"; not retried until the registry content changes")
+		return blocked(a, rec.FailReason+"; not retried until the registry content changes")
 	}
 	applied := KeyOf(rec.Applied)
 	// stale: the running unit is known to run other content than desired.

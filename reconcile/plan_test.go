@@ -385,7 +385,7 @@ func TestPlanFailedContentIsHeld(t *testing.T) {
 		Records: map[string]UnitRecord{"hello.service": {Applied: map[string]string{"hello.service": h1}, Failed: "hello.service=" + h2 + ";", FailReason: "start failed"}},
 	}
 	a := Plan(Desire(Snapshot{Entries: []Entry{entry("hello.service", v2)}}), cur)[0]
-	if a.Kind != KindBlocked || !strings.Contains(a.Err, "rolled back: start failed") {
+	if a.Kind != KindBlocked || !strings.Contains(a.Err, "start failed; not retried") {
 		t.Fatalf("got %s %q", a.Kind, a.Err)
 	}
 	v3 := strings.Replace(svc, "1000", "1002", 1)

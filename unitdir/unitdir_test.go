@@ -1,12 +1,14 @@
 package unitdir
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestWriteIsAtomicReplace(t *testing.T) {
@@ -142,5 +144,54 @@ func TestCorruptManifestIsAnError(t *testing.T) {
 	}
 	if _, err := OpenManifest(dir); err == nil || !strings.Contains(err.Error(), "managed.json") {
 		t.Fatalf("corrupt manifest: %v", err)
+	}
+}
+
+func TestWatchReportsEditsAndDropIns(t *testing.T) {
+	root := t.TempDir()
+	d, _ := Open(root)
+	defer d.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan string, 100)
+	done := make(chan error, 1)
+	go func() { done <- d.Watch(ctx, func(p string) { got <- p }) }()
+	time.Sleep(50 * time.Millisecond) // let the watch start
+	expect := func(want string) {
+		t.Helper()
+		deadline := time.After(2 * time.Second)
+		for {
+			select {
+			case p := <-got:
+				if strings.HasPrefix(p, ".") {
+					t.Fatalf("temp file reported: %s", p)
+				}
+				if p == want {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no event for %s", want)
+			}
+		}
+	}
+	if err := d.Write("a.service", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	expect("a.service")
+	if err := os.WriteFile(filepath.Join(root, "a.service"), []byte("edited by hand"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	expect("a.service")
+	if err := d.Write("a.service.d/x.conf", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the new drop-in dir is added on its create event
+	if err := os.WriteFile(filepath.Join(root, "a.service.d", "x.conf"), []byte("y"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	expect("a.service.d/x.conf")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

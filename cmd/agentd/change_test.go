@@ -291,3 +291,64 @@ func TestSyncDryRun(t *testing.T) {
 		t.Fatal("dry-run changed a file")
 	}
 }
+
+// Drop-ins are written, replaced and removed like unit files, take part in
+// the classification, and `agentd diff` shows registry vs disk.
+func TestDropInsAndDiff(t *testing.T) {
+	e := newEnv(t)
+	e.startAgent()
+	e.put("hello.service", helloV1)
+	pid := e.h.MainPID(t, "hello.service")
+	dropIn := e.writeUnit("hello.service.d/env.conf", "[Service]\nEnvironment=GREETING=hi\n")
+	if out, code := e.cli("unit", "put", dropIn, "--host", e.host, "--wait", "--timeout", "30s"); code != 0 {
+		t.Fatalf("put drop-in: exit %d\n%s", code, out)
+	}
+	if got, _ := e.readLocal("hello.service.d/env.conf"); got != "[Service]\nEnvironment=GREETING=hi\n" {
+		t.Fatalf("drop-in on disk: %q", got)
+	}
+	pid2 := e.h.MainPID(t, "hello.service")
+	if pid2 == pid {
+		t.Fatal("an Environment= drop-in did not restart the unit")
+	}
+	// A comment-only edit of the drop-in is a daemon-reload only.
+	if out, code := e.cli("unit", "put", e.writeUnit("hello.service.d/env.conf", "# why\n[Service]\nEnvironment=GREETING=hi\n"), "--host", e.host, "--wait", "--timeout", "30s"); code != 0 {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	if p := e.h.MainPID(t, "hello.service"); p != pid2 {
+		t.Fatal("comment-only drop-in change restarted the unit")
+	}
+	out, code := e.cli("diff", "hello.service", "--debug-socket", e.agent.opts.debugSocket)
+	if code != 0 || out != "" {
+		t.Fatalf("diff of a converged unit: exit %d, %q", code, out)
+	}
+	// Removing the drop-in removes the file (and its directory) and restarts.
+	if out, code := e.cli("unit", "rm", "hello.service.d/env.conf", "--host", e.host, "--wait", "--timeout", "30s"); code != 0 {
+		t.Fatalf("rm drop-in: exit %d\n%s", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(e.h.UnitDir, "hello.service.d")); !os.IsNotExist(err) {
+		t.Fatalf("drop-in directory left: %v", err)
+	}
+	eventually(t, "restart after the drop-in went", func() bool { return e.h.MainPID(t, "hello.service") != pid2 })
+}
+
+// `agentd diff` prints a unified diff between the registry and the disk for
+// a unit the agent cannot converge (here: a file it does not own).
+func TestDiffShowsRegistryAgainstDisk(t *testing.T) {
+	e := newEnv(t)
+	e.startAgent()
+	if err := os.WriteFile(filepath.Join(e.h.UnitDir, "x.service"), []byte(helloV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, code := e.cli("unit", "put", e.writeUnit("x.service", helloV2), "--host", e.host); code != 0 {
+		t.Fatal("put")
+	}
+	var out string
+	eventually(t, "diff shows the change", func() bool {
+		var code int
+		out, code = e.cli("diff", "x.service", "--debug-socket", e.agent.opts.debugSocket)
+		return code == 0 && strings.Contains(out, "-ExecStart=/bin/sleep 1002") && strings.Contains(out, "+ExecStart=/bin/sleep 1001")
+	})
+	if !strings.HasPrefix(out, "--- registry/x.service\n+++ local/x.service\n@@") {
+		t.Fatalf("not a unified diff:\n%s", out)
+	}
+}

@@ -43,6 +43,19 @@ type Manifest interface {
 	GC() error
 }
 
+// Coordinator is the fleet-wide side of a rollout (etcd in production):
+// lease-bound MaxUnavailable slots and rollout halts.
+type Coordinator interface {
+	// Acquire blocks until this host holds one of limit slots of
+	// (scope, unit), FIFO; release gives it back.
+	Acquire(ctx context.Context, scope, unit, hash string, limit int) (release func(context.Context) error, err error)
+	// Holding reports whether the slot is still held (the lease may have
+	// been lost): checked right before each disruptive step.
+	Holding(ctx context.Context, scope, unit string) (bool, error)
+	// Halt records that this host failed a version, stopping the rollout.
+	Halt(ctx context.Context, h Halt) error
+}
+
 // Reporter publishes the full set of this host's unit statuses.
 type Reporter interface {
 	Report(ctx context.Context, statuses []Status) error
@@ -84,6 +97,11 @@ type Config struct {
 	Reporter Reporter // nil: statuses are only served locally
 	Log      *slog.Logger
 	Observer Observer // nil: NopObserver
+	// Coordinator coordinates MaxUnavailable= and halts across hosts; nil
+	// means this agent alone (slots are always free, nothing is halted).
+	Coordinator Coordinator
+	// Host is this agent's host name (for halt records).
+	Host string
 
 	// HeartbeatInterval is how often the loop calls Observer.Heartbeat
 	// (default 1s); set it below half the watchdog interval.
@@ -119,7 +137,13 @@ type Agent struct {
 	records map[string]UnitRecord
 	health  map[string]healthWait
 	drifted map[string]string // path -> on-disk hash already reported as drift
-	last    map[string]outcome
+
+	// MaxUnavailable slots: acquired by goroutines the agent owns (Acquire
+	// blocks), handed to the loop under slotMu.
+	slotMu sync.Mutex
+	slots  map[string]*slot
+	slotWG sync.WaitGroup
+	last   map[string]outcome
 }
 
 type outcome struct {
@@ -161,6 +185,7 @@ func New(cfg Config) *Agent {
 		records:  cfg.Manifest.Units(),
 		health:   map[string]healthWait{},
 		drifted:  map[string]string{},
+		slots:    map[string]*slot{},
 		last:     map[string]outcome{},
 	}
 }
@@ -257,6 +282,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
+	defer a.slotWG.Wait()
 	heartbeat := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer heartbeat.Stop()
 	wake := time.NewTimer(time.Hour) // the next HealthySec deadline

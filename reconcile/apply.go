@@ -16,6 +16,8 @@ type healthWait struct {
 	until     time.Time
 	policy    Policy
 	op        string // the action that started it, for messages
+	scope     string
+	hash      string
 }
 
 // failure is a change that did not take: a failed job or an unhealthy unit.
@@ -28,6 +30,7 @@ type failure struct {
 	// keepRunning: the unit's process still runs the old version (a reload
 	// failed); a rollback restores files without restarting it.
 	keepRunning bool
+	scope, hash string // for the group halt
 }
 
 func (a *Agent) nextHealthDeadline() (time.Time, bool) {
@@ -59,6 +62,11 @@ func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, 
 		Refused:   a.refused,
 		Started:   a.started,
 		Verifying: map[string]bool{},
+		Slots:     a.slotsHeld(),
+		Halts:     map[string]Halt{},
+	}
+	for _, h := range snap.Halts {
+		cur.Halts[h.Unit] = h
 	}
 	for u := range a.health {
 		cur.Verifying[u] = true
@@ -161,7 +169,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	if err != nil {
 		return nil, err
 	}
-	if fails := a.checkHealth(cur); len(fails) > 0 {
+	if fails := a.checkHealth(ctx, cur); len(fails) > 0 {
 		a.rollback(ctx, fails, desired)
 		if desired, cur, err = a.observe(ctx); err != nil {
 			return nil, err
@@ -180,7 +188,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 
 // checkHealth ends HealthySec windows: units that stayed active are now the
 // last good version; units that went down are failures.
-func (a *Agent) checkHealth(cur Current) []failure {
+func (a *Agent) checkHealth(ctx context.Context, cur Current) []failure {
 	var fails []failure
 	now := time.Now()
 	for _, u := range slices.Sorted(maps.Keys(a.health)) {
@@ -189,11 +197,12 @@ func (a *Agent) checkHealth(cur Current) []failure {
 		switch {
 		case !st.Active():
 			delete(a.health, u)
-			fails = append(fails, failure{unit: u, key: w.key, op: w.op, policy: w.policy,
+			fails = append(fails, failure{unit: u, key: w.key, op: w.op, policy: w.policy, scope: w.scope, hash: w.hash,
 				reason: fmt.Sprintf("%s became %s within HealthySec=%d after %s (%s)", u, st.ActiveState, w.policy.HealthySec, w.op, exitDetail(st))})
 		case !now.Before(w.until):
 			delete(a.health, u)
 			a.markGood(u, w.effective)
+			a.releaseSlot(ctx, u)
 			a.log.Info("unit healthy", "unit", u, "healthy_sec", w.policy.HealthySec, "action", "healthy")
 		}
 	}
@@ -344,6 +353,9 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 		if failed[act.Unit] {
 			continue
 		}
+		if act.Kind.Disruptive() && act.Policy.MaxUnavailable > 0 && act.Scope != "" && !a.stillHolding(ctx, act.Unit, act.Scope) {
+			continue
+		}
 		var err error
 		switch act.Kind {
 		case KindStart, KindStopStart:
@@ -381,6 +393,7 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 		case KindRemove:
 			delete(a.records, act.Unit)
 			delete(a.health, act.Unit)
+			a.releaseSlot(ctx, act.Unit)
 		case KindNone, KindUpdate:
 			// The unit keeps running; if it runs, it now counts as current.
 			if act.Effective != nil && cur.Units[act.Unit].Active() && KeyOf(a.records[act.Unit].Applied) != act.ContentKey {
@@ -394,7 +407,12 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 			if act.Kind == KindNone {
 				continue
 			}
-		case KindBlocked, KindWait:
+		case KindWait:
+			if act.NeedSlot {
+				a.ensureSlot(ctx, act.Unit, act.Scope, act.Hash, act.Policy.MaxUnavailable)
+			}
+			continue
+		case KindBlocked:
 			continue
 		}
 		if err != nil && ctx.Err() != nil {
@@ -404,7 +422,7 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 			a.record(act, resultOf(err), err)
 			if act.Kind != KindStop && act.Kind != KindRemove && act.Effective != nil {
 				fails = append(fails, failure{unit: act.Unit, key: act.ContentKey, op: act.Kind.String(), reason: err.Error(), policy: act.Policy,
-					keepRunning: act.Kind == KindReload})
+					keepRunning: act.Kind == KindReload, scope: act.Scope, hash: act.Hash})
 			}
 			continue
 		}
@@ -412,7 +430,7 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 			a.record(act, "done", nil)
 		}
 		if act.Kind == KindStart || act.Kind == KindRestart || act.Kind == KindReload || act.Kind == KindStopStart {
-			a.begin(act)
+			a.begin(ctx, act)
 		}
 	}
 	if len(fails) > 0 {
@@ -433,7 +451,7 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 }
 
 // begin records what a unit now runs and opens its HealthySec window.
-func (a *Agent) begin(act Action) {
+func (a *Agent) begin(ctx context.Context, act Action) {
 	if act.Effective == nil {
 		return
 	}
@@ -442,10 +460,11 @@ func (a *Agent) begin(act Action) {
 	a.records[act.Unit] = rec
 	if act.Policy.State != StateStarted || act.Policy.HealthySec == 0 {
 		a.markGood(act.Unit, act.Effective)
+		a.releaseSlot(ctx, act.Unit)
 		return
 	}
 	a.health[act.Unit] = healthWait{
-		key: act.ContentKey, effective: act.Effective, policy: act.Policy, op: act.Kind.String(),
+		key: act.ContentKey, effective: act.Effective, policy: act.Policy, op: act.Kind.String(), scope: act.Scope, hash: act.Hash,
 		until: time.Now().Add(time.Duration(act.Policy.HealthySec) * time.Second),
 	}
 }
@@ -463,6 +482,8 @@ func (a *Agent) rollback(ctx context.Context, fails []failure, desired map[strin
 		rec := a.records[f.unit]
 		rec.Failed, rec.FailReason = f.key, f.reason
 		a.records[f.unit] = rec
+		a.releaseSlot(ctx, f.unit)
+		a.halt(ctx, f.unit, f.scope, f.hash, f.reason)
 		if IsInstance(f.unit) {
 			// The template's new content is what failed: hold it too, so the
 			// other instances are not rolled onto it.
@@ -755,6 +776,15 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 			}
 			if o.action == "rolled-back" && o.contentKey == act.ContentKey {
 				s.Error = o.err
+			}
+		}
+		if act.Kind == KindWait {
+			s.Action, s.Result = "wait", "waiting"
+			if act.NeedSlot {
+				s.Action = "wait-slot"
+			}
+			if act.Err != "" {
+				s.Action, s.Error = "held", act.Err
 			}
 		}
 		if act.Kind == KindBlocked {

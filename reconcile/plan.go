@@ -67,6 +67,13 @@ type Action struct {
 	Policy Policy
 	// Change is the classification that chose Kind, when one was made.
 	Change *Change
+	// Scope is the registry target the content came from when it is a
+	// group ("groups/web"): MaxUnavailable slots and halts are per scope.
+	Scope string
+	// Hash is the desired unit file hash (the template's for an instance).
+	Hash string
+	// NeedSlot marks a KindWait that waits for a MaxUnavailable slot.
+	NeedSlot bool
 }
 
 // Changes reports whether the action touches files (and so needs a daemon-reload).
@@ -112,6 +119,11 @@ type Current struct {
 	Started map[string]string
 	// Verifying lists units inside their HealthySec window after a (re)start.
 	Verifying map[string]bool
+	// Slots maps a unit to the hash for which this host holds its
+	// MaxUnavailable slot.
+	Slots map[string]string
+	// Halts are the halted rollouts of this host's groups, by unit.
+	Halts map[string]Halt
 }
 
 // Refusal remembers content systemd would not load.
@@ -193,6 +205,13 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 			}
 			rolling[t] = true
 		}
+		// MaxUnavailable: the disruptive part waits for a slot shared by
+		// every host of the group (nothing is written before it either).
+		if a.Kind.Disruptive() && a.Policy.MaxUnavailable > 0 && a.Scope != "" && cur.Slots[name] == "" {
+			a.Kind, a.NeedSlot = KindWait, true
+			a.Reason = fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.MaxUnavailable, a.Scope, a.Reason)
+			a.Writes, a.Removes, a.Enable, a.Disable = nil, nil, false, false
+		}
 		out = append(out, a)
 	}
 	return out
@@ -269,6 +288,13 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		}
 	}
 	a.Policy = p
+	a.Scope = scopeOf(d, desired)
+	a.Hash = d.Hash()
+	if d.File == nil && IsInstance(name) {
+		if t := desired[TemplateOf(name)]; t != nil {
+			a.Hash = t.Hash()
+		}
+	}
 	a.Effective = effective
 	a.ContentKey = KeyOf(effective)
 	if d.Instance && len(effective) == 0 {
@@ -284,6 +310,13 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	applied := KeyOf(rec.Applied)
 	// stale: the running unit is known to run other content than desired.
 	stale := len(rec.Applied) > 0 && applied != a.ContentKey
+	// A halted rollout: another host of the group failed this version.
+	if h, ok := cur.Halts[name]; ok && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
+		a.Kind, a.Err = KindWait, fmt.Sprintf("held: the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason)
+		a.Reason = a.Err
+		a.Writes, a.Removes, a.Effective = nil, nil, nil
+		return a
+	}
 	a.Enable = changed && p.Enable && p.HasInstall
 
 	if IsTemplate(name) || p.State == StatePresent {

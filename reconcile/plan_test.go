@@ -393,3 +393,58 @@ func TestPlanFailedContentIsHeld(t *testing.T) {
 		t.Fatalf("new content after a rollback: %s, want restart", a.Kind)
 	}
 }
+
+func TestPlanMaxUnavailableAndHalts(t *testing.T) {
+	v1 := svc + "[X-Agentd]\nMaxUnavailable=1\n"
+	v2 := strings.Replace(v1, "1000", "1001", 1)
+	h1 := Hash([]byte(v1))
+	base := func() Current {
+		return Current{
+			Files:   map[string]LocalFile{"hello.service": {Exists: true, Hash: h1, Content: []byte(v1)}},
+			Managed: map[string]string{"hello.service": h1},
+			Units:   map[string]UnitState{"hello.service": running},
+			Records: map[string]UnitRecord{"hello.service": {Applied: map[string]string{"hello.service": h1}}},
+		}
+	}
+	group := []Entry{groupEntry("web", "hello.service", v2)}
+	// A group's restart waits for a slot, writing nothing before it.
+	a := Plan(Desire(Snapshot{Entries: group}), base())[0]
+	if a.Kind != KindWait || !a.NeedSlot || len(a.Writes) != 0 || a.Scope != "groups/web" {
+		t.Fatalf("without a slot: %+v", a)
+	}
+	// With the slot: restart.
+	cur := base()
+	cur.Slots = map[string]string{"hello.service": Hash([]byte(v2))}
+	if a := Plan(Desire(Snapshot{Entries: group}), cur)[0]; a.Kind != KindRestart || len(a.Writes) != 1 {
+		t.Fatalf("with a slot: %s", a.Kind)
+	}
+	// A host's own key needs no slot: one host, nothing to coordinate.
+	if a := Plan(Desire(Snapshot{Entries: []Entry{entry("hello.service", v2)}}), base())[0]; a.Kind != KindRestart {
+		t.Fatalf("host key: %s", a.Kind)
+	}
+	// A start of a stopped unit is not disruptive: no slot.
+	cur = base()
+	cur.Units["hello.service"] = stopped
+	if a := Plan(Desire(Snapshot{Entries: group}), cur)[0]; a.Kind != KindStart {
+		t.Fatalf("start: %s", a.Kind)
+	}
+	// A halt for this version holds the host on the old one.
+	cur = base()
+	halt := Halt{Scope: "groups/web", Unit: "hello.service", Hash: Hash([]byte(v2)), Host: "h9", Reason: "exit status 3"}
+	cur.Halts = map[string]Halt{"hello.service": halt}
+	a = Plan(Desire(Snapshot{Entries: group}), cur)[0]
+	if a.Kind != KindWait || !strings.HasPrefix(a.Err, "held:") || !strings.Contains(a.Err, "h9") || len(a.Writes) != 0 {
+		t.Fatalf("halted: %+v", a)
+	}
+	// New content resumes the rollout.
+	v3 := strings.Replace(v1, "1000", "1002", 1)
+	if a := Plan(Desire(Snapshot{Entries: []Entry{groupEntry("web", "hello.service", v3)}}), cur)[0]; a.Kind != KindWait || !a.NeedSlot {
+		t.Fatalf("new content after a halt: %+v", a)
+	}
+	// A host already on the halted version is not disturbed.
+	cur.Records["hello.service"] = UnitRecord{Applied: map[string]string{"hello.service": Hash([]byte(v2))}}
+	cur.Files["hello.service"] = LocalFile{Exists: true, Hash: Hash([]byte(v2)), Content: []byte(v2)}
+	if a := Plan(Desire(Snapshot{Entries: group}), cur)[0]; a.Kind != KindNone {
+		t.Fatalf("host already on the version: %s", a.Kind)
+	}
+}

@@ -50,6 +50,21 @@ type Entry struct {
 type Snapshot struct {
 	Revision int64
 	Entries  []Entry
+	// Halts are the stopped rollouts of this host's groups.
+	Halts []Halt
+}
+
+// Halt stops a group's rollout of one unit version after a host failed it
+// or rolled it back: hosts that have not applied that version hold off.
+// Putting new content for the unit resumes the rollout (the hash differs).
+// Stored at <prefix>/halts/<scope>/<unit>.
+type Halt struct {
+	Scope  string    `json:"scope"` // "groups/<group>"
+	Unit   string    `json:"unit"`
+	Hash   string    `json:"hash"` // the unit file hash that failed
+	Host   string    `json:"host"` // who failed it
+	Reason string    `json:"reason"`
+	At     time.Time `json:"at"`
 }
 
 // UnitState is what systemd says about a unit right now.

@@ -1,0 +1,162 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// slot is this host's place in one (scope, unit) MaxUnavailable semaphore.
+type slot struct {
+	scope, hash string
+	limit       int
+	waiting     bool
+	held        bool
+	release     func(context.Context) error
+	err         error
+	retryAt     time.Time
+}
+
+// scopeOf is the registry target a unit's content came from, as the
+// semaphore and halts name it: "groups/<g>", or "" for a host's own key
+// (one host: nothing to coordinate).
+func scopeOf(d *DesiredUnit, desired map[string]*DesiredUnit) string {
+	src := ""
+	switch {
+	case d == nil:
+	case d.File != nil:
+		src = d.File.Source
+	case IsInstance(d.Name):
+		if t := desired[TemplateOf(d.Name)]; t != nil && t.File != nil {
+			src = t.File.Source
+		}
+	}
+	if g, ok := strings.CutPrefix(src, "group:"); ok {
+		return "groups/" + g
+	}
+	return ""
+}
+
+// slotHeld reports whether this host holds the slot for unit's current content.
+func (a *Agent) slotsHeld() map[string]string {
+	a.slotMu.Lock()
+	defer a.slotMu.Unlock()
+	held := map[string]string{}
+	for u, s := range a.slots {
+		if s.held {
+			held[u] = s.hash
+		}
+	}
+	return held
+}
+
+// slotErr is the last error acquiring unit's slot, for status.
+func (a *Agent) slotErr(unit string) error {
+	a.slotMu.Lock()
+	defer a.slotMu.Unlock()
+	if s := a.slots[unit]; s != nil {
+		return s.err
+	}
+	return nil
+}
+
+// ensureSlot queues this host for unit's slot unless it already holds or
+// waits for it. Acquire blocks, so it runs in a goroutine the agent owns;
+// when it returns the loop is poked and the next pass acts.
+func (a *Agent) ensureSlot(ctx context.Context, unit, scope, hash string, limit int) {
+	if a.cfg.Coordinator == nil {
+		return
+	}
+	a.slotMu.Lock()
+	defer a.slotMu.Unlock()
+	if s := a.slots[unit]; s != nil {
+		if s.scope == scope && (s.held || s.waiting) {
+			return
+		}
+		if s.err != nil && time.Now().Before(s.retryAt) {
+			return
+		}
+	}
+	s := &slot{scope: scope, hash: hash, limit: limit, waiting: true}
+	a.slots[unit] = s
+	a.log.Info("waiting for a rollout slot", "unit", unit, "scope", scope, "max_unavailable", limit, "action", "wait")
+	a.slotWG.Go(func() {
+		release, err := a.cfg.Coordinator.Acquire(ctx, scope, unit, hash, limit)
+		a.slotMu.Lock()
+		current := a.slots[unit] == s
+		if current {
+			s.waiting = false
+			if err != nil {
+				s.err = fmt.Errorf("waiting for a MaxUnavailable slot: %w", err)
+				s.retryAt = time.Now().Add(2 * time.Second)
+			} else {
+				s.held, s.release, s.err = true, release, nil
+			}
+		}
+		a.slotMu.Unlock()
+		if err == nil && !current {
+			_ = release(context.WithoutCancel(ctx))
+		}
+		if ctx.Err() == nil {
+			if err != nil {
+				time.AfterFunc(2*time.Second, a.trigger)
+			}
+			a.trigger()
+		}
+	})
+}
+
+// stillHolding re-checks with etcd right before a disruptive step: a slot
+// whose lease was lost is no slot.
+func (a *Agent) stillHolding(ctx context.Context, unit, scope string) bool {
+	if a.cfg.Coordinator == nil {
+		return true
+	}
+	ok, err := a.cfg.Coordinator.Holding(ctx, scope, unit)
+	if err != nil || !ok {
+		a.dropSlot(ctx, unit)
+		a.log.Warn("rollout slot lost before the disruptive step; waiting again", "unit", unit, "scope", scope, "err", err)
+		return false
+	}
+	return true
+}
+
+// releaseSlot gives unit's slot back (after HealthySec, a rollback, or a
+// removal). The release runs in the background: etcd being slow must not
+// stall the loop; a slot not released in time goes with the lease.
+func (a *Agent) releaseSlot(ctx context.Context, unit string) { a.dropSlot(ctx, unit) }
+
+func (a *Agent) dropSlot(ctx context.Context, unit string) {
+	a.slotMu.Lock()
+	s := a.slots[unit]
+	delete(a.slots, unit)
+	a.slotMu.Unlock()
+	if s == nil || !s.held {
+		return
+	}
+	a.slotWG.Go(func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := s.release(rctx); err != nil {
+			a.log.Warn("releasing rollout slot", "unit", unit, "err", err)
+		}
+	})
+	a.log.Info("released rollout slot", "unit", unit, "scope", s.scope)
+}
+
+// halt records in the registry that this host failed a group's version of
+// unit, so the rest of the group holds off.
+func (a *Agent) halt(ctx context.Context, unit, scope, hash, reason string) {
+	if a.cfg.Coordinator == nil || scope == "" || hash == "" {
+		return
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	h := Halt{Scope: scope, Unit: unit, Hash: hash, Host: a.cfg.Host, Reason: reason, At: time.Now().UTC()}
+	if err := a.cfg.Coordinator.Halt(hctx, h); err != nil {
+		a.log.Error("could not halt the rollout in the registry", "unit", unit, "scope", scope, "err", err)
+		return
+	}
+	a.log.Warn("rollout halted for the group", "unit", unit, "scope", scope, "hash", short(hash), "action", "halt")
+}

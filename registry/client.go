@@ -46,6 +46,9 @@ type Client struct {
 	log            *slog.Logger
 	resyncInterval time.Duration
 	requestTimeout time.Duration
+	// lockProbe is how often Acquire checks, while it waits, that etcd is
+	// reachable and its key still there.
+	lockProbe time.Duration
 
 	// testAfterRead, when set (tests only), runs in Watch between the
 	// full read and the start of the watch.
@@ -86,6 +89,7 @@ func New(cli *clientv3.Client, prefix string, opts ...Option) *Client {
 		log:            slog.New(slog.NewTextHandler(io.Discard, nil)),
 		resyncInterval: defaultResyncInterval,
 		requestTimeout: defaultRequestTimeout,
+		lockProbe:      defaultLockProbe,
 	}
 	for _, o := range opts {
 		o(c)

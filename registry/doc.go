@@ -7,6 +7,9 @@
 //	<p>/groups/<group>/units/<unit>   unit file for every member of a group
 //	<p>/agents/<host>                 JSON reconcile.Member, bound to the agent's lease
 //	<p>/status/<host>/<unit>          JSON reconcile.Status, bound to the agent's lease
+//	<p>/locks/<scope>/<unit>/<host>   JSON Holder: a MaxUnavailable= slot held or
+//	                                  waited for, bound to the agent's lease
+//	                                  (<scope> is "groups/<g>" or "hosts/<h>")
 //
 // <unit> is a unit name ("hello.service") or a drop-in ("hello.service.d/10-x.conf").
 //
@@ -14,10 +17,14 @@
 // keys meant for a host (read at one revision, watched from the next one,
 // re-read on compaction, reconnect and periodically); [Client.Join] and
 // [Session.Report] publish the agent's presence and unit statuses, bound to
-// a lease that is re-created when it is lost.
+// a lease that is re-created when it is lost. [Session.Acquire] and
+// [Session.Holding] implement MaxUnavailable= as a lease-bound FIFO
+// semaphore per (scope, unit), without a central controller (see
+// semaphore.go for the algorithm).
 //
 // CLI side: [Client.Put], [Client.Remove], [Client.List], [Client.Get],
-// [Client.Members], [Client.Statuses] and [Client.WatchStatuses].
+// [Client.Members], [Client.Statuses], [Client.WatchStatuses] and
+// [Client.Holders].
 //
 // [StartEmbedded] runs a single-node etcd inside the process (for `agentd run`
 // without endpoints, and for tests via [StartTestEtcd]).

@@ -43,7 +43,14 @@ type Session struct {
 	// content (left by an earlier lease).
 	published map[string][]byte
 	closed    bool
+	// stopping is set by Close before it waits for the Session's
+	// goroutines: no new ones start after that (see goBackground).
+	stopping bool
+	// lastStamp makes lock request stamps unique within the Session (see
+	// Acquire).
+	lastStamp time.Time
 
+	bg   context.Context // the Session's own; cancelled by Close
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 }
@@ -65,9 +72,8 @@ func (c *Client) Join(ctx context.Context, m reconcile.Member, ttl time.Duration
 	if err := s.establishLocked(ctx); err != nil {
 		return nil, err
 	}
-	bg, stop := context.WithCancel(context.Background())
-	s.stop = stop
-	s.wg.Go(func() { s.keep(bg) })
+	s.bg, s.stop = context.WithCancel(context.Background())
+	s.wg.Go(func() { s.keep(s.bg) })
 	return s, nil
 }
 
@@ -374,10 +380,14 @@ func (s *Session) keep(ctx context.Context) {
 	}
 }
 
-// Close stops the Session and revokes its lease: the membership record and
-// the statuses disappear at once.
+// Close stops the Session and revokes its lease: the membership record, the
+// statuses and any semaphore keys (held slots, queue positions) disappear
+// at once.
 func (s *Session) Close() error {
 	s.stop()
+	s.mu.Lock()
+	s.stopping = true
+	s.mu.Unlock()
 	s.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/registry"
+)
+
+// Progress states of one host for one key, as `--wait` shows them.
+const (
+	statePending   = "pending" // the agent has not acted on the new content yet
+	stateSlot      = "waiting for a slot"
+	stateApplying  = "applying"  // new file not yet in place, or the unit on its way up
+	stateVerifying = "verifying" // running the new content, inside HealthySec
+	stateHealthy   = "healthy"   // done
+	stateRemoved   = "removed"   // done (unit rm)
+	stateFailed    = "failed"
+	stateRolled    = "rolled back"
+	stateHeld      = "held" // the rollout was halted by another host's failure
+)
+
+func terminal(state string) bool {
+	switch state {
+	case stateHealthy, stateRemoved, stateFailed, stateRolled, stateHeld:
+		return true
+	}
+	return false
+}
+
+func success(state string) bool { return state == stateHealthy || state == stateRemoved }
+
+// waitConverged blocks until every targeted host reports each unit in a
+// final state for the content just written (or gone, for removals), showing
+// progress. It judges by the status hash, never by state alone: a host still
+// running the old hash is never counted as done.
+func waitConverged(ctx context.Context, reg *registry.Client, tg registry.Target, units map[string][]byte, removing bool, timeout time.Duration, asJSON bool, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	hosts := []string{tg.Host}
+	if tg.Group != "" {
+		ms, err := reg.Members(ctx)
+		if err != nil {
+			return err
+		}
+		hosts = nil
+		for _, m := range ms {
+			if slices.Contains(m.Groups, tg.Group) {
+				hosts = append(hosts, m.Host)
+			}
+		}
+		if len(hosts) == 0 {
+			return withCode(exitFailed, fmt.Errorf("no live agent is in group %s: nothing to wait for", tg.Group))
+		}
+		slices.Sort(hosts)
+	}
+	var want []expectation
+	for _, key := range slices.Sorted(mapsKeys(units)) {
+		content := units[key]
+		_, unit, err := reconcile.ParseKey(key)
+		if err != nil {
+			return withCode(exitUsage, err)
+		}
+		e := expectation{key: key, unit: unit, hash: reconcile.Hash(content), removing: removing, state: reconcile.StateStarted}
+		if len(content) == 0 {
+			e.hash = ""
+		}
+		if p, err := reconcile.ParsePolicy(content); err == nil && key == unit {
+			e.state = p.State
+		}
+		if reconcile.IsTemplate(unit) {
+			e.state = reconcile.StatePresent
+		}
+		want = append(want, e)
+	}
+	view := newProgressView(out, asJSON, hosts, want)
+	var rows map[string]row
+	err := reg.WatchStatuses(ctx, hosts, func(all map[string]map[string]reconcile.Status) bool {
+		rows = map[string]row{}
+		done := true
+		for _, h := range hosts {
+			for _, e := range want {
+				state, detail := e.judge(all[h])
+				rows[h+"\x00"+e.key] = row{h, e.key, state, detail}
+				done = done && terminal(state)
+			}
+		}
+		view.update(rows)
+		return done
+	})
+	var failures []string
+	var pending []string
+	for _, id := range slices.Sorted(mapsKeys(rows)) {
+		r := rows[id]
+		switch {
+		case success(r.state):
+		case terminal(r.state):
+			failures = append(failures, fmt.Sprintf("%s %s: %s%s", r.host, r.key, r.state, prefixed(r.detail)))
+		default:
+			pending = append(pending, fmt.Sprintf("%s %s (%s)", r.host, r.key, r.state))
+		}
+	}
+	if len(failures) > 0 {
+		return withCode(exitFailed, errors.New(strings.Join(failures, "; ")))
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return withCode(exitTimeout, fmt.Errorf("timed out after %s; not converged: %s", timeout, strings.Join(pending, "; ")))
+	}
+	return err
+}
+
+type row struct{ host, key, state, detail string }
+
+type expectation struct {
+	key, unit string
+	hash      string
+	removing  bool
+	state     reconcile.RunState
+}
+
+// judge says where one host is with one key, and why.
+func (e expectation) judge(statuses map[string]reconcile.Status) (state, detail string) {
+	st, ok := statuses[e.unit]
+	if e.removing {
+		if !ok {
+			return stateRemoved, ""
+		}
+		if e.key != e.unit {
+			if _, still := st.DropIns[e.key]; !still {
+				return stateRemoved, "drop-in removed"
+			}
+			return stateApplying, "drop-in still on disk"
+		}
+		if st.DesiredHash == "" && st.Error != "" {
+			return stateFailed, st.Error
+		}
+		return stateApplying, "still installed (" + st.ActiveState + ")"
+	}
+	if !ok {
+		return statePending, "no status from this host yet"
+	}
+	if e.key == e.unit && e.hash != "" && st.DesiredHash != e.hash {
+		return statePending, "the agent has not seen the new content yet"
+	}
+	switch st.Action {
+	case "wait-slot":
+		return stateSlot, "MaxUnavailable"
+	case "held":
+		return stateHeld, strings.TrimPrefix(st.Error, "held: ")
+	case "rolled-back":
+		if st.Error != "" {
+			return stateRolled, st.Error
+		}
+	}
+	if st.Error != "" {
+		return stateFailed, describeFailure(st)
+	}
+	switch {
+	case e.key != e.unit:
+		if st.DropIns[e.key] != e.hash {
+			return stateApplying, "drop-in not written yet"
+		}
+	case e.hash != "" && st.Hash != e.hash:
+		return stateApplying, "file not replaced yet"
+	}
+	switch e.state {
+	case reconcile.StateStarted:
+		switch st.ActiveState {
+		case "active", "reloading":
+			if st.Verifying {
+				return stateVerifying, fmt.Sprintf("running %s, waiting out HealthySec", short(st.Hash))
+			}
+			return stateHealthy, fmt.Sprintf("%s (%s), hash %s", st.ActiveState, st.SubState, short(st.Hash))
+		case "failed":
+			return stateFailed, describeFailure(st)
+		}
+		return stateApplying, st.ActiveState + " (" + st.SubState + ")"
+	case reconcile.StateStopped:
+		if st.ActiveState == "inactive" || st.ActiveState == "failed" {
+			return stateHealthy, "stopped, hash " + short(st.Hash)
+		}
+		return stateApplying, st.ActiveState
+	}
+	return stateHealthy, "installed, hash " + short(st.Hash)
+}
+
+func describeFailure(st reconcile.Status) string {
+	msg := st.Error
+	if msg == "" {
+		msg = "unit " + st.ActiveState
+	}
+	if st.UnitResult != "" && st.UnitResult != "success" && !strings.Contains(msg, st.UnitResult) {
+		msg += " (unit result: " + st.UnitResult + ")"
+	}
+	return msg
+}
+
+// progressView shows --wait progress: a table redrawn in place on a
+// terminal, one line per change otherwise, JSON lines with --json.
+type progressView struct {
+	out   io.Writer
+	json  bool
+	tty   bool
+	order []string
+	last  map[string]row
+	drawn int
+	start time.Time
+}
+
+func newProgressView(out io.Writer, asJSON bool, hosts []string, want []expectation) *progressView {
+	v := &progressView{out: out, json: asJSON, last: map[string]row{}, start: time.Now()}
+	if f, ok := out.(*os.File); ok && !asJSON {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb" {
+			v.tty = true
+		}
+	}
+	for _, h := range hosts {
+		for _, e := range want {
+			v.order = append(v.order, h+"\x00"+e.key)
+		}
+	}
+	return v
+}
+
+func (v *progressView) update(rows map[string]row) {
+	if v.tty {
+		v.redraw(rows)
+		return
+	}
+	for _, id := range v.order {
+		r, ok := rows[id]
+		if !ok || v.last[id] == r {
+			continue
+		}
+		v.last[id] = r
+		if v.json {
+			writeJSONLine(v.out, map[string]any{"event": "progress", "host": r.host, "key": r.key, "state": r.state, "detail": r.detail,
+				"elapsedMs": time.Since(v.start).Milliseconds()})
+		} else {
+			fmt.Fprintf(v.out, "%s %s: %s%s\n", r.host, r.key, r.state, prefixed(r.detail))
+		}
+	}
+}
+
+func (v *progressView) redraw(rows map[string]row) {
+	if v.drawn > 0 {
+		fmt.Fprintf(v.out, "\x1b[%dA", v.drawn) // back to the top of the table
+	}
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	done := 0
+	for _, id := range v.order {
+		if success(rows[id].state) {
+			done++
+		}
+	}
+	fmt.Fprintf(tw, "%d/%d done, %s\t\t\t\n", done, len(v.order), time.Since(v.start).Round(100*time.Millisecond))
+	fmt.Fprintln(tw, "HOST\tUNIT\tSTATE\tDETAIL")
+	for _, id := range v.order {
+		r := rows[id]
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.host, r.key, orDash(r.state), r.detail)
+	}
+	tw.Flush()
+	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+	for _, l := range lines {
+		fmt.Fprintf(v.out, "\x1b[2K%s\n", l)
+	}
+	v.drawn = len(lines)
+}

@@ -1,0 +1,588 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The MaxUnavailable= semaphore: a counting semaphore per (scope, unit)
+// whose slots are held by agents, bound to their leases, with no central
+// controller.
+//
+// Key layout:
+//
+//	<p>/locks/<scope>/<unit>/<host>   JSON Holder {host, hash, requestedAt, acquiredAt}
+//
+// <scope> is the registry target the unit came from, "groups/<group>" or
+// "hosts/<host>"; <unit> a unit name (no drop-ins); <host> the agent that
+// holds or waits for a slot. Every key is bound to the lease of that
+// agent's Session, so it disappears when the agent dies (lease expiry, at
+// most the TTL after its last keep-alive) or leaves (Close revokes the
+// lease). An agent has at most one key per (scope, unit).
+//
+// The keys of one (scope, unit), ordered by CreateRevision, form a FIFO
+// queue: a key holds a slot once fewer than limit keys were created before
+// it. A key's creation revision is fixed for its lifetime (puts to an
+// existing key keep it) and every new key gets a higher one, so the number
+// of keys ahead of a key only ever decreases: once a key is among the
+// first limit it stays there until it is deleted. Hence, at every
+// revision, at most limit keys are marked held (acquiredAt set): an agent
+// marks its key only after it saw fewer than limit keys ahead of it, and
+// only if the key is still exactly as it wrote it (same ModRevision, so
+// still bound to its lease and in the same place).
+//
+// Waiting: a waiter reads, at one revision R, its own key and the keys
+// created before it (the "ahead" set), then watches the queue's prefix
+// from R+1 and drops each deleted key from that set; keys created later
+// never count, so the set is exact at every revision without re-reading
+// and it proceeds as soon as fewer than limit remain. Each release costs
+// every waiter one watch event but no request (the herd etcd's
+// concurrency.Mutex avoids by watching only its predecessor, which is not
+// correct for limit > 1: holders release in any order). On compaction or
+// a closed watch it re-reads. Etcd says nothing on a watch while it is
+// unreachable, so the waiter also reads its key every 2 s.
+//
+// A holder cut off from etcd loses its slot when its lease expires at
+// etcd, about when its Session notices the loss (network delay apart).
+// Before each disruptive step a holder asks Holding, and does not start
+// the step unless the answer is a definite yes.
+//
+// A key without a lease, or whose value does not decode, still takes its
+// place in the queue: it is an operator's to remove (etcdctl del).
+
+// defaultLockProbe is how often Acquire checks, while waiting, that etcd is
+// reachable and its key still there (one linearizable read).
+const defaultLockProbe = 2 * time.Second
+
+// ErrSlotLost is returned (wrapped) by Acquire when the lease its key is
+// bound to was lost (expired, revoked, or being re-created after etcd was
+// away), or its key was deleted or taken over by another Acquire.
+var ErrSlotLost = errors.New("semaphore slot lost")
+
+// Holder is the value of a semaphore key: an agent holding, or waiting
+// for, a slot.
+type Holder struct {
+	Host string `json:"host"`
+	// Hash is the unit content the holder is applying (for display).
+	Hash string `json:"hash"`
+	// RequestedAt is when the Acquire call that wrote the key began; it
+	// also tells one Acquire call's key from another's.
+	RequestedAt time.Time `json:"requestedAt"`
+	// AcquiredAt is when the slot was granted; zero while waiting.
+	AcquiredAt time.Time `json:"acquiredAt,omitzero"`
+}
+
+// Waiting reports whether h is queued and does not hold a slot yet.
+func (h Holder) Waiting() bool { return h.AcquiredAt.IsZero() }
+
+// Acquire takes one of limit slots of the semaphore (scope, unit) for this
+// Session's host. It blocks until the slot is held or until ctx ends, in
+// FIFO order of arrival. scope is the registry target the unit came from,
+// "groups/<group>" or "hosts/<host>" (Target.String()); hash is recorded
+// for display (Holders). All agents sharing (scope, unit) must use the same
+// limit for it to be a bound.
+//
+// Acquire returns only after etcd has recorded the slot as held by this
+// host under the Session's current lease. It fails — and holds nothing —
+// when ctx ends (the error wraps ctx.Err()), when etcd cannot be reached
+// (checked every 2 s while waiting, each check bounded by the request
+// timeout of 5 s), or with ErrSlotLost when the lease is lost or the key
+// deleted or taken over while waiting. On failure its key is removed; if
+// etcd cannot be reached for that, the Session keeps trying in the
+// background (until the lease changes or the Session closes) and the key
+// goes with the lease at the latest.
+//
+// Calling Acquire again for a (scope, unit) this host already holds or
+// waits for (a retried call, or a key left by this host's previous run)
+// reuses the key and its place in the queue: a host never takes two
+// slots. The new call supersedes the old one: the old call's release does
+// nothing, and an old call still waiting fails with ErrSlotLost.
+//
+// The slot is held as long as the key lives: release deletes it
+// (idempotent; a release after a later Acquire of the same key, or after
+// the lease was lost, does nothing). If release cannot reach etcd it
+// returns an error and the Session keeps trying in the background.
+//
+// A slot lives and dies with the Session's lease. When the lease is lost
+// and the Session creates a new one, the keys bound to the old lease —
+// held slots and queue positions — are gone (or go when etcd expires that
+// lease): they are no longer this Session's, Holding reports false, and
+// the next Acquire starts over (taking over a key not expired yet, in its
+// place). Before each disruptive step, a holder checks Holding.
+func (s *Session) Acquire(ctx context.Context, scope, unit, hash string, limit int) (release func(context.Context) error, err error) {
+	if err := validLock(scope, unit); err != nil {
+		return nil, fmt.Errorf("acquire: %w", err)
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("acquire %s %s: %w limit %d: want at least 1", scope, unit, ErrInvalid, limit)
+	}
+	c := s.c
+	key := c.lockKey(scope, unit, s.member.Host)
+	lease, lost, err := s.liveLease()
+	if err != nil {
+		return nil, fmt.Errorf("acquire %s: %w", key, err)
+	}
+	l := &lock{
+		s: s, key: key, dir: c.lockDir(scope, unit), lease: lease,
+		val: Holder{Host: s.member.Host, Hash: hash, RequestedAt: s.stamp()},
+	}
+	if err := l.acquire(ctx, limit, lost); err != nil {
+		l.abandon(ctx)
+		return nil, fmt.Errorf("acquire %s: %w", key, err)
+	}
+	return l.release, nil
+}
+
+// Holding reports whether this host holds a slot of (scope, unit) now: its
+// key exists, marked held, bound to the Session's current, live lease
+// (read from etcd, linearizable). It is false after the lease was lost,
+// even once the Session has a new one. An error means etcd could not be
+// asked; a caller must not assume it holds the slot then.
+func (s *Session) Holding(ctx context.Context, scope, unit string) (bool, error) {
+	if err := validLock(scope, unit); err != nil {
+		return false, fmt.Errorf("holding: %w", err)
+	}
+	key := s.c.lockKey(scope, unit, s.member.Host)
+	lease, _, err := s.liveLease()
+	if err != nil {
+		return false, nil // lost or closed: whatever the old lease held is gone
+	}
+	rctx, cancel := s.c.reqCtx(ctx)
+	defer cancel()
+	resp, err := s.c.cli.Get(rctx, key)
+	if err != nil {
+		return false, fmt.Errorf("holding %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 || clientv3.LeaseID(resp.Kvs[0].Lease) != lease {
+		return false, nil
+	}
+	var h Holder
+	if err := json.Unmarshal(resp.Kvs[0].Value, &h); err != nil {
+		return false, nil
+	}
+	return !h.Waiting(), nil
+}
+
+// Holders returns the agents holding or waiting for a slot of (scope,
+// unit), in queue order: with limit N, the first N hold a slot or are
+// about to (Holder.Waiting tells which have marked it). Host is taken from
+// the key.
+func (c *Client) Holders(ctx context.Context, scope, unit string) ([]Holder, error) {
+	if err := validLock(scope, unit); err != nil {
+		return nil, fmt.Errorf("holders: %w", err)
+	}
+	dir := c.lockDir(scope, unit)
+	resp, err := c.cli.Get(ctx, dir, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	out := make([]Holder, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var h Holder
+		if err := json.Unmarshal(kv.Value, &h); err != nil {
+			return nil, fmt.Errorf("decode %s (delete it if no agent wrote it): %w", kv.Key, err)
+		}
+		h.Host = strings.TrimPrefix(string(kv.Key), dir)
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// validLock checks a semaphore's scope ("groups/<g>" or "hosts/<h>") and
+// unit (a unit name, not a drop-in).
+func validLock(scope, unit string) error {
+	kind, name, _ := strings.Cut(scope, "/")
+	switch kind {
+	case "groups":
+		if err := ValidateName("group", name); err != nil {
+			return err
+		}
+	case "hosts":
+		if err := ValidateName("host", name); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("%w semaphore scope %q: want \"groups/<group>\" or \"hosts/<host>\"", ErrInvalid, scope)
+	}
+	if strings.Contains(unit, "/") {
+		return fmt.Errorf("%w semaphore unit %q: a unit name, not a drop-in", ErrInvalid, unit)
+	}
+	return ValidateUnit(unit)
+}
+
+// lockDir is "<p>/locks/<scope>/<unit>/"; lockKey appends the host.
+func (c *Client) lockDir(scope, unit string) string {
+	return c.prefix + "/locks/" + scope + "/" + unit + "/"
+}
+
+func (c *Client) lockKey(scope, unit, host string) string {
+	return c.lockDir(scope, unit) + host
+}
+
+// liveLease returns the Session's current lease and a channel closed when
+// it is lost; an error (wrapping ErrSlotLost or ErrSessionClosed) when
+// there is no live lease.
+func (s *Session) liveLease() (clientv3.LeaseID, <-chan struct{}, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.stopping {
+		return clientv3.NoLease, nil, ErrSessionClosed
+	}
+	if !s.alive() {
+		return clientv3.NoLease, nil, fmt.Errorf("%w: the agent's lease is lost and being re-created", ErrSlotLost)
+	}
+	return s.sess.Lease(), s.sess.Done(), nil
+}
+
+// stamp returns the current time, strictly later than any earlier stamp
+// of this Session: it identifies one Acquire call's key.
+func (s *Session) stamp() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := time.Now().UTC()
+	if !t.After(s.lastStamp) {
+		t = s.lastStamp.Add(time.Nanosecond)
+	}
+	s.lastStamp = t
+	return t
+}
+
+// goBackground runs f on a goroutine owned by the Session, with the
+// Session's context; it does nothing once Close has begun.
+func (s *Session) goBackground(f func(ctx context.Context)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.stopping {
+		return
+	}
+	s.wg.Go(func() { f(s.bg) })
+}
+
+// lock is one Acquire call's key.
+type lock struct {
+	s     *Session
+	key   string // <dir><host>
+	dir   string // <p>/locks/<scope>/<unit>/
+	lease clientv3.LeaseID
+	val   Holder // as last written, AcquiredAt zero until granted
+
+	create int64 // the key's CreateRevision: its place in the queue
+	mod    int64 // the ModRevision of our last write
+
+	bgOnce sync.Once
+}
+
+// acquire enqueues the key, waits until fewer than limit keys are ahead of
+// it, and marks it held.
+func (l *lock) acquire(ctx context.Context, limit int, lost <-chan struct{}) error {
+	if err := l.enqueue(ctx); err != nil {
+		return err
+	}
+	for {
+		ahead, rev, err := l.readAhead(ctx)
+		if err != nil {
+			return err
+		}
+		if len(ahead) >= limit {
+			reread, err := l.wait(ctx, ahead, rev, limit, lost)
+			if err != nil {
+				return err
+			}
+			if reread {
+				continue
+			}
+		}
+		return l.grant(ctx)
+	}
+}
+
+// enqueue creates the key, or rewrites this host's existing one (keeping
+// its CreateRevision, hence its place), bound to our lease.
+func (l *lock) enqueue(ctx context.Context) error {
+	c := l.s.c
+	val, err := json.Marshal(l.val)
+	if err != nil {
+		return fmt.Errorf("encode: %w", err)
+	}
+	put := clientv3.OpPut(l.key, string(val), clientv3.WithLease(l.lease))
+	rctx, cancel := c.reqCtx(ctx)
+	defer cancel()
+	for range 5 {
+		resp, err := c.cli.Txn(rctx).
+			If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", 0)).
+			Then(put).Else(clientv3.OpGet(l.key)).Commit()
+		if err != nil {
+			return writeError("create", err)
+		}
+		if resp.Succeeded {
+			l.create, l.mod = resp.Header.Revision, resp.Header.Revision
+			return nil
+		}
+		kvs := resp.Responses[0].GetResponseRange().GetKvs()
+		if len(kvs) == 0 {
+			continue // deleted in between
+		}
+		// This host's key: an earlier call's, or a previous run's whose
+		// lease is not gone yet. Take it over where it stands.
+		old := kvs[0]
+		resp, err = c.cli.Txn(rctx).
+			If(clientv3.Compare(clientv3.ModRevision(l.key), "=", old.ModRevision)).
+			Then(put).Commit()
+		if err != nil {
+			return writeError("take over", err)
+		}
+		if resp.Succeeded {
+			l.create, l.mod = old.CreateRevision, resp.Header.Revision
+			return nil
+		}
+	}
+	return errors.New("create: key keeps changing; retry")
+}
+
+// writeError wraps a failed write; a write bound to a lease etcd no longer
+// has means the slot is lost.
+func writeError(what string, err error) error {
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("%s: %w: lease expired or revoked", what, ErrSlotLost)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// readAhead reads, at one revision, our key and the keys created before
+// it. It fails with ErrSlotLost when our key is no longer ours.
+func (l *lock) readAhead(ctx context.Context) (ahead map[string]bool, rev int64, err error) {
+	c := l.s.c
+	rctx, cancel := c.reqCtx(ctx)
+	defer cancel()
+	resp, err := c.cli.Txn(rctx).Then(
+		clientv3.OpGet(l.key),
+		clientv3.OpGet(l.dir, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithMaxCreateRev(l.create-1)),
+	).Commit()
+	if err != nil {
+		return nil, 0, fmt.Errorf("read queue: %w", err)
+	}
+	if err := l.check(resp.Responses[0].GetResponseRange().GetKvs()); err != nil {
+		return nil, 0, err
+	}
+	ahead = map[string]bool{}
+	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
+		ahead[string(kv.Key)] = true
+	}
+	return ahead, resp.Header.Revision, nil
+}
+
+// check verifies that kvs (a read of our key) is our last write.
+func (l *lock) check(kvs []*mvccpb.KeyValue) error {
+	switch {
+	case len(kvs) == 0:
+		return fmt.Errorf("%w: key deleted (lease expired or revoked, or removed by hand)", ErrSlotLost)
+	case kvs[0].ModRevision != l.mod:
+		return fmt.Errorf("%w: key rewritten (a later Acquire for the same unit took it over)", ErrSlotLost)
+	}
+	return nil
+}
+
+// wait watches the queue from rev+1 until fewer than limit of the keys in
+// ahead remain. Keys created after ours never count, so deletions of keys
+// in ahead are all it takes; no read per event is needed. reread asks the
+// caller to read the queue again (history compacted, watch closed).
+func (l *lock) wait(ctx context.Context, ahead map[string]bool, rev int64, limit int, lost <-chan struct{}) (reread bool, err error) {
+	c := l.s.c
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	// clientv3's Watch call itself blocks while its stream is being
+	// (re)connected, and a cancelled watch's channel is only closed once
+	// the stream is back: follow it from a goroutine that also gives up
+	// on wctx, so that the probe below runs whatever the watch does.
+	wch := make(chan clientv3.WatchResponse)
+	wg.Go(func() {
+		defer close(wch)
+		in := c.cli.Watch(wctx, l.dir, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case wr, ok := <-in:
+				if !ok {
+					return
+				}
+				select {
+				case wch <- wr:
+				case <-wctx.Done():
+					return
+				}
+			}
+		}
+	})
+	probe := time.NewTicker(c.lockProbe)
+	defer probe.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-lost:
+			return false, fmt.Errorf("%w: the agent's lease was lost while waiting", ErrSlotLost)
+		case <-probe.C:
+			// The watch says nothing while etcd is away: ask.
+			rctx, cancel := c.reqCtx(ctx)
+			resp, err := c.cli.Get(rctx, l.key)
+			cancel()
+			if err != nil {
+				return false, fmt.Errorf("check the queue: %w", err)
+			}
+			if err := l.check(resp.Kvs); err != nil {
+				return false, err
+			}
+		case wr, ok := <-wch:
+			if !ok || wr.CompactRevision != 0 {
+				if ctx.Err() != nil {
+					return false, ctx.Err()
+				}
+				return true, nil
+			}
+			if err := wr.Err(); err != nil {
+				return false, fmt.Errorf("watch %s: %w", l.dir, err)
+			}
+			for _, ev := range wr.Events {
+				k := string(ev.Kv.Key)
+				switch {
+				case k == l.key:
+					kvs := []*mvccpb.KeyValue{ev.Kv}
+					if ev.Type == clientv3.EventTypeDelete {
+						kvs = nil
+					}
+					if err := l.check(kvs); err != nil {
+						return false, err
+					}
+				case ev.Type == clientv3.EventTypeDelete:
+					delete(ahead, k)
+				}
+			}
+			if len(ahead) < limit {
+				return false, nil
+			}
+		}
+	}
+}
+
+// grant marks the key held, provided it is still exactly our last write
+// (hence still bound to our live lease, in the same place).
+func (l *lock) grant(ctx context.Context) error {
+	c := l.s.c
+	v := l.val
+	v.AcquiredAt = time.Now().UTC()
+	val, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode: %w", err)
+	}
+	rctx, cancel := c.reqCtx(ctx)
+	defer cancel()
+	resp, err := c.cli.Txn(rctx).
+		If(clientv3.Compare(clientv3.ModRevision(l.key), "=", l.mod)).
+		Then(clientv3.OpPut(l.key, string(val), clientv3.WithLease(l.lease))).Commit()
+	if err != nil {
+		return writeError("mark held", err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w: key deleted or rewritten before it was marked held", ErrSlotLost)
+	}
+	l.val, l.mod = v, resp.Header.Revision
+	return nil
+}
+
+// release deletes the key if it is still this call's.
+func (l *lock) release(ctx context.Context) error {
+	rctx, cancel := l.s.c.reqCtx(ctx)
+	defer cancel()
+	if err := l.drop(rctx); err != nil {
+		l.dropInBackground()
+		return fmt.Errorf("release %s: %w (the agent keeps trying; the key also goes with its lease)", l.key, err)
+	}
+	return nil
+}
+
+// abandon removes the key after a failed Acquire, even when ctx is done
+// (then trying for at most a second before leaving it to the background,
+// so that a shutdown is not held up by an unreachable etcd).
+func (l *lock) abandon(ctx context.Context) {
+	d := l.s.c.requestTimeout
+	if ctx.Err() != nil {
+		d = min(d, time.Second)
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	if err := l.drop(rctx); err != nil {
+		l.s.c.log.Debug("remove semaphore key after a failed acquire; retrying in the background", "key", l.key, "err", err)
+		l.dropInBackground()
+	}
+}
+
+// drop deletes the key if it is this call's: bound to our lease and
+// carrying our request stamp (a later Acquire of the same key writes a new
+// one). Whatever this call wrote — also a write whose outcome it did not
+// learn — is recognised.
+func (l *lock) drop(ctx context.Context) error {
+	c := l.s.c
+	for range 5 {
+		resp, err := c.cli.Get(ctx, l.key)
+		if err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		if len(resp.Kvs) == 0 {
+			return nil
+		}
+		kv := resp.Kvs[0]
+		var h Holder
+		if clientv3.LeaseID(kv.Lease) != l.lease || json.Unmarshal(kv.Value, &h) != nil || !h.RequestedAt.Equal(l.val.RequestedAt) {
+			return nil // not ours (any more)
+		}
+		tr, err := c.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.ModRevision(l.key), "=", kv.ModRevision)).
+			Then(clientv3.OpDelete(l.key)).Commit()
+		if err != nil {
+			return fmt.Errorf("delete: %w", err)
+		}
+		if tr.Succeeded {
+			return nil
+		}
+	}
+	return errors.New("delete: key keeps changing")
+}
+
+// dropInBackground retries drop with backoff until it succeeds, the lease
+// is no longer the Session's live one (the key goes with it), or the
+// Session closes (which revokes the lease).
+func (l *lock) dropInBackground() {
+	l.bgOnce.Do(func() {
+		l.s.goBackground(func(ctx context.Context) {
+			for fails := 0; ; fails++ {
+				if sleepCtx(ctx, backoffDelay(fails)) != nil {
+					return
+				}
+				if lease, _, err := l.s.liveLease(); err != nil || lease != l.lease {
+					return
+				}
+				rctx, cancel := l.s.c.reqCtx(ctx)
+				err := l.drop(rctx)
+				cancel()
+				if err == nil {
+					return
+				}
+				l.s.c.log.Debug("remove semaphore key", "key", l.key, "err", err)
+			}
+		})
+	})
+}

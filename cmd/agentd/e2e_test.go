@@ -328,9 +328,15 @@ func TestListCatHostsStatus(t *testing.T) {
 		t.Fatalf("unit cat of a missing unit succeeded: %s", out)
 	}
 	out, code = e.cli("hosts", "--json")
-	var hosts []reconcile.Member
-	if code != 0 || json.Unmarshal([]byte(out), &hosts) != nil || len(hosts) != 1 || hosts[0].Host != "h1" {
+	var hosts []struct {
+		reconcile.Member
+		Converged, Pending, Failed int
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &hosts) != nil || len(hosts) != 1 || hosts[0].Host != "h1" || hosts[0].Converged != 1 || hosts[0].Groups[0] != "all" {
 		t.Fatalf("hosts --json: %s", out)
+	}
+	if out, code := e.cli("hosts"); code != 0 || !strings.Contains(out, "1/0/0") {
+		t.Fatalf("hosts: %s", out)
 	}
 	sock := e.agent.opts.debugSocket
 	out, code = e.cli("status", "--json", "--debug-socket", sock)

@@ -325,17 +325,40 @@ func newHostsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			type hostRow struct {
+				reconcile.Member
+				Converged int `json:"converged"`
+				Pending   int `json:"pending"`
+				Failed    int `json:"failed"`
+			}
+			rows := []hostRow{}
+			for _, m := range ms {
+				st, err := reg.Statuses(ctx, m.Host)
+				if err != nil {
+					return err
+				}
+				r := hostRow{Member: m}
+				for _, s := range st {
+					switch {
+					case s.Error != "":
+						r.Failed++
+					case s.Hash != s.DesiredHash || s.Verifying || strings.HasPrefix(s.Action, "wait"):
+						r.Pending++
+					default:
+						r.Converged++
+					}
+				}
+				rows = append(rows, r)
+			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				if ms == nil {
-					ms = []reconcile.Member{}
-				}
-				return writeJSON(out, ms)
+				return writeJSON(out, rows)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "HOST\tGROUPS\tVERSION\tMACHINE-ID\tSTARTED")
-			for _, m := range ms {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Host, strings.Join(m.Groups, ","), m.Version, short(m.MachineID), m.StartedAt.Format(time.RFC3339))
+			fmt.Fprintln(tw, "HOST\tGROUPS\tVERSION\tUNITS OK/PENDING/FAILED\tMACHINE-ID\tSTARTED")
+			for _, r := range rows {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d/%d\t%s\t%s\n", r.Host, strings.Join(r.Groups, ","), r.Version,
+					r.Converged, r.Pending, r.Failed, short(r.MachineID), r.StartedAt.Format(time.RFC3339))
 			}
 			return tw.Flush()
 		},

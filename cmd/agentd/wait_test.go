@@ -1,0 +1,74 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/agentd/agentd/reconcile"
+)
+
+func TestJudgeStates(t *testing.T) {
+	h := reconcile.Hash([]byte("v2"))
+	e := expectation{key: "a.service", unit: "a.service", hash: h, state: reconcile.StateStarted}
+	st := func(s reconcile.Status) map[string]reconcile.Status {
+		s.Unit = "a.service"
+		return map[string]reconcile.Status{"a.service": s}
+	}
+	tests := []struct {
+		name string
+		in   map[string]reconcile.Status
+		want string
+	}{
+		{"no status", nil, statePending},
+		{"old desired hash", st(reconcile.Status{DesiredHash: "old", Hash: "old", ActiveState: "active"}), statePending},
+		{"old hash still running", st(reconcile.Status{DesiredHash: h, Hash: "old", ActiveState: "active"}), stateApplying},
+		{"waiting for a slot", st(reconcile.Status{DesiredHash: h, Hash: "old", ActiveState: "active", Action: "wait-slot"}), stateSlot},
+		{"verifying", st(reconcile.Status{DesiredHash: h, Hash: h, ActiveState: "active", Verifying: true}), stateVerifying},
+		{"healthy", st(reconcile.Status{DesiredHash: h, Hash: h, ActiveState: "active", SubState: "running"}), stateHealthy},
+		{"failed", st(reconcile.Status{DesiredHash: h, Hash: h, ActiveState: "failed", Error: "unit failed (result: exit-code)"}), stateFailed},
+		{"rolled back", st(reconcile.Status{DesiredHash: h, Hash: "old", ActiveState: "active", Action: "rolled-back", Error: "exit status 3; rolled back"}), stateRolled},
+		{"held", st(reconcile.Status{DesiredHash: h, Hash: "old", ActiveState: "active", Action: "held", Error: "held: h9 failed it"}), stateHeld},
+	}
+	for _, tt := range tests {
+		if got, _ := e.judge(tt.in); got != tt.want {
+			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
+		}
+	}
+	rm := expectation{key: "a.service", unit: "a.service", removing: true}
+	if got, _ := rm.judge(nil); got != stateRemoved {
+		t.Errorf("removed: %s", got)
+	}
+}
+
+func TestProgressViews(t *testing.T) {
+	want := []expectation{{key: "a.service", unit: "a.service"}}
+	rows := func(state string) map[string]row {
+		return map[string]row{"h1\x00a.service": {"h1", "a.service", state, "x"}}
+	}
+	var plain bytes.Buffer
+	v := newProgressView(&plain, false, []string{"h1"}, want)
+	v.update(rows(statePending))
+	v.update(rows(statePending)) // unchanged: no new line
+	v.update(rows(stateHealthy))
+	if got := plain.String(); got != "h1 a.service: pending — x\nh1 a.service: healthy — x\n" {
+		t.Fatalf("plain: %q", got)
+	}
+	var js bytes.Buffer
+	v = newProgressView(&js, true, []string{"h1"}, want)
+	v.update(rows(stateHeld))
+	var ev map[string]any
+	if err := json.Unmarshal(js.Bytes(), &ev); err != nil || ev["state"] != stateHeld || ev["host"] != "h1" {
+		t.Fatalf("json: %s", js.String())
+	}
+	var tty bytes.Buffer
+	v = newProgressView(&tty, false, []string{"h1"}, want)
+	v.tty = true
+	v.update(rows(statePending))
+	v.update(rows(stateHealthy))
+	out := tty.String()
+	if !strings.Contains(out, "\x1b[3A") || !strings.Contains(out, "1/1 done") || !strings.Contains(out, "HOST") {
+		t.Fatalf("tty redraw: %q", out)
+	}
+}

@@ -109,7 +109,7 @@ type Config struct {
 
 	// BatchWindow is how long the loop waits for more changes after one
 	// arrives, so that a burst is applied with one daemon-reload.
-	BatchWindow time.Duration // default 50ms
+	BatchWindow time.Duration // default 20ms
 	// MaxBatchDelay caps that wait under a steady stream of changes.
 	MaxBatchDelay time.Duration // default 500ms
 	// ResyncInterval is the safety-net full pass, jittered ±10%.
@@ -160,7 +160,7 @@ func New(cfg Config) *Agent {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.BatchWindow <= 0 {
-		cfg.BatchWindow = 50 * time.Millisecond
+		cfg.BatchWindow = 20 * time.Millisecond
 	}
 	if cfg.MaxBatchDelay <= 0 {
 		cfg.MaxBatchDelay = 500 * time.Millisecond

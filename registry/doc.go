@@ -10,27 +10,35 @@
 //	<p>/locks/<scope>/<unit>/<host>   JSON Holder: a MaxUnavailable= slot held or
 //	                                  waited for, bound to the agent's lease
 //	                                  (<scope> is "groups/<g>" or "hosts/<h>")
+//	<p>/halts/groups/<g>/<unit>       JSON reconcile.Halt: a host failed this
+//	                                  version of the group's unit; the others
+//	                                  hold off. Not bound to a lease: it stays
+//	                                  until new content for the unit is put
+//	                                  (Put and Remove delete it) or an
+//	                                  operator deletes it
 //
 // <unit> is a unit name ("hello.service") or a drop-in ("hello.service.d/10-x.conf").
 //
 // Agent side: [Client.Watch] delivers complete, consistent snapshots of the
-// keys meant for a host (read at one revision, watched from the next one,
-// re-read on compaction, reconnect and periodically); [Client.Join] and
-// [Session.Report] publish the agent's presence and unit statuses, bound to
-// a lease that is re-created when it is lost. [Session.Acquire] and
+// keys meant for a host and the halts of its groups (read at one revision,
+// watched from the next one, re-read on compaction, reconnect and
+// periodically); [Client.Join] and [Session.Report] publish the agent's
+// presence and unit statuses, bound to a lease that is re-created when it
+// is lost. [Session.Acquire] and
 // [Session.Holding] implement MaxUnavailable= as a lease-bound FIFO
 // semaphore per (scope, unit), without a central controller (see
-// semaphore.go for the algorithm).
+// semaphore.go for the algorithm); [Session.Halt] stops a group's rollout
+// of a version this host failed. *Session is a [reconcile.Coordinator].
 //
 // CLI side: [Client.Put], [Client.Remove], [Client.List], [Client.Get],
-// [Client.Members], [Client.Statuses], [Client.WatchStatuses] and
-// [Client.Holders].
+// [Client.Members], [Client.Statuses], [Client.WatchStatuses],
+// [Client.Holders] and [Client.Halts].
 //
 // [StartEmbedded] runs a single-node etcd inside the process (for `agentd run`
 // without endpoints, and for tests via [StartTestEtcd]).
 //
 // A *Client and a *Session are safe for concurrent use. Every method honours
-// its ctx; agent-side calls (Watch reads, Join, Report) additionally bound
-// each etcd round trip by a request timeout (5 s) so that an unreachable etcd
-// surfaces as an error instead of a hang.
+// its ctx; agent-side calls (Watch reads, Join, Report, Acquire, Holding,
+// Halt) additionally bound each etcd round trip by a request timeout (5 s)
+// so that an unreachable etcd surfaces as an error instead of a hang.
 package registry

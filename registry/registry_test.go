@@ -265,7 +265,7 @@ func TestWatchFromCompactedRevision(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &unitWatch{c: c, prefixes: []string{c.hostUnits("h1")}}
-	err := w.watch(ctxT(t), unitState{}, 1, func(reconcile.Snapshot) { t.Error("snapshot from a compacted watch") })
+	err := w.watch(ctxT(t), newUnitState(), 1, func(reconcile.Snapshot) { t.Error("snapshot from a compacted watch") })
 	if !errors.Is(err, rpctypes.ErrCompacted) {
 		t.Fatalf("watch from a compacted revision: %v, want ErrCompacted", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/agentd/agentd/reconcile"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -25,6 +26,12 @@ type Listed struct {
 // Put writes units (unit key suffix → file content) for t in one
 // transaction and returns its revision. An empty value is allowed (a
 // template instance to run).
+//
+// For a group, the same transaction deletes the group's halts (see Halt)
+// of the units it gives new content — a drop-in of the unit, its file or
+// its template's file with a hash other than the halted one — which
+// resumes their rollout. Putting the version that failed again leaves
+// its halt in place (delete it with etcdctl to retry that version).
 func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte) (int64, error) {
 	if err := t.Validate(); err != nil {
 		return 0, fmt.Errorf("put: %w", err)
@@ -43,20 +50,37 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte) (in
 	}
 	root := c.targetUnits(t)
 	names := slices.Sorted(maps.Keys(units))
-	ops := make([]clientv3.Op, len(names))
+	puts := make([]clientv3.Op, len(names))
 	for i, u := range names {
-		ops[i] = clientv3.OpPut(root+u, string(units[u]))
+		puts[i] = clientv3.OpPut(root+u, string(units[u]))
 	}
-	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
-	if err != nil {
-		return 0, fmt.Errorf("put %s (%s): %w", root, strings.Join(names, ", "), err)
+	if t.Group == "" {
+		resp, err := c.cli.Txn(ctx).Then(puts...).Commit()
+		if err != nil {
+			return 0, fmt.Errorf("put %s (%s): %w", root, strings.Join(names, ", "), err)
+		}
+		return resp.Header.Revision, nil
 	}
-	return resp.Header.Revision, nil
+	for range 5 {
+		dels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool { return putClears(h, units) })
+		if err != nil {
+			return 0, fmt.Errorf("put %s: %w", t, err)
+		}
+		resp, err := c.cli.Txn(ctx).If(guard).Then(append(puts, dels...)...).Commit()
+		if err != nil {
+			return 0, fmt.Errorf("put %s (%s): %w", root, strings.Join(names, ", "), err)
+		}
+		if resp.Succeeded {
+			return resp.Header.Revision, nil
+		}
+	}
+	return 0, fmt.Errorf("put %s: the group's halts keep changing; nothing written, retry", t)
 }
 
 // Remove deletes units of t in one transaction. If any of them does not
 // exist nothing is removed and the error (wrapping ErrNotFound) names the
-// missing ones.
+// missing ones. For a group, the same transaction deletes the group's
+// halts of every unit whose content it removes a part of.
 func (c *Client) Remove(ctx context.Context, t Target, units []string) (int64, error) {
 	if err := t.Validate(); err != nil {
 		return 0, fmt.Errorf("remove: %w", err)
@@ -85,20 +109,36 @@ func (c *Client) Remove(ctx context.Context, t Target, units []string) (int64, e
 		dels[i] = clientv3.OpDelete(root + u)
 		gets[i] = clientv3.OpGet(root+u, clientv3.WithCountOnly())
 	}
-	resp, err := c.cli.Txn(ctx).If(cmps...).Then(dels...).Else(gets...).Commit()
-	if err != nil {
-		return 0, fmt.Errorf("remove %s (%s): %w", root, strings.Join(names, ", "), err)
-	}
-	if !resp.Succeeded {
+	for range 5 {
+		ifs, ops := cmps, dels
+		if t.Group != "" {
+			haltDels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool {
+				return slices.ContainsFunc(names, func(u string) bool { return partOf(u, h.Unit) })
+			})
+			if err != nil {
+				return 0, fmt.Errorf("remove from %s: %w", t, err)
+			}
+			ifs, ops = append(slices.Clip(cmps), guard), append(slices.Clip(dels), haltDels...)
+		}
+		resp, err := c.cli.Txn(ctx).If(ifs...).Then(ops...).Else(gets...).Commit()
+		if err != nil {
+			return 0, fmt.Errorf("remove %s (%s): %w", root, strings.Join(names, ", "), err)
+		}
+		if resp.Succeeded {
+			return resp.Header.Revision, nil
+		}
 		var missing []string
 		for i, r := range resp.Responses {
 			if r.GetResponseRange().GetCount() == 0 {
 				missing = append(missing, names[i])
 			}
 		}
-		return 0, fmt.Errorf("remove from %s: %w: %s (nothing removed)", t, ErrNotFound, strings.Join(missing, ", "))
+		if len(missing) > 0 {
+			return 0, fmt.Errorf("remove from %s: %w: %s (nothing removed)", t, ErrNotFound, strings.Join(missing, ", "))
+		}
+		// Every unit exists: a halt of the group was written in between.
 	}
-	return resp.Header.Revision, nil
+	return 0, fmt.Errorf("remove from %s: the group's halts keep changing; nothing removed, retry", t)
 }
 
 // List returns the unit keys of t, or of every host and group when t is

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -29,15 +30,17 @@ const healthyWatch = 10 * time.Second
 var errWatchClosed = errors.New("watch channel closed")
 
 // Watch delivers the unit keys meant for host: <p>/hosts/<host>/units/ and
-// <p>/groups/<g>/units/ for each of groups.
+// <p>/groups/<g>/units/ for each of groups; and the halts of those groups,
+// <p>/halts/groups/<g>/, in Snapshot.Halts (sorted by Scope, Unit; a halt
+// whose value does not decode is left out and logged).
 //
 // It reads all of them in one transaction (one revision R), calls
 // onSnapshot with the complete Snapshot, then watches every prefix from R+1
 // and calls onSnapshot with the complete new Snapshot after each batch of
-// changes (responses arriving within 10 ms are coalesced; all events of one
-// revision on one prefix always arrive in one batch). Entries are sorted by
-// (Scope, Group, Unit); their Value slices are shared between snapshots and
-// must not be modified.
+// changes, a halt put or deleted included (responses arriving within 10 ms
+// are coalesced; all events of one revision on one prefix always arrive in
+// one batch). Entries are sorted by (Scope, Group, Unit); their Value
+// slices are shared between snapshots and must not be modified.
 //
 // On compaction, a closed watch channel or a watch error it re-reads
 // everything (new R) after a backoff of 100 ms doubling to 10 s with
@@ -62,11 +65,11 @@ func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnap
 			return fmt.Errorf("watch: %w", err)
 		}
 	}
-	w := &unitWatch{c: c, prefixes: []string{c.hostUnits(host)}}
-	for _, g := range gs {
-		w.prefixes = append(w.prefixes, c.groupUnits(g))
-	}
 	log := c.log.With("host", host)
+	w := &unitWatch{c: c, log: log, prefixes: []string{c.hostUnits(host)}}
+	for _, g := range gs {
+		w.prefixes = append(w.prefixes, c.groupUnits(g), c.groupHalts(g))
+	}
 
 	fails := 0
 	retry := func(what string, err error) error {
@@ -117,19 +120,30 @@ func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnap
 
 type unitWatch struct {
 	c        *Client
+	log      *slog.Logger
 	prefixes []string
 }
 
-// unitState maps full keys to entries.
-type unitState map[string]reconcile.Entry
+// unitState is what the watched keys hold, by full key.
+type unitState struct {
+	entries map[string]reconcile.Entry
+	halts   map[string]reconcile.Halt
+}
+
+func newUnitState() unitState {
+	return unitState{entries: map[string]reconcile.Entry{}, halts: map[string]reconcile.Halt{}}
+}
 
 func (s unitState) snapshot(rev int64) reconcile.Snapshot {
-	entries := make([]reconcile.Entry, 0, len(s))
-	for _, e := range s {
-		entries = append(entries, e)
-	}
+	entries := slices.AppendSeq(make([]reconcile.Entry, 0, len(s.entries)), maps.Values(s.entries))
 	slices.SortFunc(entries, compareEntries)
-	return reconcile.Snapshot{Revision: rev, Entries: entries}
+	halts := slices.SortedFunc(maps.Values(s.halts), compareHalts)
+	return reconcile.Snapshot{Revision: rev, Entries: entries, Halts: halts}
+}
+
+func (s unitState) delete(key string) {
+	delete(s.entries, key)
+	delete(s.halts, key)
 }
 
 func compareEntries(a, b reconcile.Entry) int {
@@ -137,6 +151,15 @@ func compareEntries(a, b reconcile.Entry) int {
 }
 
 func (w *unitWatch) put(s unitState, kv *mvccpb.KeyValue) {
+	if h, ok, err := w.c.decodeHalt(kv.Key, kv.Value); ok {
+		if err != nil {
+			w.log.Warn("ignoring a rollout halt", "err", err)
+			delete(s.halts, string(kv.Key))
+			return
+		}
+		s.halts[string(kv.Key)] = h
+		return
+	}
 	t, unit, ok := w.c.parseUnitKey(string(kv.Key))
 	if !ok {
 		return // not a unit key (e.g. <p>/hosts/h/other); ignore
@@ -145,7 +168,7 @@ func (w *unitWatch) put(s unitState, kv *mvccpb.KeyValue) {
 	if t.Group != "" {
 		e.Scope, e.Group = reconcile.ScopeGroup, t.Group
 	}
-	s[string(kv.Key)] = e
+	s.entries[string(kv.Key)] = e
 }
 
 // read gets every watched prefix in one transaction, at one revision.
@@ -158,9 +181,9 @@ func (w *unitWatch) read(ctx context.Context) (unitState, int64, error) {
 	defer cancel()
 	resp, err := w.c.cli.Txn(rctx).Then(ops...).Commit()
 	if err != nil {
-		return nil, 0, fmt.Errorf("read %s: %w", w.prefixes[0], err)
+		return unitState{}, 0, fmt.Errorf("read %s: %w", w.prefixes[0], err)
 	}
-	s := unitState{}
+	s := newUnitState()
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().GetKvs() {
 			w.put(s, kv)
@@ -262,7 +285,7 @@ func (w *unitWatch) apply(state unitState, rev *int64, it watchItem) (bool, erro
 		case clientv3.EventTypePut:
 			w.put(state, ev.Kv)
 		case clientv3.EventTypeDelete:
-			delete(state, string(ev.Kv.Key))
+			state.delete(string(ev.Kv.Key))
 		}
 		*rev = max(*rev, ev.Kv.ModRevision)
 	}

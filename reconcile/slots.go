@@ -38,7 +38,7 @@ func scopeOf(d *DesiredUnit, desired map[string]*DesiredUnit) string {
 	return ""
 }
 
-// slotHeld reports whether this host holds the slot for unit's current content.
+// slotsHeld maps each unit whose slot this host holds to the hash it holds it for.
 func (a *Agent) slotsHeld() map[string]string {
 	a.slotMu.Lock()
 	defer a.slotMu.Unlock()
@@ -49,16 +49,6 @@ func (a *Agent) slotsHeld() map[string]string {
 		}
 	}
 	return held
-}
-
-// slotErr is the last error acquiring unit's slot, for status.
-func (a *Agent) slotErr(unit string) error {
-	a.slotMu.Lock()
-	defer a.slotMu.Unlock()
-	if s := a.slots[unit]; s != nil {
-		return s.err
-	}
-	return nil
 }
 
 // ensureSlot queues this host for unit's slot unless it already holds or

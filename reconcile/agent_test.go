@@ -1,0 +1,197 @@
+package reconcile_test
+
+import (
+	"context"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/unitdir"
+)
+
+// fakeSystemd records calls; units become active when started. For fast
+// tests of the loop's ordering; the real behaviour is tested against a real
+// systemd in cmd/agentd and systemd/.
+type fakeSystemd struct {
+	mu     sync.Mutex
+	calls  []string
+	active map[string]bool
+}
+
+func (f *fakeSystemd) rec(c string) {
+	f.mu.Lock()
+	f.calls = append(f.calls, c)
+	f.mu.Unlock()
+}
+func (f *fakeSystemd) Reload(context.Context) error { f.rec("daemon-reload"); return nil }
+func (f *fakeSystemd) Start(_ context.Context, u string) error {
+	f.rec("start " + u)
+	f.mu.Lock()
+	f.active[u] = true
+	f.mu.Unlock()
+	return nil
+}
+func (f *fakeSystemd) Stop(_ context.Context, u string) error {
+	f.rec("stop " + u)
+	f.mu.Lock()
+	f.active[u] = false
+	f.mu.Unlock()
+	return nil
+}
+func (f *fakeSystemd) Restart(_ context.Context, u string) error    { f.rec("restart " + u); return nil }
+func (f *fakeSystemd) ReloadUnit(_ context.Context, u string) error { f.rec("reload " + u); return nil }
+func (f *fakeSystemd) Enable(_ context.Context, u ...string) error {
+	f.rec("enable " + strings.Join(u, " "))
+	return nil
+}
+func (f *fakeSystemd) Disable(_ context.Context, u ...string) error {
+	f.rec("disable " + strings.Join(u, " "))
+	return nil
+}
+func (f *fakeSystemd) State(_ context.Context, u string) (reconcile.UnitState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.active[u] {
+		return reconcile.UnitState{LoadState: "loaded", ActiveState: "active", SubState: "running", Ran: true}, nil
+	}
+	return reconcile.UnitState{LoadState: "loaded", ActiveState: "inactive", SubState: "dead"}, nil
+}
+func (f *fakeSystemd) Calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+func newAgent(t *testing.T) (*reconcile.Agent, *fakeSystemd, *unitdir.Dir) {
+	t.Helper()
+	files, err := unitdir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unitdir.OpenManifest(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := &fakeSystemd{active: map[string]bool{}}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, Log: nil})
+	return a, sd, files
+}
+
+const unitA = "[Service]\nExecStart=/bin/sleep 1\n[X-Agentd]\nHealthySec=0\n"
+
+func snapshot(units ...string) reconcile.Snapshot {
+	var es []reconcile.Entry
+	for _, u := range units {
+		es = append(es, reconcile.Entry{Scope: reconcile.ScopeHost, Unit: u, Value: []byte(unitA)})
+	}
+	return reconcile.Snapshot{Revision: 7, Entries: es}
+}
+
+func runAgent(t *testing.T, a *reconcile.Agent) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestNoSnapshotTouchesNothing(t *testing.T) {
+	a, sd, _ := newAgent(t)
+	stop := runAgent(t, a)
+	defer stop()
+	if _, err := a.DryRun(context.Background()); err == nil {
+		t.Fatal("dry-run without a registry snapshot should say so")
+	}
+	plan, err := a.Sync(context.Background())
+	if err != nil || len(plan) != 0 || len(sd.Calls()) != 0 {
+		t.Fatalf("sync with no snapshot: %v %v %v", plan, err, sd.Calls())
+	}
+}
+
+func waitCalls(t *testing.T, sd *fakeSystemd, n int) []string {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(sd.Calls()) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("calls = %v, want %d", sd.Calls(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // and no more than that
+	return sd.Calls()
+}
+
+// A batch is written, reloaded ONCE, then started, in unit order.
+func TestOneReloadPerBatchInOrder(t *testing.T) {
+	a, sd, _ := newAgent(t)
+	a.SetSnapshot(snapshot("c.service", "a.service", "b.service"))
+	stop := runAgent(t, a)
+	defer stop()
+	got := waitCalls(t, sd, 4)
+	want := []string{"daemon-reload", "start a.service", "start b.service", "start c.service"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("calls = %v, want %v", got, want)
+	}
+}
+
+// Dry-run uses the planning code and changes nothing; sync then applies
+// the same plan.
+func TestDryRunChangesNothing(t *testing.T) {
+	a, sd, files := newAgent(t)
+	a.SetSnapshot(snapshot("a.service"))
+	stop := runAgent(t, a)
+	defer stop()
+	waitCalls(t, sd, 2)
+	// A hand edit nobody told the agent about (no file watch here).
+	if err := files.Write("a.service", []byte("[Service]\nExecStart=/bin/false\n")); err != nil {
+		t.Fatal(err)
+	}
+	before := sd.Calls()
+	plan, err := a.DryRun(context.Background())
+	if err != nil || len(plan) != 1 || plan[0].Kind != reconcile.KindUpdate || len(plan[0].Writes) != 1 {
+		t.Fatalf("dry-run plan: %+v %v", plan, err)
+	}
+	if b, _, _ := files.Read("a.service"); string(b) != "[Service]\nExecStart=/bin/false\n" {
+		t.Fatal("dry-run wrote the file")
+	}
+	if !slices.Equal(sd.Calls(), before) {
+		t.Fatalf("dry-run called systemd: %v", sd.Calls()[len(before):])
+	}
+	plan2, err := a.Sync(context.Background())
+	if err != nil || len(plan2) != 1 || plan2[0].Kind != plan[0].Kind || plan2[0].Reason != plan[0].Reason {
+		t.Fatalf("sync plan %+v differs from the dry-run's %+v (%v)", plan2, plan, err)
+	}
+	if b, _, _ := files.Read("a.service"); string(b) != unitA {
+		t.Fatal("sync did not restore the file")
+	}
+	// Same content as what runs: daemon-reload only, no restart.
+	if got := sd.Calls()[len(before):]; !slices.Equal(got, []string{"daemon-reload"}) {
+		t.Fatalf("sync calls = %v", got)
+	}
+}
+
+// The loop and everything it started end with its context.
+func TestRunLeavesNoGoroutines(t *testing.T) {
+	before := runtime.NumGoroutine()
+	a, sd, _ := newAgent(t)
+	a.SetSnapshot(snapshot("a.service"))
+	stop := runAgent(t, a)
+	waitCalls(t, sd, 2)
+	stop()
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("%d goroutines before, %d after:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -329,6 +329,14 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 		if st.LoadState == "loaded" {
 			continue
 		}
+		if st.LoadState != "bad-setting" && st.LoadState != "error" || !a.stillOurs(act) {
+			// Not a verdict on the content: the file was changed or removed
+			// behind our back between the write and the reload (or the unit
+			// is masked). The next pass looks again.
+			a.log.Warn("unit not loaded after daemon-reload; checking again", "unit", act.Unit, "load_state", st.LoadState)
+			a.trigger()
+			continue
+		}
 		reason := fmt.Sprintf("systemd refused to load %s (%s): %s", act.Unit, st.LoadState, st.LoadError)
 		if err := a.restoreFiles(act, previous); err != nil {
 			reason += "; restoring the previous files failed: " + err.Error()
@@ -448,6 +456,17 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 		}
 	}
 	return nil
+}
+
+// stillOurs reports whether the files just written are still on disk as written.
+func (a *Agent) stillOurs(act Action) bool {
+	for _, w := range act.Writes {
+		b, exists, err := a.cfg.Files.Read(w.Path)
+		if err != nil || !exists || Hash(b) != w.Hash {
+			return false
+		}
+	}
+	return true
 }
 
 // begin records what a unit now runs and opens its HealthySec window.
@@ -669,15 +688,27 @@ func (a *Agent) recordAs(act Action, action, result string, err error) {
 	if len(act.Writes) > 0 {
 		log = log.With("hash", short(act.Writes[0].Hash))
 	}
+	// The message names the unit and says why: in the journal it is read
+	// alone (journalctl -u <unit> shows it among the unit's own lines).
+	msg := func(what, detail string) string {
+		if detail == "" {
+			return act.Unit + ": " + what
+		}
+		return act.Unit + ": " + what + " — " + detail
+	}
+	errText := ""
+	if err != nil {
+		errText = err.Error()
+	}
 	switch {
 	case err != nil && result == "blocked":
-		log.Warn("unit not applied", "err", err)
+		log.Warn(msg("not applied", errText), "err", err)
 	case action == "rolled-back":
-		log.Error("change rolled back", "err", err)
+		log.Error(msg("change rolled back", errText), "err", err)
 	case err != nil:
-		log.Error("action failed", "err", err)
+		log.Error(msg(action+" failed", errText), "err", err)
 	default:
-		log.Info(actionMessage(act.Kind))
+		log.Info(msg(actionMessage(act.Kind), act.Reason))
 	}
 }
 

@@ -352,3 +352,33 @@ func TestDiffShowsRegistryAgainstDisk(t *testing.T) {
 		t.Fatalf("not a unified diff:\n%s", out)
 	}
 }
+
+// A managed file edited or deleted by hand is put back within a second
+// (fsnotify), with the drift logged, and without restarting the unit when
+// the content is the same as what runs.
+func TestDriftIsRestored(t *testing.T) {
+	e := newEnv(t)
+	e.startAgent()
+	e.put("hello.service", helloV1)
+	pid := e.h.MainPID(t, "hello.service")
+	path := filepath.Join(e.h.UnitDir, "hello.service")
+	edited := time.Now()
+	if err := os.WriteFile(path, []byte("[Service]\nExecStart=/bin/false\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the edit is undone", func() bool {
+		got, _ := e.readLocal("hello.service")
+		return got == helloV1
+	})
+	t.Logf("hand edit undone after %v", time.Since(edited).Round(time.Millisecond))
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the deleted file is back", func() bool {
+		got, _ := e.readLocal("hello.service")
+		return got == helloV1
+	})
+	if p := e.h.MainPID(t, "hello.service"); p != pid {
+		t.Fatalf("MainPID %d → %d: restoring the same content restarted the unit", pid, p)
+	}
+}

@@ -34,6 +34,7 @@ type env struct {
 	endpoint string
 	reg      *registry.Client
 	host     string
+	groups   []string // default ["all"]
 	agent    *testAgent
 }
 
@@ -53,8 +54,12 @@ func newEnv(t testing.TB) *env {
 
 func (e *env) startAgent() *testAgent {
 	e.t.Helper()
+	groups := e.groups
+	if groups == nil {
+		groups = []string{"all"}
+	}
 	o := &runOptions{
-		host: e.host, groups: []string{"all"},
+		host: e.host, groups: groups,
 		unitDir: e.h.UnitDir, stateDir: e.h.StateDir, debugSocket: filepath.Join(e.h.Dir, "agentd.sock"),
 		logLevel: "debug", leaseTTL: 5 * time.Second,
 		dialSystemd: e.agentDialer(),

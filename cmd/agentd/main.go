@@ -68,13 +68,19 @@ func newRoot() *cobra.Command {
 		Short: "Redeploy systemd units in place across a fleet, from etcd",
 		Long: `agentd keeps the systemd units of every machine in step with a registry in etcd.
 
-Every machine runs "agentd run". "agentd unit put" stores a unit file for a host
-or a group; each targeted agent writes it, runs one daemon-reload per batch and
-restarts (or starts) the unit in place, then reports the hash it runs.
+Every machine runs "agentd run" (as a service: contrib/systemd/agentd.service).
+"agentd unit put" stores a unit file for a host or a group; each targeted agent
+writes it, runs one daemon-reload per batch and restarts (or starts) the unit
+in place, then reports the hash it runs. "agentd doctor" checks a machine.
+
+Every flag can also be set as AGENTD_<FLAG>, upper case with "-" as "_"
+(e.g. AGENTD_ETCD_ENDPOINTS for --etcd-endpoints); flags win.
+
+Shell completion: source <(agentd completion bash); see "agentd completion --help".
 
 Exit codes:
   0  success
-  1  error (bad input, registry or agent unreachable)
+  1  error (bad input, registry or agent unreachable; doctor: a check failed)
   2  usage error (bad flags or arguments)
   3  --wait: a host failed to apply the change (reason printed)
   4  --wait: timed out before every host converged`,
@@ -83,7 +89,7 @@ Exit codes:
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return withCode(exitUsage, err) })
-	root.AddCommand(newRunCmd(), newUnitCmd(), newHostsCmd(), newStatusCmd(), newSyncCmd(), newDiffCmd())
+	root.AddCommand(newRunCmd(), newUnitCmd(), newHostsCmd(), newStatusCmd(), newSyncCmd(), newDiffCmd(), newDoctorCmd())
 	return root
 }
 

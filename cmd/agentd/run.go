@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,8 +14,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/agentd/agentd/control"
+	"github.com/agentd/agentd/logging"
+	"github.com/agentd/agentd/metrics"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/systemd"
@@ -22,17 +26,22 @@ import (
 )
 
 type runOptions struct {
-	etcd        etcdFlags
-	host        string
-	groups      []string
-	user        bool
-	unitDir     string
-	stateDir    string
-	debugSocket string
-	embedClient string
-	embedPeer   string
-	logLevel    string
-	leaseTTL    time.Duration
+	etcd            etcdFlags
+	host            string
+	groups          []string
+	user            bool
+	unitDir         string
+	stateDir        string
+	debugSocket     string
+	embedClient     string
+	embedPeer       string
+	logLevel        string
+	leaseTTL        time.Duration
+	metricsAddr     string
+	registryTimeout time.Duration
+	// wedgeFile is a test-only fault (hidden --test-wedge-file): while the
+	// file exists the reconcile loop blocks (see wedgeSystemd).
+	wedgeFile string
 
 	// dialSystemd overrides the D-Bus connection (tests use a private manager).
 	dialSystemd systemd.Dialer
@@ -53,7 +62,21 @@ one daemon-reload per batch, starts or restarts the units in place, and
 publishes each unit's status to the registry.
 
 With no --etcd-endpoints it runs an embedded single-node etcd in the state
-directory, listening on ` + defaultEndpoint + `, so one machine needs nothing else.`,
+directory, listening on ` + defaultEndpoint + `, so one machine needs nothing else.
+
+Under systemd (contrib/systemd/agentd.service, Type=notify) it reports READY=1
+after its first successful reconcile pass, or after --registry-timeout with the
+registry unreachable, running on the last registry snapshot it saved in the
+state directory (with none saved it touches nothing until the registry
+answers). "systemctl status agentd" shows the registry revision and how many
+units are converged, pending and failed. With WatchdogSec= set, the
+reconcile loop itself keeps the watchdog fed: a wedged loop gets the agent
+restarted. Logs go to the journal with structured fields (AGENTD_*, and
+OBJECT_SYSTEMD_UNIT, so "journalctl -u UNIT" shows what agentd did to UNIT).`,
+		Example: `  agentd run --host h1                       # system instance, embedded etcd
+  agentd run --etcd-endpoints https://etcd1:2379 --etcd-ca ca.pem --group web
+  agentd run --user                          # the user's systemd instance
+  AGENTD_METRICS_ADDR=127.0.0.1:9100 agentd run   # every flag has an AGENTD_* variable`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd); err != nil {
@@ -64,17 +87,28 @@ directory, listening on ` + defaultEndpoint + `, so one machine needs nothing el
 	}
 	fs := cmd.Flags()
 	o.etcd.bind(fs, "etcd endpoints (comma-separated); empty: run an embedded etcd in the state directory")
+	o.bindLocal(fs)
+	fs.StringVar(&o.embedClient, "embedded-listen", defaultEndpoint, "client URL of the embedded etcd (only without --etcd-endpoints)")
+	fs.StringVar(&o.embedPeer, "embedded-peer-listen", "http://127.0.0.1:2380", "peer URL of the embedded etcd (only without --etcd-endpoints)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "TTL of the lease that binds this agent's membership and statuses")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9100 (default: off)")
+	fs.DurationVar(&o.registryTimeout, "registry-timeout", 30*time.Second,
+		"with the registry unreachable this long after start, run on the last-known-good snapshot saved in the state directory and report ready (0: wait for the registry forever)")
+	fs.StringVar(&o.wedgeFile, "test-wedge-file", "", "test only: while this file exists the reconcile loop blocks")
+	_ = fs.MarkHidden("test-wedge-file")
+	return cmd
+}
+
+// bindLocal binds the flags that say which machine and directories the
+// agent manages (shared by run and doctor).
+func (o *runOptions) bindLocal(fs *pflag.FlagSet) {
 	fs.StringVar(&o.host, "host", "", "this agent's host name in the registry (default: the short hostname)")
 	fs.StringSliceVar(&o.groups, "group", []string{"all"}, "group this host belongs to (repeatable)")
 	fs.BoolVar(&o.user, "user", false, "manage the user's systemd instance instead of the system one")
 	fs.StringVar(&o.unitDir, "unit-dir", "", "unit directory (default /etc/systemd/system, or $XDG_CONFIG_HOME/systemd/user with --user)")
 	fs.StringVar(&o.stateDir, "state-dir", "", "state directory (default /var/lib/agentd, or $XDG_STATE_HOME/agentd with --user)")
 	fs.StringVar(&o.debugSocket, "debug-socket", "", "unix socket of the local debug API (default /run/agentd/agentd.sock, or $XDG_RUNTIME_DIR/agentd.sock with --user)")
-	fs.StringVar(&o.embedClient, "embedded-listen", defaultEndpoint, "client URL of the embedded etcd (only without --etcd-endpoints)")
-	fs.StringVar(&o.embedPeer, "embedded-peer-listen", "http://127.0.0.1:2380", "peer URL of the embedded etcd (only without --etcd-endpoints)")
-	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "TTL of the lease that binds this agent's membership and statuses")
-	return cmd
 }
 
 // defaults fills the paths that depend on --user.
@@ -140,33 +174,7 @@ func newLogger(level string, out io.Writer) (*slog.Logger, error) {
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, withCode(exitUsage, fmt.Errorf("--log-level: %w", err))
 	}
-	if out == nil {
-		out = os.Stderr
-	}
-	return slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: l})), nil
-}
-
-// sessionReporter lets the agent report before the registry session exists
-// (or while it is being re-established): reports fail and are retried.
-type sessionReporter struct {
-	mu sync.Mutex
-	s  *registry.Session
-}
-
-func (r *sessionReporter) set(s *registry.Session) {
-	r.mu.Lock()
-	r.s = s
-	r.mu.Unlock()
-}
-
-func (r *sessionReporter) Report(ctx context.Context, st []reconcile.Status) error {
-	r.mu.Lock()
-	s := r.s
-	r.mu.Unlock()
-	if s == nil {
-		return errors.New("not connected to the registry yet")
-	}
-	return s.Report(ctx, st)
+	return logging.New(l, out), nil
 }
 
 func runAgent(ctx context.Context, o *runOptions) error {
@@ -178,11 +186,21 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		return err
 	}
 	log = log.With("host", o.host)
+	svc := newService(log)
+	met := metrics.New(version)
+	var metricsLn net.Listener
+	if o.metricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", o.metricsAddr); err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+		defer metricsLn.Close()
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
 	endpoints := o.etcd.endpoints
 	if len(endpoints) == 0 {
+		svc.setStatus("starting the embedded etcd")
 		emb, err := registry.StartEmbedded(ctx, registry.EmbedConfig{
 			Dir: filepath.Join(o.stateDir, "etcd"), ClientURL: o.embedClient, PeerURL: o.embedPeer, Logger: log,
 		})
@@ -194,11 +212,13 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		log.Info("embedded etcd running", "endpoint", emb.Endpoint(), "dir", filepath.Join(o.stateDir, "etcd"))
 	}
 
+	svc.setStatus("connecting to systemd")
 	sd, err := systemd.Open(ctx, o.dialSystemd, log)
 	if err != nil {
 		return fmt.Errorf("connect to systemd: %w", err)
 	}
 	defer sd.Close()
+	met.SetSystemdConnected(true)
 	files, err := unitdir.Open(o.unitDir)
 	if err != nil {
 		return err
@@ -209,11 +229,33 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		return err
 	}
 	defer manifest.Close()
+	lkg, err := openLastKnownGood(o.stateDir, o.host, o.etcd.prefix, o.groups, log)
+	if err != nil {
+		return err
+	}
+	defer lkg.Close()
 
-	reporter := &sessionReporter{}
+	var sys reconcile.Systemd = sd
+	if o.wedgeFile != "" {
+		sys = wedgeSystemd{Systemd: sys, file: o.wedgeFile, log: log}
+	}
+	reporter := &sessionReporter{svc: svc, met: met}
 	agent := reconcile.New(reconcile.Config{
-		Systemd: sd, Files: files, Manifest: manifest, Reporter: reporter, Log: log,
+		Systemd:           loopSystemd{Systemd: sys, svc: svc, met: met},
+		Files:             files,
+		Manifest:          manifest,
+		Reporter:          reporter,
+		Coordinator:       sessionCoordinator{reporter},
+		Log:               log,
+		Observer:          multiObserver{svc, met},
+		HeartbeatInterval: svc.heartbeatInterval(),
 	})
+	onSnapshot := func(s reconcile.Snapshot) {
+		met.SnapshotReceived(s.Revision)
+		svc.setOffline("")
+		lkg.received(s, agent.SetSnapshot)
+	}
+	svc.setStatus("waiting for the registry at " + strings.Join(endpoints, ","))
 
 	var wg sync.WaitGroup
 	fail := func(err error) {
@@ -223,27 +265,17 @@ func runAgent(ctx context.Context, o *runOptions) error {
 	}
 	wg.Go(func() { fail(agent.Run(ctx)) })
 	wg.Go(func() { fail(sd.Watch(ctx, agent.UnitChanged)) })
+	wg.Go(func() { fail(files.Watch(ctx, agent.FileChanged)) })
 	wg.Go(func() { fail(control.Serve(ctx, o.debugSocket, o.host, agent)) })
-	wg.Go(func() {
-		reg, s, err := connectRegistry(ctx, o, endpoints, log)
-		if err != nil {
-			fail(err)
-			return
-		}
-		defer reg.Close()
-		defer func() {
-			// Leaving revokes the lease: membership and statuses go with it.
-			reporter.set(nil)
-			if err := s.Close(); err != nil {
-				log.Warn("leaving the registry", "err", err)
-			}
-		}()
-		reporter.set(s)
-		agent.UnitChanged("") // statuses can be published now
-		fail(reg.Watch(ctx, o.host, o.groups, agent.SetSnapshot))
-	})
+	wg.Go(func() { fail(followRegistry(ctx, o, endpoints, log, reporter, met, onSnapshot, agent.UnitChanged)) })
+	wg.Go(func() { lkg.fallback(ctx, o.registryTimeout, agent.SetSnapshot, svc) })
+	wg.Go(func() { svc.run(ctx) })
+	if metricsLn != nil {
+		wg.Go(func() { fail(met.Serve(ctx, metricsLn)) })
+	}
 	log.Info("agent running", "unit_dir", o.unitDir, "state_dir", o.stateDir, "debug_socket", o.debugSocket,
-		"groups", strings.Join(o.groups, ","), "etcd", strings.Join(endpoints, ","))
+		"groups", strings.Join(o.groups, ","), "etcd", strings.Join(endpoints, ","), "metrics", o.metricsAddr,
+		"watchdog", svc.watchdog)
 	if o.ready != nil {
 		o.ready <- agent
 	}
@@ -256,10 +288,32 @@ func runAgent(ctx context.Context, o *runOptions) error {
 	return nil
 }
 
+// followRegistry joins the registry (retrying while etcd is unreachable),
+// publishes statuses through reporter from then on, and hands every
+// snapshot of this host's keys to onSnapshot until ctx is done. Leaving
+// revokes the lease: membership and statuses go with it.
+func followRegistry(ctx context.Context, o *runOptions, endpoints []string, log *slog.Logger,
+	reporter *sessionReporter, met *metrics.Metrics, onSnapshot func(reconcile.Snapshot), poke func(string)) error {
+	reg, s, err := connectRegistry(ctx, o, endpoints, log, met)
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	defer func() {
+		reporter.set(nil)
+		if err := s.Close(); err != nil {
+			log.Warn("leaving the registry", "err", err)
+		}
+	}()
+	reporter.set(s)
+	poke("") // statuses can be published now
+	return reg.Watch(ctx, o.host, o.groups, onSnapshot)
+}
+
 // connectRegistry dials etcd and joins, retrying while etcd is unreachable:
 // the units on this machine keep running untouched meanwhile. A host name
 // held by another machine is fatal.
-func connectRegistry(ctx context.Context, o *runOptions, endpoints []string, log *slog.Logger) (*registry.Client, *registry.Session, error) {
+func connectRegistry(ctx context.Context, o *runOptions, endpoints []string, log *slog.Logger, met *metrics.Metrics) (*registry.Client, *registry.Session, error) {
 	member := reconcile.Member{
 		Host: o.host, MachineID: machineID(), Groups: o.groups, Version: version, StartedAt: time.Now().UTC(),
 	}
@@ -271,6 +325,7 @@ func connectRegistry(ctx context.Context, o *runOptions, endpoints []string, log
 		if err == nil {
 			s, jerr := reg.Join(ctx, member, o.leaseTTL)
 			if jerr == nil {
+				met.SetEtcdConnected(true)
 				return reg, s, nil
 			}
 			reg.Close()
@@ -279,6 +334,7 @@ func connectRegistry(ctx context.Context, o *runOptions, endpoints []string, log
 			}
 			err = jerr
 		}
+		met.SetEtcdConnected(false)
 		log.Warn("registry unreachable; units keep running as they are; retrying", "err", err, "retry_in", delay)
 		select {
 		case <-ctx.Done():

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/agentd/agentd/metrics"
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/systemd"
+)
+
+// jobWait is how long a systemd job call may keep the loop busy before the
+// watchdog counts the loop as wedged: the Manager's job timeout, plus the
+// D-Bus round trips around the wait.
+const jobWait = systemd.DefaultJobTimeout + 15*time.Second
+
+// reportWait bounds a status report the same way: each etcd round trip has
+// a request timeout of its own, and a report waits for the session's
+// lease recovery, which is bounded the same way.
+const reportWait = time.Minute
+
+// loopSystemd is the reconcile loop's view of systemd. It tells the service
+// watchdog which calls end by themselves (jobs, bounded by the job timeout),
+// and keeps agentd_systemd_connected current from the state reads every
+// pass makes.
+type loopSystemd struct {
+	reconcile.Systemd
+	svc *service
+	met *metrics.Metrics
+}
+
+func (l loopSystemd) Start(ctx context.Context, unit string) error {
+	defer l.svc.boundedWait(jobWait)()
+	return l.Systemd.Start(ctx, unit)
+}
+
+func (l loopSystemd) Stop(ctx context.Context, unit string) error {
+	defer l.svc.boundedWait(jobWait)()
+	return l.Systemd.Stop(ctx, unit)
+}
+
+func (l loopSystemd) Restart(ctx context.Context, unit string) error {
+	defer l.svc.boundedWait(jobWait)()
+	return l.Systemd.Restart(ctx, unit)
+}
+
+func (l loopSystemd) ReloadUnit(ctx context.Context, unit string) error {
+	defer l.svc.boundedWait(jobWait)()
+	return l.Systemd.ReloadUnit(ctx, unit)
+}
+
+func (l loopSystemd) State(ctx context.Context, unit string) (reconcile.UnitState, error) {
+	st, err := l.Systemd.State(ctx, unit)
+	if ctx.Err() == nil {
+		l.met.SetSystemdConnected(err == nil)
+	}
+	return st, err
+}
+
+// wedgeSystemd is a test-only fault, switched on by the hidden flag
+// --test-wedge-file: while that file exists, State blocks until the agent
+// shuts down, as a loop stuck in a call that never returns would. It proves
+// that the watchdog restarts a wedged agent. reconcile knows nothing of it.
+type wedgeSystemd struct {
+	reconcile.Systemd
+	file string
+	log  *slog.Logger
+}
+
+func (w wedgeSystemd) State(ctx context.Context, unit string) (reconcile.UnitState, error) {
+	if _, err := os.Stat(w.file); err == nil {
+		w.log.Warn("test fault: wedging the reconcile loop", "file", w.file, "unit", unit)
+		<-ctx.Done()
+		return reconcile.UnitState{}, ctx.Err()
+	}
+	return w.Systemd.State(ctx, unit)
+}
+
+// sessionReporter lets the agent report before the registry session exists
+// (or while it is being re-established), e.g. while it runs on the
+// last-known-good snapshot: there is nothing to publish to, so the report
+// succeeds locally (statuses are served on the debug socket) and
+// followRegistry asks for a pass, which publishes, once it has joined.
+type sessionReporter struct {
+	svc *service
+	met *metrics.Metrics
+
+	mu sync.Mutex
+	s  *registry.Session
+}
+
+func (r *sessionReporter) set(s *registry.Session) {
+	r.mu.Lock()
+	r.s = s
+	r.mu.Unlock()
+}
+
+func (r *sessionReporter) current() *registry.Session {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.s
+}
+
+func (r *sessionReporter) Report(ctx context.Context, st []reconcile.Status) error {
+	s := r.current()
+	if s == nil {
+		return nil
+	}
+	defer r.svc.boundedWait(reportWait)()
+	err := s.Report(ctx, st)
+	if ctx.Err() == nil {
+		r.met.SetEtcdConnected(err == nil)
+	}
+	return err
+}
+
+// errNotJoined is what the coordinator answers before the agent has joined
+// the registry (or while it runs on its saved snapshot): reconcile retries.
+var errNotJoined = errors.New("not joined to the registry yet")
+
+// sessionCoordinator is reconcile.Coordinator (MaxUnavailable= slots and
+// rollout halts) on the current registry session. Holding and Halt run on
+// the loop: each is an etcd round trip bounded by the registry's request
+// timeout, so the watchdog counts them as bounded waits. Acquire blocks
+// until a slot is free, on a goroutine the agent owns, never on the loop.
+type sessionCoordinator struct {
+	r *sessionReporter
+}
+
+func (c sessionCoordinator) Acquire(ctx context.Context, scope, unit, hash string, limit int) (func(context.Context) error, error) {
+	s := c.r.current()
+	if s == nil {
+		return nil, errNotJoined
+	}
+	return s.Acquire(ctx, scope, unit, hash, limit)
+}
+
+func (c sessionCoordinator) Holding(ctx context.Context, scope, unit string) (bool, error) {
+	s := c.r.current()
+	if s == nil {
+		return false, errNotJoined
+	}
+	defer c.r.svc.boundedWait(reportWait)()
+	return s.Holding(ctx, scope, unit)
+}
+
+func (c sessionCoordinator) Halt(ctx context.Context, h reconcile.Halt) error {
+	s := c.r.current()
+	if s == nil {
+		return errNotJoined
+	}
+	defer c.r.svc.boundedWait(reportWait)()
+	return s.Halt(ctx, h)
+}

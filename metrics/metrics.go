@@ -1,0 +1,279 @@
+// Package metrics exposes what the agent does as Prometheus metrics.
+//
+// Metrics implements reconcile.Observer (the loop calls it after every
+// action and pass) and has setters for what only the wiring knows (etcd and
+// D-Bus connection state, snapshots received from the registry watch). It
+// registers on a registry of its own, never on prometheus' default one:
+// importing etcd's server registers etcd's metrics there.
+//
+// Every method is safe for concurrent use and never blocks.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/agentd/agentd/reconcile"
+)
+
+// Convergence of one unit, from its status.
+const (
+	Converged = "converged" // the local files are the registry's and nothing is in progress
+	Pending   = "pending"   // content or state still changing (new content, removal, activating)
+	Failed    = "failed"    // the status carries an error (failed job, refused or blocked unit, unit failed)
+)
+
+// Classify says whether a unit's status is converged, pending or failed.
+func Classify(st reconcile.Status) string {
+	switch {
+	case st.Error != "":
+		return Failed
+	case st.DesiredHash != st.Hash: // new content not written yet, or a removal in progress
+		return Pending
+	case st.Verifying: // (re)started, inside its HealthySec window
+		return Pending
+	case st.ActiveState == "activating" || st.ActiveState == "deactivating" || st.ActiveState == "reloading":
+		return Pending
+	}
+	return Converged
+}
+
+// Count tallies statuses by Classify.
+func Count(st []reconcile.Status) (converged, pending, failed int) {
+	for _, s := range st {
+		switch Classify(s) {
+		case Converged:
+			converged++
+		case Pending:
+			pending++
+		default:
+			failed++
+		}
+	}
+	return converged, pending, failed
+}
+
+// Metrics is the agent's metric set. Create it with New.
+type Metrics struct {
+	reconcile.NopObserver // forward compatibility: new Observer methods are no-ops until handled here
+
+	reg *prometheus.Registry
+
+	actions       *prometheus.CounterVec
+	passDuration  prometheus.Histogram
+	passes        *prometheus.CounterVec
+	units         *prometheus.GaugeVec
+	activeStates  *prometheus.GaugeVec
+	revision      prometheus.Gauge
+	received      prometheus.Gauge
+	revisionLag   prometheus.Gauge
+	etcdUp        prometheus.Gauge
+	systemdUp     prometheus.Gauge
+	drift         prometheus.Counter
+	rollbacks     prometheus.Counter
+	heartbeat     prometheus.Gauge
+	lastGoodPass  prometheus.Gauge
+	snapshotsRecv prometheus.Counter
+
+	mu               sync.Mutex
+	applied, newest  int64
+	seenActiveStates map[string]bool
+}
+
+// New creates the metric set on a fresh registry, with the Go runtime and
+// process collectors, and agentd_build_info{version}.
+func New(version string) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentd_actions_total",
+			Help: "Actions executed on units, by kind (start, restart, stop, update, remove, blocked, ...) and result (done, failed, timeout, refused, blocked, ...).",
+		}, []string{"kind", "result"}),
+		passDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "agentd_reconcile_duration_seconds",
+			Help:    "Duration of reconcile passes (observe, plan, apply, report).",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
+		}),
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentd_reconcile_passes_total",
+			Help: "Reconcile passes, by result (ok, error). A pass that failed is retried with backoff.",
+		}, []string{"result"}),
+		units: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentd_units",
+			Help: "Units the agent manages or is asked to run, by convergence state (converged, pending, failed), as of the last pass.",
+		}, []string{"state"}),
+		activeStates: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentd_units_by_active_state",
+			Help: "Units the agent manages, by systemd ActiveState (active, inactive, failed, activating, ...), as of the last pass.",
+		}, []string{"active_state"}),
+		revision: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentd_registry_revision",
+			Help: "etcd revision of the registry snapshot the last pass applied.",
+		}),
+		received: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentd_registry_received_revision",
+			Help: "etcd revision of the newest registry snapshot the watch delivered.",
+		}),
+		revisionLag: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentd_registry_revision_lag",
+			Help: "agentd_registry_received_revision - agentd_registry_revision: how far the loop is behind the registry watch, in etcd revisions (0 when caught up).",
+		}),
+		etcdUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentd_etcd_connected",
+			Help: "1 when the last exchange with the registry (join, snapshot, status report) succeeded, else 0.",
+		}),
+		systemdUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentd_systemd_connected",
+			Help: "1 when the last D-Bus call to systemd (unit state read) succeeded, else 0.",
+		}),
+		drift: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentd_drift_events_total",
+			Help: "Managed files found changed behind the agent's back.",
+		}),
+		rollbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentd_rollbacks_total",
+			Help: "Changes rolled back on this host.",
+		}),
+		heartbeat: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentd_loop_heartbeat_timestamp_seconds",
+			Help: "Unix time of the reconcile loop's last heartbeat; a stale value means a wedged loop.",
+		}),
+		lastGoodPass: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "agentd_last_successful_pass_timestamp_seconds",
+			Help: "Unix time of the last reconcile pass that succeeded.",
+		}),
+		snapshotsRecv: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentd_registry_snapshots_total",
+			Help: "Registry snapshots delivered by the watch (each change batch, each resync).",
+		}),
+		seenActiveStates: map[string]bool{},
+	}
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "agentd_build_info",
+		Help: "Always 1; the agent's version in a label.",
+	}, []string{"version"})
+	build.WithLabelValues(version).Set(1)
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		build, m.actions, m.passDuration, m.passes, m.units, m.activeStates,
+		m.revision, m.received, m.revisionLag, m.etcdUp, m.systemdUp,
+		m.drift, m.rollbacks, m.heartbeat, m.lastGoodPass, m.snapshotsRecv,
+	)
+	for _, s := range []string{Converged, Pending, Failed} {
+		m.units.WithLabelValues(s)
+	}
+	for _, r := range []string{"ok", "error"} {
+		m.passes.WithLabelValues(r)
+	}
+	return m
+}
+
+// Registry is the registry every metric of the agent is on.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves the metrics in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Serve serves /metrics on ln until ctx is done, then shuts the server
+// down. It returns nil after ctx is done.
+func (m *Metrics) Serve(ctx context.Context, ln net.Listener) error {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	stop := context.AfterFunc(ctx, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	})
+	defer stop()
+	err := srv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) || ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// Action counts an executed action.
+func (m *Metrics) Action(_ string, kind reconcile.Kind, result string) {
+	m.actions.WithLabelValues(kind.String(), result).Inc()
+}
+
+// Pass records a pass's duration and result.
+func (m *Metrics) Pass(d time.Duration, err error) {
+	m.passDuration.Observe(d.Seconds())
+	if err != nil {
+		m.passes.WithLabelValues("error").Inc()
+		return
+	}
+	m.passes.WithLabelValues("ok").Inc()
+	m.lastGoodPass.SetToCurrentTime()
+}
+
+// Reported sets the unit gauges and the applied revision from a pass.
+func (m *Metrics) Reported(revision int64, st []reconcile.Status) {
+	c, p, f := Count(st)
+	m.units.WithLabelValues(Converged).Set(float64(c))
+	m.units.WithLabelValues(Pending).Set(float64(p))
+	m.units.WithLabelValues(Failed).Set(float64(f))
+	byState := map[string]int{}
+	for _, s := range st {
+		if s.ActiveState != "" {
+			byState[s.ActiveState]++
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for s := range byState {
+		m.seenActiveStates[s] = true
+	}
+	for s := range m.seenActiveStates { // states seen before and gone now read 0, not stale
+		m.activeStates.WithLabelValues(s).Set(float64(byState[s]))
+	}
+	m.applied = revision
+	m.revision.Set(float64(revision))
+	m.revisionLag.Set(float64(max(m.newest-m.applied, 0)))
+}
+
+// Heartbeat records that the loop is alive.
+func (m *Metrics) Heartbeat() { m.heartbeat.SetToCurrentTime() }
+
+// Drift counts a managed file changed behind the agent's back.
+func (m *Metrics) Drift(string) { m.drift.Inc() }
+
+// Rollback counts a rolled-back change.
+func (m *Metrics) Rollback(string) { m.rollbacks.Inc() }
+
+// SnapshotReceived records a snapshot delivered by the registry watch.
+func (m *Metrics) SnapshotReceived(revision int64) {
+	m.snapshotsRecv.Inc()
+	m.etcdUp.Set(1)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.newest = max(m.newest, revision)
+	m.received.Set(float64(m.newest))
+	m.revisionLag.Set(float64(max(m.newest-m.applied, 0)))
+}
+
+// SetEtcdConnected sets agentd_etcd_connected.
+func (m *Metrics) SetEtcdConnected(up bool) { m.etcdUp.Set(b2f(up)) }
+
+// SetSystemdConnected sets agentd_systemd_connected.
+func (m *Metrics) SetSystemdConnected(up bool) { m.systemdUp.Set(b2f(up)) }
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -123,6 +123,7 @@ func TestOnChangeReloadWithoutExecReloadAndNone(t *testing.T) {
 // HealthySec before the next: never two down at once. Start and stop times
 // come from the units themselves (ExecStartPre/ExecStopPost), not the agent.
 func TestTemplateInstancesRollOneAtATime(t *testing.T) {
+	t.Parallel() // waits on timers and HealthySec, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	events := filepath.Join(e.h.Dir, "events")
@@ -210,6 +211,7 @@ func TestTemplateInstancesRollOneAtATime(t *testing.T) {
 // restored, the unit runs again, status says rolled-back with the reason,
 // --wait exits non-zero, and the failed content is not retried.
 func TestUnhealthyChangeIsRolledBack(t *testing.T) {
+	t.Parallel() // waits on timers and HealthySec, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	good := "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n[X-Agentd]\nHealthySec=1\n"

@@ -125,6 +125,7 @@ func (f *fleet) pids() map[string]uint32 {
 // MaxUnavailable=N holds across hosts: at most N of them are between the
 // stop and the start of the unit at any moment, over repeated rollouts.
 func TestMaxUnavailableBound(t *testing.T) {
+	t.Parallel() // waits on timers and HealthySec, not the CPU
 	for _, limit := range []int{1, 2} {
 		t.Run(fmt.Sprintf("MaxUnavailable=%d", limit), func(t *testing.T) {
 			f := newFleet(t, 5, "")
@@ -157,6 +158,7 @@ func TestMaxUnavailableBound(t *testing.T) {
 // A host that fails the new version rolls back and halts the rollout: the
 // others keep the old version running and report held; new content resumes.
 func TestHaltOnFailure(t *testing.T) {
+	t.Parallel() // waits on timers and HealthySec, not the CPU
 	f := newFleet(t, 4, "")
 	policy := "MaxUnavailable=1\nHealthySec=1"
 	f.put(f.unit("/bin/sleep 1000", policy), 0)
@@ -189,6 +191,7 @@ func TestHaltOnFailure(t *testing.T) {
 // A group key reaches every member; a host key overrides it; two groups
 // disagreeing is a conflict in that host's status; a late agent converges.
 func TestGroupsOverridesConflictsAndLateJoin(t *testing.T) {
+	t.Parallel() // waits on timers and HealthySec, not the CPU
 	f := newFleet(t, 2, "")
 	f.put(f.unit("/bin/sleep 1000", "HealthySec=0"), 0)
 	h2 := f.hosts[1]
@@ -253,6 +256,7 @@ func buildAgent(t *testing.T) string {
 // An agent killed with SIGKILL while it holds a slot frees it when its lease
 // expires, and the rollout completes on the others.
 func TestKilledSlotHolderFreesSlot(t *testing.T) {
+	t.Parallel() // waits on timers and HealthySec, not the CPU
 	bin := buildAgent(t)
 	f := newFleet(t, 2, "")
 	// The victim runs as its own process so it can really be SIGKILLed.
@@ -320,6 +324,7 @@ func TestKilledSlotHolderFreesSlot(t *testing.T) {
 // With etcd unreachable mid-rollout no host starts a disruptive step it
 // cannot account for in the semaphore; when etcd returns the rollout goes on.
 func TestEtcdAwayMidRollout(t *testing.T) {
+	t.Parallel() // waits on timers and HealthySec, not the CPU
 	et := newRestartableEtcd(t)
 	f := newFleet(t, 3, et.client)
 	f.put(f.unit("/bin/sleep 1000", "MaxUnavailable=1\nHealthySec=0"), 0)

@@ -21,6 +21,7 @@ import (
 // A burst of 50 units in one put is applied with ONE daemon-reload, counted
 // from systemd's own Reloading signal.
 func TestBurstOf50UnitsOneReload(t *testing.T) {
+	t.Parallel() // waits on timers and HealthySec, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	reloads := e.h.CountReloads(t)
@@ -219,6 +220,7 @@ func (r *restartableEtcd) stop() { r.e.Close(); r.e = nil }
 // With etcd away, running units stay untouched; when it returns the agent
 // resyncs without restarting units whose content did not change.
 func TestEtcdAwayKeepsUnitsAndResyncs(t *testing.T) {
+	t.Parallel() // waits on timers and HealthySec, not the CPU
 	h := newEnv(t).h
 	et := newRestartableEtcd(t)
 	e := &env{t: t, h: h, endpoint: et.client, host: "h1", reg: registry.NewTestClient(t, et.client)}
@@ -346,6 +348,7 @@ func TestEmbeddedEtcdByDefault(t *testing.T) {
 
 // Item 1: the README's first command, run as a user would (with free ports).
 func TestDemo(t *testing.T) {
+	t.Parallel() // waits on timers and HealthySec, not the CPU
 	if os.Getuid() != 0 {
 		t.Skip("the demo needs root, like the harness")
 	}

@@ -114,6 +114,25 @@ func (f *fleet) put(content string, wantCode int, extra ...string) string {
 	return out
 }
 
+// waitRolledOut waits until every host runs content, healthy.
+func (f *fleet) waitRolledOut(content string, within time.Duration) {
+	f.t.Helper()
+	want := reconcile.Hash([]byte(content))
+	deadline := time.Now().Add(within)
+	for _, e := range f.hosts {
+		for {
+			s, _ := e.status("app.service")
+			if s.Hash == want && s.ActiveState == "active" && !s.Verifying {
+				break
+			}
+			if time.Now().After(deadline) {
+				f.t.Fatalf("%s did not finish the rollout: %+v", e.host, s)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
 func (f *fleet) pids() map[string]uint32 {
 	m := map[string]uint32{}
 	for _, e := range f.hosts {
@@ -304,20 +323,7 @@ func TestKilledSlotHolderFreesSlot(t *testing.T) {
 		return len(hs) > 0 && hs[0].Host != "victim" && !hs[0].Waiting()
 	})
 	t.Logf("slot freed %v after SIGKILL (lease TTL 2s)", time.Since(killed).Round(10*time.Millisecond))
-	want := reconcile.Hash([]byte(v2))
-	deadline := time.Now().Add(30 * time.Second)
-	for _, e := range f.hosts {
-		for {
-			s, _ := e.status("app.service")
-			if s.Hash == want && s.ActiveState == "active" && !s.Verifying {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s did not finish the rollout: %+v", e.host, s)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	f.waitRolledOut(v2, 30*time.Second)
 	t.Logf("rollout completed on the survivors %v after the kill", time.Since(killed).Round(10*time.Millisecond))
 }
 
@@ -344,20 +350,7 @@ func TestEtcdAwayMidRollout(t *testing.T) {
 			t.Fatalf("%s stopped the unit at %.2f while etcd was away (%.2f–%.2f)", ev.host, ev.at, stoppedAt, startedAt)
 		}
 	}
-	want := reconcile.Hash([]byte(v2))
-	deadline := time.Now().Add(40 * time.Second)
-	for _, e := range f.hosts {
-		for {
-			s, _ := e.status("app.service")
-			if s.Hash == want && s.ActiveState == "active" && !s.Verifying {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s did not finish the rollout after etcd returned: %+v", e.host, s)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
+	f.waitRolledOut(v2, 40*time.Second)
 	if got := maxDown(f.readEvents()); got > 1 {
 		t.Fatalf("%d hosts down at once", got)
 	}

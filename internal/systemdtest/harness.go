@@ -406,30 +406,38 @@ func (h *Harness) Close() error {
 		}
 		h.mu.Unlock()
 
-		h.stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- h.cmd.Wait() }()
-		timer := time.NewTimer(stopTimeout)
-		defer timer.Stop()
-		select {
-		case <-done:
-		case <-timer.C:
-			h.cmd.Process.Kill() // our own child, by PID
-			<-done
-			h.closeErr = fmt.Errorf("harness.sh did not stop within %s; killed it", stopTimeout)
-		}
-		// Normally the script has removed its subtree; make sure.
-		for _, root := range cgroupRoots {
-			sub := filepath.Join(root, h.cgroup)
-			if _, err := os.Stat(sub); err != nil {
-				continue
-			}
-			if err := killTree(sub); err != nil {
-				h.closeErr = errors.Join(h.closeErr, fmt.Errorf("cgroup %s left behind: %w", sub, err))
-			}
-		}
+		h.closeErr = stopScript(h.stdin, h.cmd, stopTimeout, "harness.sh", h.cgroup)
 	})
 	return h.closeErr
+}
+
+// stopScript ends a harness script we started: closing its stdin starts its
+// teardown; after timeout it is killed by PID. Then whatever is left of its
+// cgroup subtree is killed and removed: nothing may outlive a test.
+func stopScript(stdin io.Closer, cmd *exec.Cmd, timeout time.Duration, name, cgroup string) error {
+	stdin.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var err error
+	select {
+	case <-done:
+	case <-timer.C:
+		cmd.Process.Kill() // our own child, by PID
+		<-done
+		err = fmt.Errorf("%s did not stop within %s; killed it", name, timeout)
+	}
+	for _, root := range cgroupRoots {
+		sub := filepath.Join(root, cgroup)
+		if _, serr := os.Stat(sub); serr != nil {
+			continue
+		}
+		if kerr := killTree(sub); kerr != nil {
+			err = errors.Join(err, fmt.Errorf("cgroup %s left behind: %w", sub, kerr))
+		}
+	}
+	return err
 }
 
 // killTree SIGKILLs every process in the cgroup subtree root (processes the

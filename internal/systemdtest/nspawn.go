@@ -367,27 +367,7 @@ func (c *Container) Close() error {
 		}
 		c.mu.Unlock()
 
-		c.stdin.Close()
-		done := make(chan error, 1)
-		go func() { done <- c.cmd.Wait() }()
-		timer := time.NewTimer(containerStopTimeout)
-		defer timer.Stop()
-		select {
-		case <-done:
-		case <-timer.C:
-			c.cmd.Process.Kill() // our own child, by PID
-			<-done
-			c.closeErr = fmt.Errorf("nspawn.sh did not stop within %s; killed it", containerStopTimeout)
-		}
-		for _, root := range cgroupRoots {
-			sub := filepath.Join(root, c.cgroup)
-			if _, err := os.Stat(sub); err != nil {
-				continue
-			}
-			if err := killTree(sub); err != nil {
-				c.closeErr = errors.Join(c.closeErr, fmt.Errorf("cgroup %s left behind: %w", sub, err))
-			}
-		}
+		c.closeErr = stopScript(c.stdin, c.cmd, containerStopTimeout, "nspawn.sh", c.cgroup)
 	})
 	return c.closeErr
 }

@@ -35,6 +35,7 @@ type Files interface {
 type Manifest interface {
 	Managed() map[string]string
 	Set(path, hash string) error
+	SetMany(files map[string]string) error
 	Forget(path string) error
 	Units() map[string]UnitRecord
 	SetUnit(name string, rec UnitRecord) error

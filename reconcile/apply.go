@@ -6,8 +6,13 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 )
+
+// maxParallelJobs bounds the jobs in flight at once: systemd runs them in
+// parallel, but a burst of hundreds should not all fork at the same moment.
+const maxParallelJobs = 16
 
 // healthWait is a unit inside its HealthySec window after a (re)start.
 type healthWait struct {
@@ -162,6 +167,7 @@ func (a *Agent) noteDrift(path, want string, lf LocalFile) {
 
 // pass observes, checks health, plans, applies and reports.
 func (a *Agent) pass(ctx context.Context) ([]Action, error) {
+	t0 := time.Now()
 	desired, cur, err := a.observe(ctx)
 	if errors.Is(err, ErrNoRegistry) {
 		return nil, nil // nothing known yet: touch nothing
@@ -181,9 +187,13 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 		}
 	}
 	plan := Plan(desired, cur)
+	t1 := time.Now()
 	applyErr := a.apply(ctx, plan, cur, desired)
 	a.persist()
-	return plan, errors.Join(applyErr, a.report(ctx, desired, plan))
+	t2 := time.Now()
+	reportErr := a.report(ctx, desired, plan)
+	a.log.Debug("pass", "units", len(cur.Units), "observe", t1.Sub(t0), "apply", t2.Sub(t1), "report", time.Since(t2))
+	return plan, errors.Join(applyErr, reportErr)
 }
 
 // checkHealth ends HealthySec windows: units that stayed active are now the
@@ -273,6 +283,24 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 	// crash in between never leaves a file the agent forgot it owns.
 	reloadNeeded := false
 	previous := map[string][]byte{} // path -> content before this pass (nil: absent)
+	claims := map[string]string{}
+	for _, act := range plan {
+		if act.Kind == KindBlocked || act.Kind == KindWait || failed[act.Unit] {
+			continue
+		}
+		for _, w := range act.Writes {
+			claims[w.Path] = w.Hash
+		}
+	}
+	// One manifest write claims every path of the batch (not one per file).
+	if err := a.cfg.Manifest.SetMany(claims); err != nil {
+		err = fmt.Errorf("claim files in the state directory: %w", err)
+		for _, act := range plan {
+			if len(act.Writes) > 0 {
+				fail(act, "failed", err)
+			}
+		}
+	}
 	for _, act := range plan {
 		if act.Kind == KindBlocked || act.Kind == KindWait || !act.Changes() || failed[act.Unit] {
 			continue
@@ -351,11 +379,18 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 		}
 	}
 
-	// 6. Jobs, each waited on; what they started is then watched for HealthySec.
-	var fails []failure
+	// 6. Jobs, each waited on; what they started is then watched for
+	// HealthySec. systemd runs jobs in parallel, so they are enqueued
+	// together (each unit's own steps stay in order) and judged after.
+	type job struct {
+		act Action
+		run func(context.Context) error
+		err error
+	}
+	var jobs []*job
 	for _, act := range plan {
 		if ctx.Err() != nil {
-			// Shutting down: finish nothing new, judge nothing.
+			// Shutting down: start nothing new, judge nothing.
 			return ctx.Err()
 		}
 		if failed[act.Unit] {
@@ -364,80 +399,94 @@ func (a *Agent) apply(ctx context.Context, plan []Action, cur Current, desired m
 		if act.Kind.Disruptive() && act.Policy.MaxUnavailable > 0 && act.Scope != "" && !a.stillHolding(ctx, act.Unit, act.Scope) {
 			continue
 		}
-		var err error
+		unit := act.Unit
 		switch act.Kind {
 		case KindStart, KindStopStart:
 			if act.Instance {
-				if err = a.cfg.Manifest.Set(act.Unit, InstanceMarker); err != nil {
-					break
+				if err := a.cfg.Manifest.Set(unit, InstanceMarker); err != nil {
+					fail(act, "failed", err)
+					continue
 				}
 			}
-			a.started[act.Unit] = act.ContentKey
-			err = a.cfg.Systemd.Start(ctx, act.Unit)
+			a.started[unit] = act.ContentKey
+			jobs = append(jobs, &job{act: act, run: func(ctx context.Context) error { return a.cfg.Systemd.Start(ctx, unit) }})
 		case KindRestart:
-			a.started[act.Unit] = act.ContentKey
-			for _, other := range act.AlsoStop {
-				if err = a.cfg.Systemd.Stop(ctx, other); err != nil {
-					break
+			a.started[unit] = act.ContentKey
+			also := act.AlsoStop
+			jobs = append(jobs, &job{act: act, run: func(ctx context.Context) error {
+				for _, other := range also {
+					if err := a.cfg.Systemd.Stop(ctx, other); err != nil {
+						return err
+					}
 				}
-			}
-			if err == nil {
-				err = a.cfg.Systemd.Restart(ctx, act.Unit)
-			}
+				return a.cfg.Systemd.Restart(ctx, unit)
+			}})
 		case KindReload:
-			if !cur.Units[act.Unit].CanReload {
+			if !cur.Units[unit].CanReload {
 				// Nothing ran: the unit still runs the old version. Report,
 				// and do not try this content again; no rollback needed.
-				err := fmt.Errorf("reload %s: the unit cannot reload (no ExecReload=); not restarting it silently — use OnChange=reload-or-restart or restart", act.Unit)
+				err := fmt.Errorf("reload %s: the unit cannot reload (no ExecReload=); not restarting it silently — use OnChange=reload-or-restart or restart", unit)
 				a.record(act, "failed", err)
-				rec := a.records[act.Unit]
+				rec := a.records[unit]
 				rec.Failed, rec.FailReason = act.ContentKey, err.Error()
-				a.records[act.Unit] = rec
+				a.records[unit] = rec
 				continue
 			}
-			err = a.cfg.Systemd.ReloadUnit(ctx, act.Unit)
+			jobs = append(jobs, &job{act: act, run: func(ctx context.Context) error { return a.cfg.Systemd.ReloadUnit(ctx, unit) }})
 		case KindStop:
-			err = a.cfg.Systemd.Stop(ctx, act.Unit)
+			jobs = append(jobs, &job{act: act, run: func(ctx context.Context) error { return a.cfg.Systemd.Stop(ctx, unit) }})
 		case KindRemove:
-			delete(a.records, act.Unit)
-			delete(a.health, act.Unit)
-			a.releaseSlot(ctx, act.Unit)
-		case KindNone, KindUpdate:
+			delete(a.records, unit)
+			delete(a.health, unit)
+			a.releaseSlot(ctx, unit)
+			if !noted[unit] {
+				a.record(act, "done", nil)
+			}
+		case KindUpdate, KindNone:
 			// The unit keeps running; if it runs, it now counts as current.
-			if act.Effective != nil && cur.Units[act.Unit].Active() && KeyOf(a.records[act.Unit].Applied) != act.ContentKey {
-				rec := a.records[act.Unit]
+			if act.Effective != nil && cur.Units[unit].Active() && KeyOf(a.records[unit].Applied) != act.ContentKey {
+				rec := a.records[unit]
 				rec.Applied = act.Effective
-				a.records[act.Unit] = rec
-				if _, verifying := a.health[act.Unit]; !verifying {
-					a.markGood(act.Unit, act.Effective)
+				a.records[unit] = rec
+				if _, verifying := a.health[unit]; !verifying {
+					a.markGood(unit, act.Effective)
 				}
 			}
-			if act.Kind == KindNone {
-				continue
+			if act.Kind == KindUpdate {
+				a.record(act, "done", nil)
 			}
 		case KindWait:
 			if act.NeedSlot {
-				a.ensureSlot(ctx, act.Unit, act.Scope, act.Hash, act.Policy.MaxUnavailable)
+				a.ensureSlot(ctx, unit, act.Scope, act.Hash, act.Policy.MaxUnavailable)
 			}
-			continue
-		case KindBlocked:
-			continue
 		}
-		if err != nil && ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err != nil {
-			a.record(act, resultOf(err), err)
-			if act.Kind != KindStop && act.Kind != KindRemove && act.Effective != nil {
-				fails = append(fails, failure{unit: act.Unit, key: act.ContentKey, op: act.Kind.String(), reason: err.Error(), policy: act.Policy,
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, maxParallelJobs)
+	for _, j := range jobs {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			j.err = j.run(ctx)
+		})
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	var fails []failure
+	for _, j := range jobs {
+		act := j.act
+		if j.err != nil {
+			a.record(act, resultOf(j.err), j.err)
+			if act.Kind != KindStop && act.Effective != nil {
+				fails = append(fails, failure{unit: act.Unit, key: act.ContentKey, op: act.Kind.String(), reason: j.err.Error(), policy: act.Policy,
 					keepRunning: act.Kind == KindReload, scope: act.Scope, hash: act.Hash})
 			}
 			continue
 		}
-		if act.Kind != KindRemove || !noted[act.Unit] {
-			a.record(act, "done", nil)
-		}
-		if act.Kind == KindStart || act.Kind == KindRestart || act.Kind == KindReload || act.Kind == KindStopStart {
+		a.record(act, "done", nil)
+		if act.Kind != KindStop {
 			a.begin(ctx, act)
 		}
 	}
@@ -634,9 +683,6 @@ func (a *Agent) writeFiles(act Action, previous map[string][]byte) error {
 		}
 		// Kept by hash for classification and rollback of later changes.
 		if err := a.cfg.Manifest.PutBlob(w.Hash, w.Content); err != nil {
-			return err
-		}
-		if err := a.cfg.Manifest.Set(w.Path, w.Hash); err != nil {
 			return err
 		}
 		if err := a.cfg.Files.Write(w.Path, w.Content); err != nil {

@@ -86,6 +86,28 @@ func (m *Manifest) Set(path, hash string) error {
 	return nil
 }
 
+// SetMany is Set for a batch of paths, with one write of the manifest.
+func (m *Manifest) SetMany(files map[string]string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	next := maps.Clone(m.files)
+	changed := false
+	for p, h := range files {
+		if next[p] != h {
+			next[p] = h
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	if err := m.save(next, m.units); err != nil {
+		return err
+	}
+	m.files = next
+	return nil
+}
+
 // Forget drops path from the manifest. Call it after the file is removed.
 func (m *Manifest) Forget(path string) error {
 	m.mu.Lock()

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 )
@@ -152,7 +154,6 @@ type outcome struct {
 	result     string
 	err        string
 	contentKey string
-	at         time.Time
 }
 
 // New returns an agent; call Run to start it.
@@ -400,7 +401,7 @@ func (a *Agent) Diff(ctx context.Context, unit string) ([]FileDiff, error) {
 				files[p] = &FileDiff{Path: p, Unit: UnitOfPath(p)}
 			}
 		}
-		for _, p := range sortedKeys(files) {
+		for _, p := range slices.Sorted(maps.Keys(files)) {
 			fd := files[p]
 			if fd.RegistryError == "" {
 				_, fd.Managed = managed[p]

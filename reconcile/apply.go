@@ -721,7 +721,7 @@ func (a *Agent) record(act Action, result string, err error) {
 }
 
 func (a *Agent) recordAs(act Action, action, result string, err error) {
-	o := outcome{action: action, result: result, contentKey: act.ContentKey, at: time.Now()}
+	o := outcome{action: action, result: result, contentKey: act.ContentKey}
 	if err != nil {
 		o.err = err.Error()
 	}

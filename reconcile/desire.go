@@ -3,6 +3,7 @@ package reconcile
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"net/url"
 	"slices"
 	"strings"
@@ -33,7 +34,7 @@ func (u *DesiredUnit) Files() []DesiredFile {
 	if u.File != nil {
 		fs = append(fs, *u.File)
 	}
-	for _, p := range sortedKeys(u.DropIns) {
+	for _, p := range slices.Sorted(maps.Keys(u.DropIns)) {
 		fs = append(fs, u.DropIns[p])
 	}
 	return fs
@@ -81,7 +82,7 @@ func Desire(s Snapshot) map[string]*DesiredUnit {
 		byPath[path] = append(byPath[path], cand{e, path, unit})
 	}
 
-	for _, path := range sortedKeys(byPath) {
+	for _, path := range slices.Sorted(maps.Keys(byPath)) {
 		cs := byPath[path]
 		u := get(cs[0].unit)
 		// A host key wins over every group key for the same path.
@@ -166,13 +167,4 @@ func StatusName(key string) string {
 func dedupe(s []string) []string {
 	slices.Sort(s)
 	return slices.Compact(s)
-}
-
-func sortedKeys[M ~map[string]V, V any](m M) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
 }

@@ -198,3 +198,32 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// An agent restarted inside a unit's HealthySec window verifies that
+// version again instead of forgetting it.
+func TestVerificationResumesAfterAgentRestart(t *testing.T) {
+	files, _ := unitdir.Open(t.TempDir())
+	m, _ := unitdir.OpenManifest(t.TempDir())
+	content := []byte("[Service]\nExecStart=/bin/sleep 1\n[X-Agentd]\nHealthySec=60\n")
+	h := reconcile.Hash(content)
+	if err := files.Write("a.service", content); err != nil {
+		t.Fatal(err)
+	}
+	m.Set("a.service", h)
+	m.SetUnit("a.service", reconcile.UnitRecord{Applied: map[string]string{"a.service": h}, Good: map[string]string{"a.service": "older"}})
+	sd := &fakeSystemd{active: map[string]bool{"a.service": true}}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+	a.SetSnapshot(reconcile.Snapshot{Entries: []reconcile.Entry{{Unit: "a.service", Value: content}}})
+	stop := runAgent(t, a)
+	defer stop()
+	if _, err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, st := a.Statuses()
+	if len(st) != 1 || !st[0].Verifying {
+		t.Fatalf("status = %+v, want verifying", st)
+	}
+	if calls := sd.Calls(); len(calls) != 0 {
+		t.Fatalf("resuming verification touched the unit: %v", calls)
+	}
+}

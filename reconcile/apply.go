@@ -187,6 +187,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 		}
 	}
 	plan := Plan(desired, cur)
+	a.resumeVerification(ctx, plan, cur)
 	t1 := time.Now()
 	applyErr := a.apply(ctx, plan, cur, desired)
 	a.persist()
@@ -194,6 +195,26 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	reportErr := a.report(ctx, desired, plan)
 	a.log.Debug("pass", "units", len(cur.Units), "observe", t1.Sub(t0), "apply", t2.Sub(t1), "report", time.Since(t2))
 	return plan, errors.Join(applyErr, reportErr)
+}
+
+// resumeVerification reopens the HealthySec window of a unit that runs a
+// version never confirmed healthy — the agent restarted inside the window —
+// so that version is still verified (and rolled back if it dies).
+func (a *Agent) resumeVerification(ctx context.Context, plan []Action, cur Current) {
+	for _, act := range plan {
+		rec := a.records[act.Unit]
+		if act.Kind != KindNone || act.Effective == nil || act.Policy.State != StateStarted || act.Policy.HealthySec == 0 ||
+			len(rec.Applied) == 0 || KeyOf(rec.Applied) != act.ContentKey || KeyOf(rec.Good) == act.ContentKey ||
+			!cur.Units[act.Unit].Active() {
+			continue
+		}
+		if _, verifying := a.health[act.Unit]; verifying {
+			continue
+		}
+		a.log.Info("resuming the health check of a version not yet confirmed healthy", "unit", act.Unit, "healthy_sec", act.Policy.HealthySec)
+		act.Kind = KindRestart // what put it there, as far as messages go
+		a.begin(ctx, act)
+	}
 }
 
 // checkHealth ends HealthySec windows: units that stayed active are now the

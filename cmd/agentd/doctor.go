@@ -84,9 +84,6 @@ Exit code 0 when nothing failed (warnings allowed), 1 otherwise.`,
   agentd doctor --json | jq '.[] | select(.result != "ok")'`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := applyEnv(cmd); err != nil {
-				return err
-			}
 			if envFile != "" {
 				vars, err := readEnvFile(envFile)
 				if err != nil && !errors.Is(err, os.ErrNotExist) {

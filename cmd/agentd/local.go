@@ -35,9 +35,6 @@ func newStatusCmd() *cobra.Command {
 		Short: "Show every unit's state as the running agent sees it",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := applyEnv(cmd); err != nil {
-				return err
-			}
 			r, err := control.NewClient(resolveSocket(sock, user)).Status(cmd.Context())
 			if err != nil {
 				return err
@@ -73,9 +70,6 @@ func newSyncCmd() *cobra.Command {
 		Short: "Run a reconcile pass now (or, with --dry-run, only print its plan)",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := applyEnv(cmd); err != nil {
-				return err
-			}
 			r, err := control.NewClient(resolveSocket(sock, user)).Sync(cmd.Context(), dry)
 			if err != nil {
 				return err
@@ -117,9 +111,6 @@ func newDiffCmd() *cobra.Command {
 		Short: "Show a unified diff between the registry copy and the local file",
 		Args:  usageArgs(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := applyEnv(cmd); err != nil {
-				return err
-			}
 			unit := ""
 			if len(args) == 1 {
 				unit = args[0]

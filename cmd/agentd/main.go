@@ -89,6 +89,8 @@ Exit codes:
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return withCode(exitUsage, err) })
+	// Every flag can come from AGENTD_<FLAG>; filled before any command runs.
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return applyEnv(cmd) }
 	root.AddCommand(newRunCmd(), newUnitCmd(), newHostsCmd(), newStatusCmd(), newSyncCmd(), newDiffCmd(), newDoctorCmd())
 	return root
 }

@@ -72,9 +72,6 @@ With --wait, block until every targeted live host reports the new hash and the
 unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 		Args: usageArgs(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := applyEnv(cmd); err != nil {
-				return err
-			}
 			if len(args) == 0 && len(instances) == 0 {
 				return withCode(exitUsage, errors.New("unit put: give at least one FILE or --instance"))
 			}
@@ -152,9 +149,6 @@ func newUnitRmCmd() *cobra.Command {
 		Short: "Remove units from the registry: each agent stops, disables and deletes them",
 		Args:  usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := applyEnv(cmd); err != nil {
-				return err
-			}
 			tg, err := tf.target()
 			if err != nil {
 				return err
@@ -206,9 +200,6 @@ func newUnitLsCmd() *cobra.Command {
 		Short: "List unit keys in the registry",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := applyEnv(cmd); err != nil {
-				return err
-			}
 			var tp *registry.Target
 			if tf.host != "" || tf.group != "" {
 				tg, err := tf.target()
@@ -272,9 +263,6 @@ func newUnitCatCmd() *cobra.Command {
 		Short: "Print a unit file as stored in the registry",
 		Args:  usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := applyEnv(cmd); err != nil {
-				return err
-			}
 			tg, err := tf.target()
 			if err != nil {
 				return err
@@ -312,9 +300,6 @@ func newHostsCmd() *cobra.Command {
 		Short: "List live agents (from their lease-bound membership keys)",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := applyEnv(cmd); err != nil {
-				return err
-			}
 			ctx := cmd.Context()
 			reg, err := ef.dial(ctx)
 			if err != nil {

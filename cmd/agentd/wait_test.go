@@ -72,3 +72,25 @@ func TestProgressViews(t *testing.T) {
 		t.Fatalf("tty redraw: %q", out)
 	}
 }
+
+// Every flag can come from AGENTD_<FLAG>; a flag on the command line wins.
+func TestFlagsFromEnvironment(t *testing.T) {
+	t.Setenv("AGENTD_ETCD_ENDPOINTS", "http://127.0.0.1:1")
+	t.Setenv("AGENTD_ETCD_DIAL_TIMEOUT", "200ms")
+	var out bytes.Buffer
+	root := newRoot()
+	root.SetArgs([]string{"unit", "ls"})
+	root.SetOut(&out)
+	root.SetErr(&out)
+	err := root.Execute()
+	if err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") {
+		t.Fatalf("AGENTD_ETCD_ENDPOINTS not used: %v", err)
+	}
+	root = newRoot()
+	root.SetArgs([]string{"unit", "ls", "--etcd-endpoints", "http://127.0.0.1:2"})
+	root.SetOut(&out)
+	root.SetErr(&out)
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "127.0.0.1:2") {
+		t.Fatalf("the flag did not win over the environment: %v", err)
+	}
+}

@@ -353,7 +353,7 @@ func TestDemo(t *testing.T) {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("the demo needs root, like the harness; CI runs as root")
 		}
-		t.Skip("the demo needs root, like the harness")
+		t.Skip("the demo needs root, like the harness (under CI=true this fails instead, above)")
 	}
 	cmd := exec.Command("bash", "../../contrib/demo.sh")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("AGENTD_DEMO_PORT=%d", freePort(t)), fmt.Sprintf("AGENTD_DEMO_PEER_PORT=%d", freePort(t)))

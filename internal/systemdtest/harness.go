@@ -38,6 +38,18 @@ import (
 	"github.com/agentd/agentd/systemd"
 )
 
+//go:embed cgroup.sh
+var cgroupLib []byte
+
+// writeScript puts a harness script and the cgroup library it sources in dir.
+func writeScript(dir, name string, script []byte) (string, error) {
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.sh"), cgroupLib, 0o600); err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, name)
+	return p, os.WriteFile(p, script, 0o700)
+}
+
 //go:embed harness.sh
 var script []byte
 
@@ -66,8 +78,7 @@ type Harness struct {
 	stdin  io.WriteCloser
 	cgroup string // subtree name below each of cgroupRoots
 
-	mu sync.Mutex
-	sd *sddbus.Conn // lazily dialed for Prop; closed by Close
+	unitProps // Prop, ActiveState, MainPID; its connection is closed by Close
 
 	closeOnce sync.Once
 	closeErr  error
@@ -154,8 +165,8 @@ func cgroupName(testName string) string {
 }
 
 func boot(dir, name string) (_ *Harness, err error) {
-	scriptPath := filepath.Join(dir, "harness.sh")
-	if err := os.WriteFile(scriptPath, script, 0o700); err != nil {
+	scriptPath, err := writeScript(dir, "harness.sh", script)
+	if err != nil {
 		return nil, err
 	}
 	stderr, err := os.Create(filepath.Join(dir, "harness.log"))
@@ -187,6 +198,7 @@ func boot(dir, name string) (_ *Harness, err error) {
 		// unshare without --fork execs bash in place: the script's $$ is our child's PID.
 		cgroup: fmt.Sprintf("systemd-harness-%d-%s", cmd.Process.Pid, name),
 	}
+	h.unitProps.dial = h.Dial
 	defer func() {
 		if err != nil {
 			if cerr := h.Close(); cerr != nil {
@@ -334,65 +346,6 @@ func (h *Harness) CountReloads(t testing.TB) func() int {
 	return func() int { return int(n.Load()) }
 }
 
-// Prop returns the current value of a unit property, looked up on the
-// generic Unit interface first and then on the unit's type interface
-// (Service for ".service", ...). It fails the test on error.
-func (h *Harness) Prop(t testing.TB, unit, name string) any {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := h.conn()
-	if err != nil {
-		t.Fatalf("Prop(%s, %s): %v", unit, name, err)
-	}
-	p, err := conn.GetUnitPropertyContext(ctx, unit, name)
-	if err != nil {
-		p, err = conn.GetUnitTypePropertyContext(ctx, unit, unitType(unit), name)
-	}
-	if err != nil {
-		t.Fatalf("Prop(%s, %s): %v", unit, name, err)
-	}
-	return p.Value.Value()
-}
-
-// ActiveState returns the unit's ActiveState.
-func (h *Harness) ActiveState(t testing.TB, unit string) string {
-	t.Helper()
-	s, _ := h.Prop(t, unit, "ActiveState").(string)
-	return s
-}
-
-// MainPID returns a service's MainPID (0 when it has none).
-func (h *Harness) MainPID(t testing.TB, unit string) uint32 {
-	t.Helper()
-	pid, _ := h.Prop(t, unit, "MainPID").(uint32)
-	return pid
-}
-
-// unitType maps "a.service" to "Service", the suffix of its D-Bus interface.
-func unitType(unit string) string {
-	ext := strings.TrimPrefix(filepath.Ext(unit), ".")
-	if ext == "" {
-		return ""
-	}
-	return strings.ToUpper(ext[:1]) + ext[1:]
-}
-
-// conn returns the harness's own go-systemd connection, dialing it once.
-func (h *Harness) conn() (*sddbus.Conn, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.sd != nil && h.sd.Connected() {
-		return h.sd, nil
-	}
-	if h.sd != nil {
-		h.sd.Close()
-	}
-	var err error
-	h.sd, err = h.Dial(context.Background())
-	return h.sd, err
-}
-
 // Close stops the manager: it closes the script's stdin, waits for its
 // teardown (at most 10 s, then kills it and every process left in the
 // harness's cgroups) and checks that the cgroups are gone. It does not
@@ -400,11 +353,7 @@ func (h *Harness) conn() (*sddbus.Conn, error) {
 // idempotent; Start registers it as a cleanup.
 func (h *Harness) Close() error {
 	h.closeOnce.Do(func() {
-		h.mu.Lock()
-		if h.sd != nil {
-			h.sd.Close()
-		}
-		h.mu.Unlock()
+		h.closeConn()
 
 		h.closeErr = stopScript(h.stdin, h.cmd, stopTimeout, "harness.sh", h.cgroup)
 	})

@@ -57,8 +57,7 @@ type Container struct {
 	stdin  io.WriteCloser
 	cgroup string
 
-	mu sync.Mutex
-	sd *sddbus.Conn
+	unitProps // Prop, ActiveState, MainPID; its connection is closed by Close
 
 	closeOnce sync.Once
 	closeErr  error
@@ -133,6 +132,7 @@ func bootContainer(testName, machine string, setup func(*Container) error) (_ *C
 		Bin:     filepath.Join(dir, "bin"),
 		Machine: machine,
 	}
+	c.unitProps.dial = c.Dial // BusAddress is known once it booted
 	defer func() {
 		if err != nil && c.cmd == nil {
 			os.RemoveAll(dir)
@@ -148,8 +148,8 @@ func bootContainer(testName, machine string, setup func(*Container) error) (_ *C
 			return nil, fmt.Errorf("setup: %w", err)
 		}
 	}
-	scriptPath := filepath.Join(dir, "nspawn.sh")
-	if err := os.WriteFile(scriptPath, nspawnScript, 0o700); err != nil {
+	scriptPath, err := writeScript(dir, "nspawn.sh", nspawnScript)
+	if err != nil {
 		return nil, err
 	}
 	stderr, err := os.Create(filepath.Join(dir, "nspawn.log"))
@@ -302,57 +302,6 @@ func (c *Container) Dial(ctx context.Context) (*sddbus.Conn, error) {
 	return systemd.AddressDialer(c.BusAddress)(ctx)
 }
 
-// conn returns the container's own go-systemd connection, dialing it again
-// when it dropped (daemon-reexec does not drop the bus, a restart of it does).
-func (c *Container) conn() (*sddbus.Conn, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.sd != nil && c.sd.Connected() {
-		return c.sd, nil
-	}
-	if c.sd != nil {
-		c.sd.Close()
-	}
-	var err error
-	c.sd, err = c.Dial(context.Background())
-	return c.sd, err
-}
-
-// Prop returns a unit property over the container's system bus, looked up
-// on the generic Unit interface first and then on the unit's type interface.
-// It fails the test on error.
-func (c *Container) Prop(t testing.TB, unit, name string) any {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := c.conn()
-	if err != nil {
-		t.Fatalf("Prop(%s, %s): %v", unit, name, err)
-	}
-	p, err := conn.GetUnitPropertyContext(ctx, unit, name)
-	if err != nil {
-		p, err = conn.GetUnitTypePropertyContext(ctx, unit, unitType(unit), name)
-	}
-	if err != nil {
-		t.Fatalf("Prop(%s, %s): %v", unit, name, err)
-	}
-	return p.Value.Value()
-}
-
-// ActiveState returns the unit's ActiveState.
-func (c *Container) ActiveState(t testing.TB, unit string) string {
-	t.Helper()
-	s, _ := c.Prop(t, unit, "ActiveState").(string)
-	return s
-}
-
-// MainPID returns a service's MainPID inside the container (0 when none).
-func (c *Container) MainPID(t testing.TB, unit string) uint32 {
-	t.Helper()
-	pid, _ := c.Prop(t, unit, "MainPID").(uint32)
-	return pid
-}
-
 // Close powers the container off: it closes the script's stdin, which
 // SIGTERMs nspawn (a clean poweroff: units stopped, journal flushed), waits
 // for the script (at most 30 s, then kills it and every process left in the
@@ -361,11 +310,7 @@ func (c *Container) MainPID(t testing.TB, unit string) uint32 {
 // idempotent.
 func (c *Container) Close() error {
 	c.closeOnce.Do(func() {
-		c.mu.Lock()
-		if c.sd != nil {
-			c.sd.Close()
-		}
-		c.mu.Unlock()
+		c.closeConn()
 
 		c.closeErr = stopScript(c.stdin, c.cmd, containerStopTimeout, "nspawn.sh", c.cgroup)
 	})

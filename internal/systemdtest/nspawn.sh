@@ -10,38 +10,11 @@ set -u
 DIR=$1
 NAME=$2
 MACHINE=$3
-CGS="/sys/fs/cgroup/systemd /sys/fs/cgroup/unified"
-# Same pattern as harness.sh, so each script sweeps the other's leftovers.
 CG="systemd-harness-$$-$NAME"
 
-# kill_tree CGDIR: SIGKILL every process left in a cgroup subtree, then remove it.
-kill_tree() {
-	local root=$1 d pid
-	[ -d "$root" ] || return 0
-	for _ in $(seq 40); do
-		local left=0
-		for d in $(find "$root" -depth -type d 2>/dev/null); do
-			while read -r pid; do
-				[ -n "$pid" ] && kill -9 "$pid" 2>/dev/null && left=1
-			done < "$d/cgroup.procs"
-		done
-		[ $left = 0 ] && break
-		sleep 0.05
-	done
-	for d in $(find "$root" -depth -type d 2>/dev/null); do
-		rmdir "$d" 2>/dev/null
-	done
-}
-
-# Sweep subtrees left behind by harnesses whose script died.
-for h in $CGS; do
-	for d in "$h"/systemd-harness-*; do
-		[ -d "$d" ] || continue
-		owner=${d##*/systemd-harness-}
-		owner=${owner%%-*}
-		kill -0 "$owner" 2>/dev/null || kill_tree "$d"
-	done
-done
+# shellcheck source=cgroup.sh
+source "$(dirname "$0")/cgroup.sh"
+sweep_stale
 
 for h in $CGS; do
 	mkdir -p "$h/$CG/nspawn" || { echo "error: cannot create cgroup $h/$CG" >&2; exit 1; }

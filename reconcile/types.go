@@ -11,6 +11,7 @@ package reconcile
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"time"
 )
 
@@ -67,7 +68,9 @@ type Halt struct {
 	At     time.Time `json:"at"`
 }
 
-// UnitState is what systemd says about a unit right now.
+// UnitState is what systemd says about a unit right now. Every field is one
+// of systemd's own properties (named after it); health and plans are judged
+// from these, never from what the agent assumes it did.
 type UnitState struct {
 	LoadState   string // loaded, not-found, bad-setting, error, masked
 	LoadError   string // systemd's message when LoadState is not "loaded"
@@ -81,7 +84,32 @@ type UnitState struct {
 	// manager started (InactiveExitTimestampMonotonic != 0). It lets the agent
 	// start a unit after boot without fighting an operator who stopped it.
 	Ran bool
+
+	// Type is a service's Type= (simple, exec, forking, oneshot, dbus,
+	// notify, notify-reload, idle); "" for other unit types.
+	Type string
+	// RemainAfterExit is a service's RemainAfterExit=.
+	RemainAfterExit bool
+	// NRestarts counts the automatic restarts (Restart=) of a service since
+	// it was last started by a job; it grows while a service crash-loops.
+	NRestarts uint32
+	// The unit's state-change timestamps, CLOCK_MONOTONIC µs (0: never).
+	ActiveEnterMono, ActiveExitMono, InactiveEnterMono, InactiveExitMono uint64
+	// NeedDaemonReload is true when the file on disk differs from what
+	// systemd has loaded: a daemon-reload is still owed.
+	NeedDaemonReload bool
+	// UnitFileState is enabled, disabled, static, indirect, generated, ...
+	UnitFileState string
+	// TimeoutStartUSec and TimeoutStopUSec are the unit's own job timeouts
+	// (services, sockets, mounts); 0 when the type has none, math.MaxUint64
+	// for infinity.
+	TimeoutStartUSec, TimeoutStopUSec uint64
 }
+
+// ErrOutcomeUnknown marks a job whose outcome the agent cannot know: its own
+// wait ran out, or the connection to systemd went away. The unit is observed
+// again; such an outcome alone never causes a rollback or a halt.
+var ErrOutcomeUnknown = errors.New("job outcome unknown")
 
 // Active reports whether the unit is up or on its way up.
 func (s UnitState) Active() bool {

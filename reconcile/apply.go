@@ -229,7 +229,7 @@ func (a *Agent) checkHealth(ctx context.Context, cur Current) []failure {
 		case !st.Active():
 			delete(a.health, u)
 			fails = append(fails, failure{unit: u, key: w.key, op: w.op, policy: w.policy, scope: w.scope, hash: w.hash,
-				reason: fmt.Sprintf("%s became %s within HealthySec=%d after %s (%s)", u, st.ActiveState, w.policy.HealthySec, w.op, exitDetail(st))})
+				reason: fmt.Sprintf("%s became %s within HealthySec=%d after %s (%s)", u, st.ActiveState, w.policy.HealthySec, w.op, ExitDetail(st))})
 		case !now.Before(w.until):
 			delete(a.health, u)
 			a.markGood(u, w.effective)
@@ -238,21 +238,6 @@ func (a *Agent) checkHealth(ctx context.Context, cur Current) []failure {
 		}
 	}
 	return fails
-}
-
-func exitDetail(st UnitState) string {
-	d := "result: " + orUnknown(st.Result)
-	if st.ExitStatus != 0 {
-		d += fmt.Sprintf(", exit status %d", st.ExitStatus)
-	}
-	return d
-}
-
-func orUnknown(s string) string {
-	if s == "" {
-		return "unknown"
-	}
-	return s
 }
 
 func (a *Agent) markGood(u string, effective map[string]string) {
@@ -859,7 +844,7 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 			s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
 			s.UnitResult, s.MainPID = st.Result, st.MainPID
 			if d != nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" {
-				s.Error = fmt.Sprintf("unit failed (%s)", exitDetail(st))
+				s.Error = fmt.Sprintf("unit failed (%s)", ExitDetail(st))
 			}
 			_, s.Verifying = a.health[name]
 			if d != nil && act.Policy.OnChange == "none" && st.Active() {

@@ -4,10 +4,13 @@
 //
 // Manager keeps one long-lived D-Bus connection for calls and redials it
 // when it has dropped (daemon-reexec over the private socket, a restart of
-// the bus). Every method takes a context and honours it: a job call stops
-// waiting when ctx is done (the job itself keeps running in systemd). Job
-// results other than "done" come back as *JobError. Manager is safe for
-// concurrent use.
+// the bus). Every method takes a context and honours it: a job call waits
+// until the job's result arrives or ctx is done (the job itself keeps running
+// in systemd); the caller bounds the wait with ctx's deadline, computed from
+// the unit's own timeouts. Job results other than "done" come back as
+// *JobError; a wait that ends without a result because ctx's deadline passed
+// or the connection dropped satisfies errors.Is(err,
+// reconcile.ErrOutcomeUnknown). Manager is safe for concurrent use.
 package systemd
 
 import (
@@ -25,19 +28,22 @@ import (
 	"github.com/agentd/agentd/reconcile"
 )
 
-// DefaultJobTimeout is how long Manager waits for a job's result by default.
-// systemd's own default start timeout is 90 s.
+// DefaultJobTimeout is systemd's own default job timeout
+// (DefaultTimeoutStartSec=, DefaultTimeoutStopSec=). Manager does not apply
+// it: a job waits until its result arrives or its ctx is done.
 const DefaultJobTimeout = 90 * time.Second
 
 var (
 	// ErrClosed is returned by calls on a closed Manager.
 	ErrClosed = errors.New("systemd manager closed")
-	// ErrJobTimeout means no result arrived for a job within the Manager's
-	// JobTimeout. The job may still be running.
-	ErrJobTimeout = errors.New("timed out waiting for the job")
+	// ErrJobTimeout means no result arrived for a job before ctx's deadline
+	// (or the Manager's JobTimeout, when set). The job may still be
+	// running. It wraps reconcile.ErrOutcomeUnknown.
+	ErrJobTimeout = fmt.Errorf("timed out waiting for the job (%w)", reconcile.ErrOutcomeUnknown)
 	// ErrConnectionLost means the connection dropped while waiting for a
-	// job's result. The job may or may not have run: re-read the state.
-	ErrConnectionLost = errors.New("connection to systemd lost while waiting for the job")
+	// job's result. The job may or may not have run: re-read the state. It
+	// wraps reconcile.ErrOutcomeUnknown.
+	ErrConnectionLost = fmt.Errorf("connection to systemd lost while waiting for the job (%w)", reconcile.ErrOutcomeUnknown)
 )
 
 // JobError is a job that finished with a result other than "done".
@@ -65,8 +71,9 @@ func (e *JobError) JobResult() string { return e.Result }
 
 // Manager talks to one systemd manager. Create it with Open.
 type Manager struct {
-	// JobTimeout bounds the wait for a job's result. Open sets it to
-	// DefaultJobTimeout; change it before the Manager is in use.
+	// JobTimeout, when positive, bounds the wait for a job's result on top
+	// of ctx. Open leaves it 0: no limit of the Manager's own, the caller's
+	// ctx decides. Change it before the Manager is in use.
 	JobTimeout time.Duration
 
 	dial Dialer
@@ -88,12 +95,11 @@ func Open(ctx context.Context, dial Dialer, log *slog.Logger) (*Manager, error) 
 	}
 	life, stop := context.WithCancel(context.Background())
 	m := &Manager{
-		JobTimeout: DefaultJobTimeout,
-		dial:       dial,
-		log:        log,
-		life:       life,
-		stop:       stop,
-		dialing:    make(chan struct{}, 1),
+		dial:    dial,
+		log:     log,
+		life:    life,
+		stop:    stop,
+		dialing: make(chan struct{}, 1),
 	}
 	c, err := dialConn(ctx, life, dial)
 	if err != nil {
@@ -221,7 +227,10 @@ func (m *Manager) ReloadUnit(ctx context.Context, unit string) error {
 
 type jobFunc func(c *sddbus.Conn, ctx context.Context, name, mode string, ch chan<- string) (int, error)
 
-// job enqueues a job and waits for its result.
+// job enqueues a job and waits for its result, until ctx is done (and at
+// most m.JobTimeout when that is set). When ctx's deadline passes first the
+// error wraps ErrJobTimeout (so reconcile.ErrOutcomeUnknown) and
+// context.DeadlineExceeded; a canceled ctx gives a plain context.Canceled.
 func (m *Manager) job(ctx context.Context, op, unit string, enqueue jobFunc) error {
 	// Buffered: go-systemd sends the result while holding the lock that
 	// every other job call on the connection needs.
@@ -231,11 +240,18 @@ func (m *Manager) job(ctx context.Context, op, unit string, enqueue jobFunc) err
 		return err
 	})
 	if err != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// The enqueue call may or may not have reached systemd.
+			return fmt.Errorf("%s %s: %w: %w", op, unit, ErrJobTimeout, err)
+		}
 		return fmt.Errorf("%s %s: %w", op, unit, err)
 	}
-	timeout := m.JobTimeout
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
+	var timeoutC <-chan time.Time
+	if m.JobTimeout > 0 {
+		timer := time.NewTimer(m.JobTimeout)
+		defer timer.Stop()
+		timeoutC = timer.C
+	}
 	// The result signal never comes if the connection drops: look now and then.
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
@@ -244,11 +260,19 @@ func (m *Manager) job(ctx context.Context, op, unit string, enqueue jobFunc) err
 		case res := <-ch:
 			return m.jobResult(ctx, c, op, unit, res)
 		case <-ctx.Done():
+			select {
+			case res := <-ch: // arrived together with ctx's end: it stands
+				return m.jobResult(ctx, c, op, unit, res)
+			default:
+			}
+			if err := ctx.Err(); errors.Is(err, context.DeadlineExceeded) {
+				return fmt.Errorf("%s %s: %w: %w", op, unit, ErrJobTimeout, err)
+			}
 			return fmt.Errorf("%s %s: %w", op, unit, ctx.Err())
 		case <-m.life.Done():
 			return fmt.Errorf("%s %s: %w", op, unit, ErrClosed)
-		case <-timer.C:
-			return fmt.Errorf("%s %s: %w after %s", op, unit, ErrJobTimeout, timeout)
+		case <-timeoutC:
+			return fmt.Errorf("%s %s: %w after %s", op, unit, ErrJobTimeout, m.JobTimeout)
 		case <-tick.C:
 			if c.Connected() {
 				continue
@@ -327,16 +351,22 @@ func (m *Manager) State(ctx context.Context, unit string) (reconcile.UnitState, 
 
 func readState(ctx context.Context, c *sddbus.Conn, unit string) (reconcile.UnitState, error) {
 	var s reconcile.UnitState
+	// One GetAll on org.freedesktop.systemd1.Unit ...
 	props, err := c.GetUnitPropertiesContext(ctx, unit)
 	if err != nil {
 		return s, err
 	}
-	s.LoadState, _ = props["LoadState"].(string)
-	s.ActiveState, _ = props["ActiveState"].(string)
-	s.SubState, _ = props["SubState"].(string)
-	exit, _ := props["InactiveExitTimestampMonotonic"].(uint64)
-	s.Ran = exit != 0
-	s.CanReload, _ = props["CanReload"].(bool)
+	s.LoadState = prop[string](props, "LoadState")
+	s.ActiveState = prop[string](props, "ActiveState")
+	s.SubState = prop[string](props, "SubState")
+	s.CanReload = prop[bool](props, "CanReload")
+	s.NeedDaemonReload = prop[bool](props, "NeedDaemonReload")
+	s.UnitFileState = prop[string](props, "UnitFileState")
+	s.ActiveEnterMono = prop[uint64](props, "ActiveEnterTimestampMonotonic")
+	s.ActiveExitMono = prop[uint64](props, "ActiveExitTimestampMonotonic")
+	s.InactiveEnterMono = prop[uint64](props, "InactiveEnterTimestampMonotonic")
+	s.InactiveExitMono = prop[uint64](props, "InactiveExitTimestampMonotonic")
+	s.Ran = s.InactiveExitMono != 0
 	if s.LoadState != "loaded" {
 		// LoadError is (ss): the D-Bus error name and its message.
 		if le, ok := props["LoadError"].([]any); ok && len(le) == 2 {
@@ -350,22 +380,37 @@ func readState(ctx context.Context, c *sddbus.Conn, unit string) (reconcile.Unit
 	if iface == "" {
 		return s, nil
 	}
-	p, err := c.GetUnitTypePropertyContext(ctx, unit, iface, "Result")
+	// ... and one on the unit type's interface.
+	tp, err := c.GetUnitTypePropertiesContext(ctx, unit, iface)
 	if err != nil {
 		return s, err
 	}
-	s.Result, _ = p.Value.Value().(string)
-	if iface == "Service" {
-		p, err := c.GetUnitTypePropertyContext(ctx, unit, iface, "MainPID")
-		if err != nil {
-			return s, err
-		}
-		s.MainPID, _ = p.Value.Value().(uint32)
-		if p, err := c.GetUnitTypePropertyContext(ctx, unit, iface, "ExecMainStatus"); err == nil {
-			s.ExitStatus, _ = p.Value.Value().(int32)
-		}
+	s.Result = prop[string](tp, "Result")
+	switch iface {
+	case "Service":
+		s.MainPID = prop[uint32](tp, "MainPID")
+		s.ExitStatus = prop[int32](tp, "ExecMainStatus")
+		s.Type = prop[string](tp, "Type")
+		s.RemainAfterExit = prop[bool](tp, "RemainAfterExit")
+		s.NRestarts = prop[uint32](tp, "NRestarts")
+		s.TimeoutStartUSec = prop[uint64](tp, "TimeoutStartUSec")
+		s.TimeoutStopUSec = prop[uint64](tp, "TimeoutStopUSec")
+	case "Socket", "Mount", "Swap":
+		// One timeout for every job of these types.
+		s.TimeoutStartUSec = prop[uint64](tp, "TimeoutUSec")
+		s.TimeoutStopUSec = s.TimeoutStartUSec
+	case "Scope":
+		// A scope is never started by a job of ours; stopping it is bounded.
+		s.TimeoutStopUSec = prop[uint64](tp, "TimeoutStopUSec")
 	}
+	// Timer, Path, Automount: no job timeout (0).
 	return s, nil
+}
+
+// prop returns props[name] when it holds a T, else T's zero value.
+func prop[T any](props map[string]any, name string) T {
+	v, _ := props[name].(T)
+	return v
 }
 
 // typeInterface names the D-Bus interface, below org.freedesktop.systemd1,

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -233,16 +235,62 @@ func TestManager(t *testing.T) {
 	})
 
 	t.Run("JobTimeout", func(t *testing.T) {
+		// An explicit JobTimeout still bounds the wait on top of ctx.
 		writeUnit(t, h, "slow.service", "[Service]\nType=exec\nExecStartPre=/bin/sleep 2\nExecStart=/bin/sleep 1000\n")
 		reload(t, m)
 		m2 := open(t, h)
 		m2.JobTimeout = 100 * time.Millisecond
 		err := m2.Start(ctx, "slow.service")
-		if !errors.Is(err, systemd.ErrJobTimeout) || !strings.Contains(err.Error(), "slow.service") {
-			t.Errorf("Start = %v, want ErrJobTimeout naming the unit", err)
+		if !errors.Is(err, systemd.ErrJobTimeout) || !errors.Is(err, reconcile.ErrOutcomeUnknown) ||
+			!strings.Contains(err.Error(), "slow.service") {
+			t.Errorf("Start = %v, want ErrJobTimeout and ErrOutcomeUnknown naming the unit", err)
 		}
 		// The job goes on in systemd; replace it with a stop.
 		stop(t, m, "slow.service")
+	})
+
+	t.Run("JobDeadline", func(t *testing.T) {
+		if m.JobTimeout != 0 {
+			t.Errorf("JobTimeout after Open = %s, want 0 (no limit of the Manager's own)", m.JobTimeout)
+		}
+		// systemd would wait for this start forever: only ctx ends the wait.
+		writeUnit(t, h, "endless.service", "[Service]\nType=exec\nExecStartPre=/bin/sleep 30\n"+
+			"ExecStart=/bin/sleep 1000\nTimeoutStartSec=infinity\n")
+		reload(t, m)
+		dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		began := time.Now()
+		err := m.Start(dctx, "endless.service")
+		took := time.Since(began)
+		for _, target := range []error{reconcile.ErrOutcomeUnknown, systemd.ErrJobTimeout, context.DeadlineExceeded} {
+			if !errors.Is(err, target) {
+				t.Errorf("Start past ctx's deadline = %v, want errors.Is %q", err, target)
+			}
+		}
+		if err == nil || !strings.HasPrefix(err.Error(), "start endless.service: ") {
+			t.Errorf("Start error = %v, want it to name the unit", err)
+		}
+		if took > 5*time.Second {
+			t.Errorf("Start returned after %s, want soon after the 300ms deadline", took)
+		}
+		// The job goes on in systemd.
+		if s := state(t, m, "endless.service"); s.ActiveState != "activating" || s.SubState != "start-pre" ||
+			s.TimeoutStartUSec != math.MaxUint64 {
+			t.Errorf("after the deadline: %+v, want activating start-pre, TimeoutStartUSec infinity", s)
+		}
+
+		// Shutdown (a canceled ctx) is no unknown outcome: plain context.Canceled.
+		cctx, cancel2 := context.WithCancel(ctx)
+		timer := time.AfterFunc(200*time.Millisecond, cancel2)
+		defer timer.Stop()
+		err = m.Start(cctx, "endless.service")
+		if !errors.Is(err, context.Canceled) || errors.Is(err, reconcile.ErrOutcomeUnknown) || errors.Is(err, systemd.ErrJobTimeout) {
+			t.Errorf("Start with ctx canceled = %v, want context.Canceled and not ErrOutcomeUnknown", err)
+		}
+		stop(t, m, "endless.service")
+		if s := state(t, m, "endless.service"); s.ActiveState != "inactive" && s.ActiveState != "failed" {
+			t.Errorf("after Stop: %+v, want inactive", s)
+		}
 	})
 
 	t.Run("Closed", func(t *testing.T) {
@@ -273,6 +321,267 @@ func TestManager(t *testing.T) {
 		}
 		// The connection survives a canceled call.
 		reload(t, m)
+	})
+}
+
+// TestOutcomeUnknown checks the error chains the reconcile loop relies on.
+func TestOutcomeUnknown(t *testing.T) {
+	for _, err := range []error{systemd.ErrJobTimeout, systemd.ErrConnectionLost} {
+		if !errors.Is(err, reconcile.ErrOutcomeUnknown) {
+			t.Errorf("errors.Is(%q, reconcile.ErrOutcomeUnknown) = false", err)
+		}
+	}
+	for _, err := range []error{systemd.ErrClosed, &systemd.JobError{Op: "start", Unit: "a.service", Result: "failed"}} {
+		if errors.Is(err, reconcile.ErrOutcomeUnknown) {
+			t.Errorf("errors.Is(%q, reconcile.ErrOutcomeUnknown) = true", err)
+		}
+	}
+}
+
+// TestState checks that State reports what systemd itself says, for each
+// kind of unit the agent manages. It runs on a manager of its own.
+func TestState(t *testing.T) {
+	t.Parallel()
+	h := systemdtest.Start(t)
+	m := open(t, h)
+	ctx := testContext(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const sec = 1_000_000 // µs
+	// The user manager's DefaultTimeoutStartSec= and DefaultTimeoutStopSec=.
+	const dflt = 90 * sec
+	const infinity = math.MaxUint64
+
+	t.Run("Kinds", func(t *testing.T) {
+		pidFile := filepath.Join(h.StateDir, "forking.pid")
+		cases := []struct {
+			unit    string
+			content string
+			extra   map[string]string // more unit files: the units a timer, socket or path triggers
+			start   bool
+			mainPID bool // a MainPID is expected (its value is systemd's)
+			want    reconcile.UnitState
+		}{{
+			// Done once ExecStart has exited: back to inactive, and
+			// systemd may even garbage-collect it (so no Ran asserted).
+			unit:    "oneshot.service",
+			content: "[Service]\nType=oneshot\nExecStart=/bin/true\n",
+			start:   true,
+			want: reconcile.UnitState{LoadState: "loaded", ActiveState: "inactive", SubState: "dead",
+				Result: "success", Type: "oneshot", UnitFileState: "static",
+				TimeoutStartUSec: infinity, TimeoutStopUSec: dflt}, // oneshot: no start timeout by default
+		}, {
+			unit:    "remain.service",
+			content: "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n",
+			start:   true,
+			want: reconcile.UnitState{LoadState: "loaded", ActiveState: "active", SubState: "exited",
+				Result: "success", Type: "oneshot", RemainAfterExit: true, UnitFileState: "static",
+				TimeoutStartUSec: infinity, TimeoutStopUSec: dflt},
+		}, {
+			// The test binary itself sends READY=1 (see TestMain).
+			unit: "notify.service",
+			content: "[Service]\nType=notify\nEnvironment=" + helperEnv + "=notify\n" +
+				"ExecStart=\"" + exe + "\"\n",
+			start:   true,
+			mainPID: true,
+			want: reconcile.UnitState{LoadState: "loaded", ActiveState: "active", SubState: "running",
+				Result: "success", Type: "notify", UnitFileState: "static",
+				TimeoutStartUSec: dflt, TimeoutStopUSec: dflt},
+		}, {
+			unit: "forking.service",
+			content: "[Service]\nType=forking\nPIDFile=" + pidFile + "\n" +
+				"ExecStart=/bin/sh -c 'sleep 1000 & echo $$! > " + pidFile + "'\n",
+			start:   true,
+			mainPID: true,
+			want: reconcile.UnitState{LoadState: "loaded", ActiveState: "active", SubState: "running",
+				Result: "success", Type: "forking", UnitFileState: "static",
+				TimeoutStartUSec: dflt, TimeoutStopUSec: dflt},
+		}, {
+			unit:    "tick.timer",
+			content: "[Timer]\nOnActiveSec=1h\n",
+			extra:   map[string]string{"tick.service": "[Service]\nType=oneshot\nExecStart=/bin/true\n"},
+			start:   true,
+			want: reconcile.UnitState{LoadState: "loaded", ActiveState: "active", SubState: "waiting",
+				Result: "success", UnitFileState: "static"}, // timers have no job timeout: 0
+		}, {
+			unit:    "listen.socket",
+			content: "[Socket]\nListenStream=" + filepath.Join(h.Dir, "listen.sock") + "\nTimeoutSec=5\n",
+			extra:   map[string]string{"listen.service": "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n"},
+			start:   true,
+			want: reconcile.UnitState{LoadState: "loaded", ActiveState: "active", SubState: "listening",
+				Result: "success", UnitFileState: "static",
+				TimeoutStartUSec: 5 * sec, TimeoutStopUSec: 5 * sec}, // TimeoutUSec, for both
+		}, {
+			unit:    "look.path",
+			content: "[Path]\nPathExists=" + filepath.Join(h.Dir, "never") + "\n",
+			extra:   map[string]string{"look.service": "[Service]\nType=oneshot\nExecStart=/bin/true\n"},
+			start:   true,
+			want: reconcile.UnitState{LoadState: "loaded", ActiveState: "active", SubState: "waiting",
+				Result: "success", UnitFileState: "static"},
+		}, {
+			unit:    "infinite.service",
+			content: "[Service]\nType=exec\nExecStart=/bin/sleep 1000\nTimeoutStartSec=infinity\n",
+			want: reconcile.UnitState{LoadState: "loaded", ActiveState: "inactive", SubState: "dead",
+				Result: "success", Type: "exec", UnitFileState: "static",
+				TimeoutStartUSec: infinity, TimeoutStopUSec: dflt},
+		}, {
+			unit:    "seven.service",
+			content: "[Service]\nType=exec\nExecStart=/bin/sleep 1000\nTimeoutStartSec=7\nTimeoutStopSec=11\n",
+			want: reconcile.UnitState{LoadState: "loaded", ActiveState: "inactive", SubState: "dead",
+				Result: "success", Type: "exec", UnitFileState: "static",
+				TimeoutStartUSec: 7 * sec, TimeoutStopUSec: 11 * sec},
+		}}
+		for _, tc := range cases {
+			writeUnit(t, h, tc.unit, tc.content)
+			for name, content := range tc.extra {
+				writeUnit(t, h, name, content)
+			}
+		}
+		reload(t, m)
+		for _, tc := range cases {
+			t.Run(tc.unit, func(t *testing.T) {
+				if tc.start {
+					if err := m.Start(ctx, tc.unit); err != nil {
+						t.Fatalf("Start: %v", err)
+					}
+					defer stop(t, m, tc.unit)
+				}
+				got := state(t, m, tc.unit)
+				if tc.mainPID != (got.MainPID != 0) {
+					t.Errorf("MainPID = %d, want a MainPID: %v", got.MainPID, tc.mainPID)
+				}
+				if tc.start && tc.want.ActiveState == "active" && (!got.Ran || got.InactiveExitMono == 0 || got.ActiveEnterMono == 0) {
+					t.Errorf("active unit: Ran %v, InactiveExitMono %d, ActiveEnterMono %d; want Ran and both set",
+						got.Ran, got.InactiveExitMono, got.ActiveEnterMono)
+				}
+				// Checked above or systemd's own values: compare the rest exactly.
+				got.MainPID, got.Ran = 0, false
+				got.ActiveEnterMono, got.ActiveExitMono, got.InactiveEnterMono, got.InactiveExitMono = 0, 0, 0, 0
+				if got != tc.want {
+					t.Errorf("State =\n %+v\nwant\n %+v", got, tc.want)
+				}
+			})
+		}
+	})
+
+	t.Run("CrashLoop", func(t *testing.T) {
+		// No start limit: it keeps restarting until stopped.
+		writeUnit(t, h, "crashloop.service", "[Unit]\nStartLimitIntervalSec=0\n"+
+			"[Service]\nType=simple\nExecStart=/bin/false\nRestart=always\nRestartSec=100ms\n")
+		reload(t, m)
+		if err := m.Start(ctx, "crashloop.service"); err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		defer stop(t, m, "crashloop.service")
+		// Each crash shows as auto-restart (activating) with the exit's
+		// Result for RestartSec; NRestarts counts the restarts.
+		var crashed, s reconcile.UnitState
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			s = state(t, m, "crashloop.service")
+			if s.SubState == "auto-restart" && s.Result == "exit-code" {
+				crashed = s
+			}
+			if crashed.SubState != "" && s.NRestarts > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no auto-restart after exit-code with NRestarts > 0 within 10s: last %+v", s)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if crashed.ActiveState != "activating" || crashed.ExitStatus != 1 || crashed.Type != "simple" {
+			t.Errorf("in auto-restart: %+v, want activating, ExitStatus 1, Type simple", crashed)
+		}
+		t.Logf("NRestarts %d, then %+v", s.NRestarts, s)
+		// It keeps counting.
+		n := s.NRestarts
+		for s.NRestarts <= n && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+			s = state(t, m, "crashloop.service")
+		}
+		if s.NRestarts <= n {
+			t.Errorf("NRestarts stayed at %d", s.NRestarts)
+		}
+	})
+
+	t.Run("NeedDaemonReload", func(t *testing.T) {
+		writeUnit(t, h, "edited.service", "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n")
+		reload(t, m)
+		if err := m.Start(ctx, "edited.service"); err != nil { // loaded while we look
+			t.Fatal(err)
+		}
+		defer stop(t, m, "edited.service")
+		if s := state(t, m, "edited.service"); s.NeedDaemonReload {
+			t.Errorf("before the edit: NeedDaemonReload true")
+		}
+		writeUnit(t, h, "edited.service", "[Unit]\nDescription=edited\n[Service]\nType=exec\nExecStart=/bin/sleep 1000\n")
+		if s := state(t, m, "edited.service"); !s.NeedDaemonReload {
+			t.Errorf("after editing the file: NeedDaemonReload false")
+		}
+		reload(t, m)
+		if s := state(t, m, "edited.service"); s.NeedDaemonReload || s.ActiveState != "active" {
+			t.Errorf("after Reload: %+v, want NeedDaemonReload false, still active", s)
+		}
+	})
+
+	t.Run("UnitFileState", func(t *testing.T) {
+		writeUnit(t, h, "installable.service", "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n"+
+			"[Install]\nWantedBy=default.target\n")
+		reload(t, m)
+		if s := state(t, m, "installable.service"); s.UnitFileState != "disabled" {
+			t.Errorf("before Enable: UnitFileState %q, want disabled", s.UnitFileState)
+		}
+		if err := m.Enable(ctx, "installable.service"); err != nil {
+			t.Fatal(err)
+		}
+		reload(t, m) // UnitFileState changes only with the reload
+		if s := state(t, m, "installable.service"); s.UnitFileState != "enabled" {
+			t.Errorf("after Enable and Reload: UnitFileState %q, want enabled", s.UnitFileState)
+		}
+		if err := m.Disable(ctx, "installable.service"); err != nil {
+			t.Fatal(err)
+		}
+		reload(t, m)
+		if s := state(t, m, "installable.service"); s.UnitFileState != "disabled" {
+			t.Errorf("after Disable and Reload: UnitFileState %q, want disabled", s.UnitFileState)
+		}
+	})
+
+	t.Run("Timestamps", func(t *testing.T) {
+		// Enabled, so systemd keeps it loaded (and its timestamps) once stopped.
+		writeUnit(t, h, "stamped.service", "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n"+
+			"[Install]\nWantedBy=default.target\n")
+		if err := m.Enable(ctx, "stamped.service"); err != nil {
+			t.Fatal(err)
+		}
+		reload(t, m)
+		if s := state(t, m, "stamped.service"); s.InactiveExitMono != 0 || s.ActiveEnterMono != 0 || s.Ran {
+			t.Errorf("never started: %+v, want InactiveExitMono and ActiveEnterMono 0, not Ran", s)
+		}
+		if err := m.Start(ctx, "stamped.service"); err != nil {
+			t.Fatal(err)
+		}
+		up := state(t, m, "stamped.service")
+		if up.InactiveExitMono == 0 || up.ActiveEnterMono < up.InactiveExitMono {
+			t.Errorf("after Start: InactiveExit %d, ActiveEnter %d; want non-zero and ordered",
+				up.InactiveExitMono, up.ActiveEnterMono)
+		}
+		stop(t, m, "stamped.service")
+		s := state(t, m, "stamped.service")
+		ts := []uint64{s.InactiveExitMono, s.ActiveEnterMono, s.ActiveExitMono, s.InactiveEnterMono}
+		for i, v := range ts {
+			if v == 0 || i > 0 && v < ts[i-1] {
+				t.Errorf("after Start and Stop: InactiveExit, ActiveEnter, ActiveExit, InactiveEnter = %v; want non-zero, ordered", ts)
+				break
+			}
+		}
+		if s.InactiveExitMono != up.InactiveExitMono || s.ActiveEnterMono != up.ActiveEnterMono || !s.Ran {
+			t.Errorf("after Stop: %+v, want the start's timestamps kept and Ran", s)
+		}
 	})
 }
 
@@ -325,6 +634,33 @@ func TestReconnect(t *testing.T) {
 		t.Fatalf("Stop: %v", err)
 	}
 	events.waitFor(t, "sleeper.service", 2*time.Second)
+}
+
+// helperEnv makes the test binary a unit's main process instead of running
+// tests: "notify" sends READY=1 itself (so NotifyAccess=main accepts it),
+// then sleeps until stopped.
+const helperEnv = "AGENTD_SYSTEMD_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "notify" {
+		notifyHelper()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func notifyHelper() {
+	// Go maps a leading "@" to an abstract socket address.
+	c, err := net.Dial("unixgram", os.Getenv("NOTIFY_SOCKET"))
+	if err == nil {
+		_, err = c.Write([]byte("READY=1"))
+		c.Close()
+	}
+	if err != nil {
+		os.Stderr.WriteString("notify helper: " + err.Error() + "\n")
+		os.Exit(1)
+	}
+	time.Sleep(time.Hour)
 }
 
 func testContext(t *testing.T) context.Context {

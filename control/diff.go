@@ -3,84 +3,48 @@ package control
 import (
 	"fmt"
 	"strings"
+
+	"github.com/aymanbagabas/go-udiff/lcs"
 )
 
-// UnifiedDiff renders a unified diff (3 lines of context) from a to b.
-// Unit files are small, so a plain LCS table is fast enough and easy to trust.
+// diffContext is the number of unchanged lines shown around each change.
+const diffContext = 3
+
+// UnifiedDiff renders a unified diff (3 lines of context) from a to b, in
+// diff -u's format: every hunk header carries both counts, an empty side is
+// numbered by the line before it, and a last line without a newline is
+// followed by "\ No newline at end of file". Equal inputs give "".
+//
+// The edit script comes from go-udiff's Myers implementation (the one gopls
+// uses), whose memory grows with the input and the number of differences,
+// not with the product of the two lengths. Past a bound on the number of
+// differences it settles for a correct but possibly longer diff rather
+// than the shortest one.
 func UnifiedDiff(aName, bName, a, b string) string {
 	if a == b {
 		return ""
 	}
 	al, bl := splitLines(a), splitLines(b)
-	n, m := len(al), len(bl)
-	lcs := make([][]int32, n+1)
-	for i := range lcs {
-		lcs[i] = make([]int32, m+1)
+	diffs := lcs.DiffLines(al, bl)
+	if len(diffs) == 0 {
+		return "" // unreachable: the lines keep their newlines, so a != b differs somewhere
 	}
-	for i := n - 1; i >= 0; i-- {
-		for j := m - 1; j >= 0; j-- {
-			if al[i] == bl[j] {
-				lcs[i][j] = lcs[i+1][j+1] + 1
-			} else {
-				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
-			}
-		}
-	}
-	type op struct {
-		kind byte // ' ', '-', '+'
-		text string
-		ai   int // line index in a (for ' ' and '-')
-		bi   int // line index in b (for ' ' and '+')
-	}
-	var ops []op
-	i, j := 0, 0
-	for i < n || j < m {
-		switch {
-		case i < n && j < m && al[i] == bl[j]:
-			ops = append(ops, op{' ', al[i], i, j})
-			i, j = i+1, j+1
-		case i < n && (j == m || lcs[i+1][j] >= lcs[i][j+1]):
-			ops = append(ops, op{'-', al[i], i, j})
-			i++
-		default:
-			ops = append(ops, op{'+', bl[j], i, j})
-			j++
-		}
-	}
-	const ctx = 3
 	var out strings.Builder
 	fmt.Fprintf(&out, "--- %s\n+++ %s\n", aName, bName)
-	for k := 0; k < len(ops); {
-		if ops[k].kind == ' ' {
-			k++
-			continue
+	for k := 0; k < len(diffs); {
+		// A hunk takes every following change whose gap from the previous
+		// one is short enough for the two contexts to touch.
+		end := k + 1
+		for end < len(diffs) && diffs[end].Start-diffs[end-1].End <= 2*diffContext {
+			end++
 		}
-		start := max(k-ctx, 0)
-		end := k
-		for end < len(ops) {
-			if ops[end].kind != ' ' {
-				end++
-				continue
-			}
-			run := end
-			for run < len(ops) && ops[run].kind == ' ' {
-				run++
-			}
-			if run == len(ops) || run-end > 2*ctx {
-				end = min(end+ctx, len(ops))
-				break
-			}
-			end = run
-		}
-		aStart, bStart, aCount, bCount := ops[start].ai, ops[start].bi, 0, 0
-		for _, o := range ops[start:end] {
-			if o.kind != '+' {
-				aCount++
-			}
-			if o.kind != '-' {
-				bCount++
-			}
-		}
+		first, last := diffs[k], diffs[end-1]
+		aStart := max(first.Start-diffContext, 0)
+		bStart := first.ReplStart - (first.Start - aStart)
+		// Past the last change a and b are equal to their ends.
+		aEnd := min(last.End+diffContext, len(al))
+		bEnd := last.ReplEnd + (aEnd - last.End)
+		aCount, bCount := aEnd-aStart, bEnd-bStart
 		// An empty side is numbered by the line before it, as diff(1) does.
 		if aCount > 0 {
 			aStart++
@@ -89,19 +53,35 @@ func UnifiedDiff(aName, bName, a, b string) string {
 			bStart++
 		}
 		fmt.Fprintf(&out, "@@ -%d,%d +%d,%d @@\n", aStart, aCount, bStart, bCount)
-		for _, o := range ops[start:end] {
-			out.WriteByte(o.kind)
-			out.WriteString(o.text)
-			out.WriteByte('\n')
+		from := max(first.Start-diffContext, 0)
+		for _, d := range diffs[k:end] {
+			writeLines(&out, ' ', al[from:d.Start])
+			writeLines(&out, '-', al[d.Start:d.End])
+			writeLines(&out, '+', bl[d.ReplStart:d.ReplEnd])
+			from = d.End
 		}
+		writeLines(&out, ' ', al[from:aEnd])
 		k = end
 	}
 	return out.String()
 }
 
+// splitLines cuts s after each newline; a last line without one is kept as
+// it is, so "x" and "x\n" are different lines.
 func splitLines(s string) []string {
-	if s == "" {
-		return nil
+	lines := strings.SplitAfter(s, "\n")
+	if lines[len(lines)-1] == "" {
+		lines = lines[:len(lines)-1]
 	}
-	return strings.Split(strings.TrimSuffix(s, "\n"), "\n")
+	return lines
+}
+
+func writeLines(out *strings.Builder, kind byte, lines []string) {
+	for _, l := range lines {
+		out.WriteByte(kind)
+		out.WriteString(l)
+		if !strings.HasSuffix(l, "\n") {
+			out.WriteString("\n\\ No newline at end of file\n")
+		}
+	}
 }

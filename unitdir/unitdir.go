@@ -16,6 +16,8 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
+	"regexp"
 	"strings"
 )
 
@@ -95,19 +97,114 @@ func (d *Dir) Write(rel string, content []byte) error {
 			return fmt.Errorf("write %s: %w", rel, err)
 		}
 	}
-	tmp := path.Join(dir, "."+path.Base(rel)+".agentd-"+randSuffix())
+	base := path.Base(rel)
+	tmp := path.Join(dir, tempPrefix(base)+randSuffix())
 	if err := d.writeTemp(tmp, content); err != nil {
-		_ = d.root.Remove(tmp)
-		return fmt.Errorf("write %s: %w", rel, err)
+		return d.failedWrite(rel, err)
 	}
-	if err := d.root.Rename(tmp, rel); err != nil {
-		_ = d.root.Remove(tmp)
-		return fmt.Errorf("write %s: %w", rel, err)
+	if err := renameTemp(d.root, tmp, rel); err != nil {
+		return d.failedWrite(rel, err)
 	}
 	if err := d.syncDir(dir); err != nil {
 		return fmt.Errorf("write %s: %w", rel, err)
 	}
 	return nil
+}
+
+// renameTemp is os.Root.Rename; tests replace it to make a Write fail
+// after its temp file exists.
+var renameTemp = (*os.Root).Rename
+
+// failedWrite removes what a failed Write of rel may have left: its own
+// temp file, and any earlier one for the same target (a write killed
+// midway). It sweeps only rel's own temp files: a Dir may be writing
+// other paths concurrently, and their temp files are not garbage.
+func (d *Dir) failedWrite(rel string, err error) error {
+	err = fmt.Errorf("write %s: %w", rel, err)
+	dir, prefix := path.Dir(rel), tempPrefix(path.Base(rel))
+	_, _, cerr := d.sweep(dir, func(name string) bool { return strings.HasPrefix(name, prefix) && isTemp(name) })
+	if cerr != nil {
+		return errors.Join(err, fmt.Errorf("remove temp files of %s: %w", rel, cerr))
+	}
+	return err
+}
+
+// tempPrefix is the start of the name of every temp file Write makes for
+// a target named base; randSuffix completes it.
+func tempPrefix(base string) string { return "." + base + ".agentd-" }
+
+// tempName matches the names Write gives its temp files:
+// "." + target name + ".agentd-" + 12 lowercase hex digits.
+var tempName = regexp.MustCompile(`^\..+\.agentd-[0-9a-f]{12}$`)
+
+func isTemp(name string) bool { return tempName.MatchString(name) }
+
+// CleanTemps removes the temp files that writes killed midway (SIGKILL,
+// power loss) left behind: regular files named like Write's temp files,
+// at the top of the directory and in its drop-in directories (*.d, one
+// level down). Nothing else is touched: not directories or symlinks named
+// like a temp file, not any other name. It goes on past errors and
+// reports them all; removed lists what it removed, as paths under Path().
+// Call it when no Write is under way, e.g. at start.
+func (d *Dir) CleanTemps() (removed []string, err error) {
+	top, subdirs, err := d.sweep(".", isTemp)
+	removed = top
+	errs := []error{err}
+	for _, sub := range subdirs {
+		if !strings.HasSuffix(sub, ".d") {
+			continue
+		}
+		r, _, err := d.sweep(sub, isTemp)
+		removed = append(removed, r...)
+		errs = append(errs, err)
+	}
+	for i, rel := range removed {
+		removed[i] = filepath.Join(d.path, filepath.FromSlash(rel))
+	}
+	return removed, errors.Join(errs...)
+}
+
+// sweep removes the regular files in dir whose names match, and lists the
+// subdirectories (real ones, not symlinks) it saw. Paths are relative to
+// the root.
+func (d *Dir) sweep(dir string, match func(name string) bool) (removed, subdirs []string, err error) {
+	f, err := d.root.Open(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	entries, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		return nil, nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		rel := path.Join(dir, e.Name())
+		if e.IsDir() {
+			subdirs = append(subdirs, rel)
+			continue
+		}
+		if !match(e.Name()) {
+			continue
+		}
+		// Look again right before removing: the listing may be stale.
+		if fi, err := d.root.Lstat(rel); err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		if err := d.root.Remove(rel); err != nil {
+			if !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove %s: %w", rel, err))
+			}
+			continue
+		}
+		removed = append(removed, rel)
+	}
+	if len(removed) > 0 {
+		if err := d.syncDir(dir); err != nil {
+			errs = append(errs, fmt.Errorf("sync %s: %w", dir, err))
+		}
+	}
+	return removed, subdirs, errors.Join(errs...)
 }
 
 func (d *Dir) writeTemp(tmp string, content []byte) error {

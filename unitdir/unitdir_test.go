@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -193,5 +194,124 @@ func TestWatchReportsEditsAndDropIns(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Temp files that killed writes left (".<name>.agentd-<12 hex>") go, at the
+// top and in drop-in directories; nothing that merely looks like one does.
+func TestCleanTempsRemovesOnlyTempFiles(t *testing.T) {
+	root := t.TempDir()
+	d, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	write := func(rel string) {
+		t.Helper()
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	temps := []string{
+		".x.service.agentd-0123456789ab",
+		".y.timer.agentd-ffffffffffff",
+		"x.service.d/.env.conf.agentd-a1b2c3d4e5f6",
+	}
+	survivors := []string{
+		"x.service",
+		".x.service.agentd-zz",
+		".x.service.agentd-0123456789a",            // 11 hex digits
+		".x.service.agentd-0123456789abc",          // 13
+		".x.service.agentd-0123456789AB",           // not lowercase
+		".x.service.agentd-0123456789ab~",          // trailing junk
+		"x.service.agentd-0123456789ab",            // no leading dot
+		"..agentd-0123456789ab",                    // no name
+		"x.service.d/env.conf",                     // a drop-in
+		"x.service.wants/.a.agentd-0123456789ab",   // not a *.d directory
+		"x.service.d/sub.d/.a.agentd-0123456789ab", // two levels down
+	}
+	for _, p := range append(append([]string{}, temps...), survivors...) {
+		write(p)
+	}
+	// A directory named like a temp file, at the top and in a drop-in dir.
+	for _, p := range []string{".z.service.agentd-0123456789ab", "x.service.d/.z.conf.agentd-0123456789ab"} {
+		if err := os.Mkdir(filepath.Join(root, p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		survivors = append(survivors, p)
+	}
+	// A symlink named like a temp file.
+	if err := os.Symlink("x.service", filepath.Join(root, ".w.service.agentd-0123456789ab")); err != nil {
+		t.Fatal(err)
+	}
+	survivors = append(survivors, ".w.service.agentd-0123456789ab")
+
+	removed, err := d.CleanTemps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, p := range temps {
+		want = append(want, filepath.Join(root, p))
+	}
+	slices.Sort(removed)
+	slices.Sort(want)
+	if !slices.Equal(removed, want) {
+		t.Fatalf("removed %q, want %q", removed, want)
+	}
+	for _, p := range temps {
+		if _, err := os.Lstat(filepath.Join(root, p)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("temp file %s left: %v", p, err)
+		}
+	}
+	for _, p := range survivors {
+		if _, err := os.Lstat(filepath.Join(root, p)); err != nil {
+			t.Errorf("%s was removed: %v", p, err)
+		}
+	}
+	if removed, err := d.CleanTemps(); err != nil || len(removed) != 0 {
+		t.Fatalf("second pass: %q %v", removed, err)
+	}
+}
+
+// A Write that fails after making its temp file leaves no temp file for
+// its target, not even one an earlier killed write left; other targets'
+// temp files (maybe a concurrent Write's) are not its business.
+func TestFailedWriteLeavesNoTempFile(t *testing.T) {
+	root := t.TempDir()
+	d, _ := Open(root)
+	defer d.Close()
+	stale := filepath.Join(root, "a.service.d", ".x.conf.agentd-0123456789ab")
+	other := filepath.Join(root, "a.service.d", ".y.conf.agentd-0123456789ab")
+	for _, p := range []string{stale, other} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	broken := errors.New("rename failed")
+	renameTemp = func(r *os.Root, from, to string) error {
+		if _, err := r.Lstat(from); err != nil {
+			t.Errorf("no temp file at rename time: %v", err)
+		}
+		return broken
+	}
+	defer func() { renameTemp = (*os.Root).Rename }()
+	if err := d.Write("a.service.d/x.conf", []byte("x")); !errors.Is(err, broken) {
+		t.Fatalf("write: %v", err)
+	}
+	entries, _ := os.ReadDir(filepath.Join(root, "a.service.d"))
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if !slices.Equal(names, []string{".y.conf.agentd-0123456789ab"}) {
+		t.Fatalf("left in the drop-in dir: %q", names)
 	}
 }

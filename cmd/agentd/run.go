@@ -221,6 +221,13 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		return err
 	}
 	defer files.Close()
+	removed, err := files.CleanTemps()
+	for _, p := range removed {
+		log.Info("removed a temp file left by an interrupted write", "path", p)
+	}
+	if err != nil {
+		log.Warn("could not remove every temp file left by an interrupted write", "err", err)
+	}
 	manifest, err := unitdir.OpenManifest(o.stateDir)
 	if err != nil {
 		return err

@@ -11,6 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/term"
+
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 )
@@ -218,9 +220,7 @@ type progressView struct {
 func newProgressView(out io.Writer, asJSON bool, hosts []string, want []expectation) *progressView {
 	v := &progressView{out: out, json: asJSON, last: map[string]row{}, start: time.Now()}
 	if f, ok := out.(*os.File); ok && !asJSON {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb" {
-			v.tty = true
-		}
+		v.tty = term.IsTerminal(int(f.Fd())) && os.Getenv("TERM") != "dumb"
 	}
 	for _, h := range hosts {
 		for _, e := range want {

@@ -1,11 +1,12 @@
 package reconcile
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/coreos/go-systemd/v22/unit"
 )
 
 // RunState is the [X-Agentd] State= key: what the agent keeps the unit doing.
@@ -47,13 +48,31 @@ var onChangeValues = map[string]bool{
 // ParsePolicy reads the [X-Agentd] section (and whether [Install] has keys)
 // from a unit file. Unknown keys and bad values are errors: a typo must not
 // silently change how production services are treated.
+//
+// A file the unit parser cannot read (go-systemd refuses some files systemd
+// loads: a line over 2048 bytes, a comment line inside a continuation, a
+// line without "=") is not refused for that alone: without an [X-Agentd]
+// section header it gets the default policy (HasInstall from a plain scan
+// of the [Install] section); with one it is an error, since the policy it
+// asks for cannot be known.
 func ParsePolicy(content []byte) (Policy, error) {
 	p := Policy{State: StateStarted, OnChange: "auto", Rollback: true, HealthySec: 5}
+	opts, err := unitOptions(content)
+	if err != nil {
+		if hasSectionHeader(content, "X-Agentd") {
+			return p, fmt.Errorf("[X-Agentd]: the section could not be read: the unit file parser stopped with %q "+
+				"(it refuses lines over %d bytes, comment lines inside a continued value and lines without \"=\"); fix those lines",
+				err.Error(), unit.SYSTEMD_LINE_MAX)
+		}
+		p.HasInstall = scanHasInstall(content)
+		p.Enable = p.HasInstall
+		return p, nil
+	}
 	enableSet := false
 	var errs []string
-	for _, kv := range iniEntries(content) {
-		key, val := kv.key, kv.val
-		switch kv.sec {
+	for _, o := range opts {
+		key, val := o.Name, optionValue(o.Value)
+		switch o.Section {
 		case "Install":
 			p.HasInstall = true
 		case "X-Agentd":
@@ -117,45 +136,79 @@ func parseBool(v string) (bool, error) {
 	return false, fmt.Errorf("%q is not a boolean (yes/no)", v)
 }
 
-// iniEntries yields (section, key, value) for every assignment in a unit
-// file, following systemd's syntax closely enough for policy keys:
-// comments, blank lines and backslash continuations.
+// unitOptions parses a unit file with go-systemd's parser: the one entry
+// point to it in this package. It fails on some files systemd accepts (see
+// ParsePolicy); on failure the options read before the error are returned
+// with it. Values are as go-systemd gives them: a continued value keeps its
+// backslash-newlines (optionValue joins them as systemd does).
+func unitOptions(content []byte) ([]*unit.UnitOption, error) {
+	return unit.DeserializeOptions(bytes.NewReader(content))
+}
+
+// optionValue joins a continued value the way systemd does: each line is
+// stripped, a trailing backslash becomes a space, and comment lines inside
+// the continuation are skipped.
+func optionValue(v string) string {
+	if !strings.Contains(v, "\n") && !strings.HasSuffix(v, "\\") {
+		return strings.TrimSpace(v)
+	}
+	var b strings.Builder
+	for i, line := range strings.Split(v, "\n") {
+		line = strings.TrimSpace(line)
+		if i > 0 && line != "" && (line[0] == '#' || line[0] == ';') {
+			continue
+		}
+		if l, ok := strings.CutSuffix(line, "\\"); ok {
+			b.WriteString(l)
+			b.WriteByte(' ')
+			continue
+		}
+		b.WriteString(line)
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// iniEntry is one assignment of a unit file: section, key and value.
 type iniEntry struct{ sec, key, val string }
 
+// iniEntries yields (section, key, value) for every assignment in a unit
+// file, read with unitOptions; continued values are joined (optionValue).
+// When the parser fails, the assignments before the failure are returned.
 func iniEntries(content []byte) []iniEntry {
-	var out []iniEntry
-	{
-		sc := bufio.NewScanner(bytes.NewReader(content))
-		sc.Buffer(make([]byte, 0, 4096), MaxValueSize+1)
-		sec := ""
-		var cont strings.Builder
-		for sc.Scan() {
-			line := strings.TrimSpace(sc.Text())
-			if cont.Len() == 0 {
-				if line == "" || line[0] == '#' || line[0] == ';' {
-					continue
-				}
-				if line[0] == '[' && strings.HasSuffix(line, "]") {
-					sec = line[1 : len(line)-1]
-					continue
-				}
-			} else if line != "" && (line[0] == '#' || line[0] == ';') {
-				continue // systemd skips comments inside a continuation
-			}
-			if strings.HasSuffix(line, "\\") {
-				cont.WriteString(strings.TrimSuffix(line, "\\"))
-				cont.WriteByte(' ')
-				continue
-			}
-			cont.WriteString(line)
-			full := cont.String()
-			cont.Reset()
-			key, val, ok := strings.Cut(full, "=")
-			if !ok {
-				continue
-			}
-			out = append(out, iniEntry{sec, strings.TrimSpace(key), strings.TrimSpace(val)})
-		}
+	opts, _ := unitOptions(content)
+	out := make([]iniEntry, 0, len(opts))
+	for _, o := range opts {
+		out = append(out, iniEntry{o.Section, o.Name, optionValue(o.Value)})
 	}
 	return out
+}
+
+// hasSectionHeader reports whether a line of content, stripped, is the
+// header "[section]". A plain scan, for files the parser cannot read.
+func hasSectionHeader(content []byte, section string) bool {
+	header := "[" + section + "]"
+	for line := range bytes.Lines(content) {
+		if string(bytes.TrimSpace(line)) == header {
+			return true
+		}
+	}
+	return false
+}
+
+// scanHasInstall reports whether an [Install] header line is followed, in
+// that section, by a key=value line. A plain scan, for files the parser
+// cannot read.
+func scanHasInstall(content []byte) bool {
+	in := false
+	for line := range bytes.Lines(content) {
+		line = bytes.TrimSpace(line)
+		switch {
+		case len(line) == 0 || line[0] == '#' || line[0] == ';':
+		case line[0] == '[' && line[len(line)-1] == ']':
+			in = string(line) == "[Install]"
+		case in && bytes.IndexByte(line, '=') > 0:
+			return true
+		}
+	}
+	return false
 }

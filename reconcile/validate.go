@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -19,9 +20,47 @@ var supportedTypes = map[string]bool{
 	"target": true, "slice": true, "mount": true,
 }
 
+// SupportedType reports whether typ ("service", "socket", …) is a unit type
+// agentd manages.
+func SupportedType(typ string) bool { return supportedTypes[typ] }
+
+// ErrReserved is wrapped by the errors of ValidateUnitName and ParseKey for
+// a unit on the built-in deny-list (see Reserved).
+var ErrReserved = errors.New("reserved unit")
+
+// reservedWhy is the one explanation every reserved-unit error carries.
+const reservedWhy = "agentd never manages its own unit, the bus, systemd's own units, the root slice or user managers"
+
+// Reserved says whether agentd refuses to manage the unit name (and
+// drop-ins of it), and what the unit is: the agent's own unit, the bus
+// (dbus*), systemd's own units (systemd-*), the root slice, init.scope and
+// the user managers (user@*.service). Writing any of them could cut the
+// agent off from systemd or the machine from its users. Names are matched
+// literally, as systemd compares them: "systemd\x2dx.service" is another
+// unit than "systemd-x.service".
+func Reserved(name string) (what string, ok bool) {
+	switch {
+	case name == "agentd.service":
+		return "the agent's own unit", true
+	case strings.HasPrefix(name, "dbus"):
+		return "the message bus", true
+	case strings.HasPrefix(name, "systemd-"):
+		return "one of systemd's own units", true
+	case name == "-.slice":
+		return "the root slice", true
+	case name == "init.scope":
+		return "PID 1's scope", true
+	case strings.HasPrefix(name, "user@") && strings.HasSuffix(name, ".service"):
+		return "a user manager", true
+	}
+	return "", false
+}
+
 // ValidateUnitName checks a unit name the way systemd does (unit_name_is_valid),
-// plus the types agentd supports. Names with "/" or ".." are refused outright:
-// they are the ones that could name a path outside the unit directory.
+// plus the types agentd supports and the deny-list of Reserved. Names with
+// "/" or ".." are refused outright: they are the ones that could name a path
+// outside the unit directory. It is the one rule for unit names: the agent
+// blocks what it refuses, and the registry CLI refuses it before writing.
 func ValidateUnitName(name string) error {
 	if name == "" {
 		return fmt.Errorf("empty unit name")
@@ -40,6 +79,9 @@ func ValidateUnitName(name string) error {
 	dot := strings.LastIndexByte(name, '.')
 	if dot <= 0 {
 		return fmt.Errorf("invalid unit name %q: no unit type suffix", name)
+	}
+	if what, ok := Reserved(name); ok {
+		return fmt.Errorf("%w %q (%s): %s", ErrReserved, name, what, reservedWhy)
 	}
 	typ := name[dot+1:]
 	if !supportedTypes[typ] {
@@ -78,19 +120,35 @@ func TemplateOf(instance string) string {
 	return instance[:at+1] + instance[dot:]
 }
 
+// maxFileName is NAME_MAX: the longest file name the unit directory takes.
+const maxFileName = 255
+
 // ParseKey splits a registry key suffix (what follows ".../units/") into the
 // file path relative to the unit directory and the unit it belongs to. It
-// accepts "<unit>" and "<unit>.d/<name>.conf" (a drop-in).
+// accepts "<unit>" and "<unit>.d/<name>.conf" (a drop-in) and nothing else:
+// no type-wide ("service.d/") drop-ins, which would reach reserved units too.
+// This is the one rule for unit keys, shared by the agent (which blocks a
+// unit whose key it refuses) and the registry client (which refuses to
+// write it); errors for reserved units wrap ErrReserved.
 func ParseKey(key string) (path, unit string, err error) {
 	if unitPart, dropIn, ok := strings.Cut(key, ".d/"); ok {
 		if err := ValidateUnitName(unitPart); err != nil {
+			if errors.Is(err, ErrReserved) {
+				return "", "", fmt.Errorf("drop-in %q: %w", key, err)
+			}
 			return "", "", err
+		}
+		if len(unitPart)+len(".d") > maxFileName {
+			return "", "", fmt.Errorf("invalid drop-in for %.40q…: directory name longer than %d bytes", unitPart, maxFileName)
 		}
 		if !strings.HasSuffix(dropIn, ".conf") || len(dropIn) <= len(".conf") {
 			return "", "", fmt.Errorf("invalid drop-in %q: name must end in .conf", key)
 		}
 		if strings.ContainsAny(dropIn, "/\\") || strings.Contains(dropIn, "..") || strings.HasPrefix(dropIn, ".") {
 			return "", "", fmt.Errorf("invalid drop-in %q: must be a plain file name", key)
+		}
+		if len(dropIn) > maxFileName {
+			return "", "", fmt.Errorf("invalid drop-in %.40q… for %q: file name longer than %d bytes", dropIn, unitPart, maxFileName)
 		}
 		for _, r := range dropIn {
 			if r < 0x21 || r > 0x7e {

@@ -84,78 +84,28 @@ func isAlnum(r rune) bool {
 	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
 }
 
-var unitTypes = []string{
-	"service", "socket", "device", "mount", "automount", "swap",
-	"target", "path", "timer", "slice", "scope",
-}
-
-// ValidateUnit checks a unit key suffix: a unit name such as
-// "hello.service" or "hello@1.service", or a drop-in "<unit>.d/<name>.conf"
-// (also "<type>.d/<name>.conf", e.g. "service.d/10-env.conf").
+// ValidateUnit checks a unit key suffix — a unit name such as
+// "hello.service" or "hello@1.service", or a drop-in "<unit>.d/<name>.conf" —
+// with reconcile.ParseKey, the rule the agent applies to the same key: what
+// the agent would block is refused here before it is written. The error
+// wraps ErrInvalid and the reconcile error (reconcile.ErrReserved for a unit
+// on the deny-list).
 func ValidateUnit(unit string) error {
-	dir, file, isDropIn := strings.Cut(unit, "/")
-	if !isDropIn {
-		if err := validUnitName(unit); err != nil {
-			return fmt.Errorf("%w unit %q: %v", ErrInvalid, unit, err)
-		}
-		return nil
-	}
-	base, ok := strings.CutSuffix(dir, ".d")
-	if !ok {
-		return fmt.Errorf("%w unit %q: a drop-in must be \"<unit>.d/<name>.conf\"", ErrInvalid, unit)
-	}
-	if !isUnitType(base) {
-		if err := validUnitName(base); err != nil {
-			return fmt.Errorf("%w drop-in %q: %v", ErrInvalid, unit, err)
-		}
-	}
-	name, ok := strings.CutSuffix(file, ".conf")
-	if !ok || name == "" || strings.Contains(file, "/") {
-		return fmt.Errorf("%w drop-in %q: file must be \"<name>.conf\" directly inside %q", ErrInvalid, unit, dir)
-	}
-	if err := validUnitChars(file); err != nil {
-		return fmt.Errorf("%w drop-in %q: %v", ErrInvalid, unit, err)
+	if _, _, err := reconcile.ParseKey(unit); err != nil {
+		return &invalidUnitError{err}
 	}
 	return nil
 }
 
-func isUnitType(s string) bool {
-	for _, t := range unitTypes {
-		if s == t {
-			return true
-		}
-	}
-	return false
-}
+// invalidUnitError reads as the shared validator's message and is both
+// ErrInvalid and that error.
+type invalidUnitError struct{ err error }
 
-func validUnitName(name string) error {
-	if err := validUnitChars(name); err != nil {
-		return err
-	}
-	i := strings.LastIndexByte(name, '.')
-	if i <= 0 || !isUnitType(name[i+1:]) {
-		return fmt.Errorf("name must end in a unit type (.%s)", strings.Join(unitTypes, ", ."))
-	}
-	return nil
-}
+func (e *invalidUnitError) Error() string   { return e.err.Error() }
+func (e *invalidUnitError) Unwrap() []error { return []error{ErrInvalid, e.err} }
 
-func validUnitChars(s string) error {
-	if s == "" {
-		return errors.New("empty name")
-	}
-	if len(s) > 255 {
-		return errors.New("longer than 255 characters")
-	}
-	if s == "." || s == ".." {
-		return errors.New(`"." and ".." are not names`)
-	}
-	for _, r := range s {
-		if !isAlnum(r) && !strings.ContainsRune(":_.@-\\", r) {
-			return fmt.Errorf("character %q not allowed in a unit name", r)
-		}
-	}
-	return nil
-}
+// isUnitType reports whether s is a unit type agentd manages ("service").
+func isUnitType(s string) bool { return reconcile.SupportedType(s) }
 
 // Key layout. All functions expect validated names.
 

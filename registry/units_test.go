@@ -45,7 +45,7 @@ func TestValidation(t *testing.T) {
 		{`dev-disk-by\x2duuid.mount`, true},
 		{"hello.service.d/10-env.conf", true},
 		{"hello@.service.d/override.conf", true},
-		{"service.d/all.conf", true},
+		{"service.d/all.conf", false}, // type-wide drop-ins would reach reserved units
 		{"hello", false},
 		{"README.md", false},
 		{"", false},

@@ -98,7 +98,10 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 				units[key] = b
 			}
 			for _, in := range instances {
-				if err := reconcile.ValidateUnitName(in); err != nil || !reconcile.IsInstance(in) {
+				if err := reconcile.ValidateUnitName(in); err != nil {
+					return withCode(exitUsage, fmt.Errorf("--instance %q: %w", in, err))
+				}
+				if !reconcile.IsInstance(in) {
 					return withCode(exitUsage, fmt.Errorf("--instance %q: not a template instance name such as web@1.service", in))
 				}
 				units[in] = nil

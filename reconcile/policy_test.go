@@ -1,0 +1,129 @@
+package reconcile
+
+import (
+	"strings"
+	"testing"
+)
+
+const policySvc = "[Unit]\nDescription=hello\n[Service]\nType=exec\nExecStart=/bin/sleep 1000\n"
+
+// longLine is a line go-systemd's parser refuses (over 2048 bytes) and
+// systemd loads; commentInContinuation is the other such input.
+var (
+	longLine              = "Environment=BIG=" + strings.Repeat("x", 3000) + "\n"
+	commentInContinuation = "ExecStart=/bin/sleep \\\n# the duration\n  1000\n"
+)
+
+func TestParsePolicyTable(t *testing.T) {
+	def := Policy{State: StateStarted, OnChange: "auto", Rollback: true, HealthySec: 5}
+	withInstall := def
+	withInstall.HasInstall, withInstall.Enable = true, true
+	for _, tc := range []struct {
+		name    string
+		content string
+		want    Policy
+		errLike string // "" for no error
+	}{
+		{name: "empty", content: "", want: def},
+		{name: "no policy", content: policySvc, want: def},
+		{name: "install with a key", content: policySvc + "[Install]\nWantedBy=default.target\n", want: withInstall},
+		{name: "install with an empty key", content: policySvc + "[Install]\nWantedBy=\n", want: withInstall},
+		{name: "install without keys", content: policySvc + "[Install]\n# nothing\n", want: def},
+		{name: "install last and empty", content: "[Install]\n[Service]\nExecStart=/bin/true\n", want: def},
+		{name: "present does not enable", content: policySvc + "[Install]\nWantedBy=default.target\n[X-Agentd]\nState=present\n",
+			want: Policy{State: StatePresent, OnChange: "auto", Rollback: true, HealthySec: 5, HasInstall: true}},
+		{name: "stopped does not enable", content: policySvc + "[Install]\nWantedBy=default.target\n[X-Agentd]\nState=stopped\n",
+			want: Policy{State: StateStopped, OnChange: "auto", Rollback: true, HealthySec: 5, HasInstall: true}},
+		{name: "enable without install", content: policySvc + "[X-Agentd]\nEnable=yes\n",
+			want: Policy{State: StateStarted, Enable: true, OnChange: "auto", Rollback: true, HealthySec: 5}},
+		{name: "explicit", content: "[X-Agentd]\n# comment\n; other comment\nState = stopped\nEnable=no\nOnChange=reload\nRollback=no\nHealthySec=2\nMaxUnavailable=3\n",
+			want: Policy{State: StateStopped, OnChange: "reload", HealthySec: 2, MaxUnavailable: 3}},
+		{name: "booleans", content: "[X-Agentd]\nEnable=TRUE\nRollback=off\n",
+			want: Policy{State: StateStarted, Enable: true, OnChange: "auto", HealthySec: 5}},
+		{name: "CRLF", content: "[Install]\r\nWantedBy=multi-user.target\r\n[X-Agentd]\r\nOnChange=none\r\nHealthySec=0\r\n",
+			want: Policy{State: StateStarted, Enable: true, OnChange: "none", Rollback: true, HealthySec: 0, HasInstall: true}},
+		{name: "continued value", content: "[X-Agentd]\nOnChange=\\\n  reload-or-restart\n",
+			want: Policy{State: StateStarted, OnChange: "reload-or-restart", Rollback: true, HealthySec: 5}},
+		{name: "last key wins", content: "[X-Agentd]\nHealthySec=1\n[X-Agentd]\nHealthySec=9\n",
+			want: Policy{State: StateStarted, OnChange: "auto", Rollback: true, HealthySec: 9}},
+		{name: "other X- section ignored", content: policySvc + "[X-Other]\nFoo=bar\n", want: def},
+		{name: "keys are case-sensitive", content: "[X-Agentd]\nstate=stopped\n", errLike: "unknown key state="},
+
+		{name: "bad State", content: "[X-Agentd]\nState=run\n", errLike: "bad State=run"},
+		{name: "bad Enable", content: "[X-Agentd]\nEnable=maybe\n", errLike: "not a boolean"},
+		{name: "bad Rollback", content: "[X-Agentd]\nRollback=sometimes\n", errLike: "not a boolean"},
+		{name: "bad OnChange", content: "[X-Agentd]\nOnChange=bounce\n", errLike: "bad OnChange=bounce"},
+		{name: "negative HealthySec", content: "[X-Agentd]\nHealthySec=-1\n", errLike: "bad HealthySec=-1"},
+		{name: "HealthySec with unit", content: "[X-Agentd]\nHealthySec=5s\n", errLike: "bad HealthySec=5s"},
+		{name: "MaxUnavailable 0", content: "[X-Agentd]\nMaxUnavailable=0\n", errLike: "bad MaxUnavailable=0"},
+		{name: "unknown key", content: "[X-Agentd]\nFoo=1\n", errLike: "unknown key Foo="},
+		{name: "all errors listed", content: "[X-Agentd]\nStat=stopped\nOnChange=bounce\n", errLike: "unknown key Stat= (known: State, Enable, OnChange, Rollback, HealthySec, MaxUnavailable); bad OnChange=bounce"},
+
+		// go-systemd refuses these; systemd loads them.
+		{name: "long line, no policy", content: policySvc + longLine, want: def},
+		{name: "long line, install", content: policySvc + longLine + "[Install]\nWantedBy=default.target\n", want: withInstall},
+		{name: "long line, install comment only", content: policySvc + longLine + "[Install]\n# WantedBy=default.target\n\n[Socket]\nA=b\n", want: def},
+		{name: "comment in continuation, no policy", content: "[Service]\n" + commentInContinuation, want: def},
+		{name: "comment in continuation, install", content: "[Service]\n" + commentInContinuation + "[Install]\r\n  WantedBy=default.target\r\n", want: withInstall},
+		{name: "line without =, no policy", content: policySvc + "oops\n", want: def},
+		{name: "x-agentd mentioned in a comment only", content: policySvc + "# [X-Agentd]\n" + longLine, want: def},
+		{name: "long line, policy", content: policySvc + longLine + "[X-Agentd]\nState=stopped\n", errLike: "[X-Agentd]: the section could not be read: the unit file parser stopped with \"line too long (max 2048 bytes)\""},
+		{name: "long line in the policy section", content: "[X-Agentd]\nState=stopped\n" + longLine, errLike: "could not be read"},
+		{name: "comment in continuation, policy", content: "[X-Agentd]\nState=stopped\n[Service]\n" + commentInContinuation, errLike: "could not be read"},
+		{name: "indented policy header", content: policySvc + commentInContinuation + "  [X-Agentd]  \nState=stopped\n", errLike: "could not be read"},
+	} {
+		p, err := ParsePolicy([]byte(tc.content))
+		if tc.errLike != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errLike) || !strings.HasPrefix(err.Error(), "[X-Agentd]") {
+				t.Errorf("%s: %+v %v, want an error with %q", tc.name, p, err, tc.errLike)
+			}
+			continue
+		}
+		if err != nil || p != tc.want {
+			t.Errorf("%s: %+v %v\n want %+v", tc.name, p, err, tc.want)
+		}
+	}
+}
+
+// The fallback paths exist because go-systemd fails where systemd does not;
+// if a new go-systemd version reads these, the fallback tests above no
+// longer cover anything.
+func TestUnitOptionsRefusesWhatSystemdLoads(t *testing.T) {
+	for name, content := range map[string]string{
+		"long line":               "[Service]\n" + longLine,
+		"comment in continuation": "[Service]\n" + commentInContinuation,
+		"line without =":          "[Service]\noops\n",
+	} {
+		if _, err := unitOptions([]byte(content)); err == nil {
+			t.Errorf("%s: parsed, want go-systemd's error", name)
+		}
+	}
+}
+
+func TestIniEntries(t *testing.T) {
+	got := func(content string) string {
+		var b strings.Builder
+		for _, e := range iniEntries([]byte(content)) {
+			b.WriteString("[" + e.sec + "]" + e.key + "=" + e.val + "|")
+		}
+		return b.String()
+	}
+	for _, tc := range []struct{ name, content, want string }{
+		{"empty", "", ""},
+		{"plain", "[Unit]\nDescription = hi there \n\n# c\n; c\n[Socket]\nListenStream=80\nService=web.service\n",
+			"[Unit]Description=hi there|[Socket]ListenStream=80|[Socket]Service=web.service|"},
+		{"repeated and reset", "[Service]\nExecStart=\nExecStart=/bin/a\n", "[Service]ExecStart=|[Service]ExecStart=/bin/a|"},
+		{"continuation joined as systemd does", "[Service]\nExecStart=/bin/a \\\n    --b \\\n  --c\nType=exec\n",
+			"[Service]ExecStart=/bin/a  --b  --c|[Service]Type=exec|"},
+		{"comment ends a continuation", "[Service]\nExecStart=/bin/a \\\n#c\nType=exec\n", "[Service]ExecStart=/bin/a|[Service]Type=exec|"},
+		{"backslash at end of file", "[Socket]\nService=web.service \\", "[Socket]Service=web.service|"},
+		{"CRLF", "[Socket]\r\nService=web.service\r\n", "[Socket]Service=web.service|"},
+		{"before a section", "Service=x.service\n[Socket]\nService=y.service\n", "[Socket]Service=y.service|"},
+		// On a parse failure, what was read before it.
+		{"long line", "[Socket]\nService=web.service\n" + longLine, "[Socket]Service=web.service|"},
+	} {
+		if g := got(tc.content); g != tc.want {
+			t.Errorf("%s: %q\n want %q", tc.name, g, tc.want)
+		}
+	}
+}

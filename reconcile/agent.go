@@ -37,10 +37,14 @@ type Files interface {
 type Manifest interface {
 	Managed() map[string]string
 	Set(path, hash string) error
-	SetMany(files map[string]string) error
+	// Claim records owned paths and the pass's intent in one write.
+	Claim(files map[string]string, in Intent) error
 	Forget(path string) error
 	Units() map[string]UnitRecord
-	SetUnit(name string, rec UnitRecord) error
+	// SetUnits stores records in one write; an empty record deletes.
+	SetUnits(recs map[string]UnitRecord) error
+	Intent() Intent
+	SetIntent(in Intent) error
 	PutBlob(hash string, content []byte) error
 	Blob(hash string) ([]byte, bool)
 	GC() error
@@ -53,7 +57,7 @@ type Coordinator interface {
 	// (scope, unit), FIFO; release gives it back.
 	Acquire(ctx context.Context, scope, unit, hash string, limit int) (release func(context.Context) error, err error)
 	// Holding reports whether the slot is still held (the lease may have
-	// been lost): checked right before each disruptive step.
+	// been lost): checked by every pass that could act on it.
 	Holding(ctx context.Context, scope, unit string) (bool, error)
 	// Halt records that this host failed a version, stopping the rollout.
 	Halt(ctx context.Context, h Halt) error
@@ -120,33 +124,40 @@ type Config struct {
 }
 
 // Agent is the reconcile loop of one host. Run owns all its mutable state;
-// other goroutines only poke it (SetSnapshot, UnitChanged) or ask it for
-// work through requests, so nothing needs a lock but the hand-off points.
+// other goroutines only poke it (SetSnapshot, UnitChanged), hand it job
+// results, or ask it for work through requests.
 type Agent struct {
 	cfg  Config
 	log  *slog.Logger
 	poke chan struct{}
 	reqs chan func(context.Context)
 
+	hand   handoff            // the snapshot in, statuses out
+	mem    memory             // what the loop remembers (records persisted)
+	jobs   jobs               // jobs in flight
+	verify map[string]*window // units inside HealthySec, loop-owned
+	slots  slotTable          // MaxUnavailable slots
+}
+
+// handoff is where other goroutines meet the loop.
+type handoff struct {
 	mu       sync.Mutex
 	snap     *Snapshot
 	relevant map[string]bool // units the agent cares about, for filtering D-Bus signals
 	statuses []Status
 	revision int64
+}
 
-	// Loop-owned.
-	refused map[string]Refusal
-	started map[string]string // unit -> content key last started (see Current.Started)
-	records map[string]UnitRecord
-	health  map[string]healthWait
-	drifted map[string]string // path -> on-disk hash already reported as drift
-
-	// MaxUnavailable slots: acquired by goroutines the agent owns (Acquire
-	// blocks), handed to the loop under slotMu.
-	slotMu sync.Mutex
-	slots  map[string]*slot
-	slotWG sync.WaitGroup
-	last   map[string]outcome
+// memory is what the loop knows beyond disk and D-Bus. records and intent
+// are persisted in the state directory; the rest lives as long as the process.
+type memory struct {
+	records   map[string]UnitRecord
+	intent    Intent
+	refused   map[string]Refusal
+	started   map[string]string // unit -> content key last started (see Current.Started)
+	last      map[string]outcome
+	drifted   map[string]string // path -> on-disk hash already reported as drift
+	enableErr map[string]string // unit -> the last failed enable/disable, until one succeeds
 }
 
 type outcome struct {
@@ -177,18 +188,23 @@ func New(cfg Config) *Agent {
 		cfg.HeartbeatInterval = time.Second
 	}
 	return &Agent{
-		cfg:      cfg,
-		log:      cfg.Log,
-		poke:     make(chan struct{}, 1),
-		reqs:     make(chan func(context.Context)),
-		relevant: map[string]bool{},
-		refused:  map[string]Refusal{},
-		started:  map[string]string{},
-		records:  cfg.Manifest.Units(),
-		health:   map[string]healthWait{},
-		drifted:  map[string]string{},
-		slots:    map[string]*slot{},
-		last:     map[string]outcome{},
+		cfg:  cfg,
+		log:  cfg.Log,
+		poke: make(chan struct{}, 1),
+		reqs: make(chan func(context.Context)),
+		hand: handoff{relevant: map[string]bool{}},
+		mem: memory{
+			records:   cfg.Manifest.Units(),
+			intent:    cfg.Manifest.Intent(),
+			refused:   map[string]Refusal{},
+			started:   map[string]string{},
+			last:      map[string]outcome{},
+			drifted:   map[string]string{},
+			enableErr: map[string]string{},
+		},
+		jobs:   newJobs(),
+		verify: map[string]*window{},
+		slots:  slotTable{slots: map[string]*slot{}},
 	}
 }
 
@@ -196,18 +212,18 @@ func New(cfg Config) *Agent {
 // Until the first call the agent touches nothing: with the registry unknown,
 // the units on disk stay exactly as they are.
 func (a *Agent) SetSnapshot(s Snapshot) {
-	a.mu.Lock()
-	a.snap = &s
-	a.mu.Unlock()
+	a.hand.mu.Lock()
+	a.hand.snap = &s
+	a.hand.mu.Unlock()
 	a.trigger()
 }
 
 // UnitChanged tells the agent systemd reported a change of unit ("" means
 // anything may have changed, e.g. after a D-Bus reconnect).
 func (a *Agent) UnitChanged(unit string) {
-	a.mu.Lock()
-	rel := unit == "" || a.relevant[unit]
-	a.mu.Unlock()
+	a.hand.mu.Lock()
+	rel := unit == "" || a.hand.relevant[unit]
+	a.hand.mu.Unlock()
 	if rel {
 		a.trigger()
 	}
@@ -226,9 +242,9 @@ func (a *Agent) trigger() {
 
 // Statuses returns the statuses computed by the last pass.
 func (a *Agent) Statuses() (revision int64, st []Status) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.revision, append([]Status(nil), a.statuses...)
+	a.hand.mu.Lock()
+	defer a.hand.mu.Unlock()
+	return a.hand.revision, append([]Status(nil), a.hand.statuses...)
 }
 
 // DryRun computes the plan the next pass would execute, with the same code,
@@ -276,15 +292,18 @@ func (a *Agent) do(ctx context.Context, f func(context.Context) error) error {
 	}
 }
 
-// Run is the loop: a pass at start, after every batch of pokes, on the
-// periodic resync, and on retry after a failure. It returns when ctx ends.
+// Run is the loop: a pass at start, after every batch of pokes and job
+// results, on the periodic resync, at the next HealthySec deadline, and on
+// retry after a failure. It returns when ctx ends, once the goroutines it
+// started (jobs, slot waits) have returned.
 func (a *Agent) Run(ctx context.Context) error {
 	resync := time.NewTimer(jitter(a.cfg.ResyncInterval))
 	defer resync.Stop()
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
-	defer a.slotWG.Wait()
+	defer a.slots.wg.Wait()
+	defer a.jobs.wg.Wait()
 	heartbeat := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer heartbeat.Stop()
 	wake := time.NewTimer(time.Hour) // the next HealthySec deadline
@@ -302,6 +321,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		case req := <-a.reqs:
 			req(ctx)
 			continue
+		case r := <-a.jobs.done:
+			a.finish(ctx, r)
+			a.settle(ctx)
 		case <-a.poke:
 			a.settle(ctx)
 		case <-resync.C:
@@ -326,8 +348,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-// settle waits until no poke arrived for BatchWindow (at most MaxBatchDelay),
-// so changes that arrive together are applied together.
+// settle waits until no poke or job result arrived for BatchWindow (at
+// most MaxBatchDelay), so changes that arrive together are applied together.
 func (a *Agent) settle(ctx context.Context) {
 	deadline := time.Now().Add(a.cfg.MaxBatchDelay)
 	t := time.NewTimer(a.cfg.BatchWindow)
@@ -336,15 +358,17 @@ func (a *Agent) settle(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case r := <-a.jobs.done:
+			a.finish(ctx, r)
 		case <-a.poke:
-			wait := min(a.cfg.BatchWindow, time.Until(deadline))
-			if wait <= 0 {
-				return
-			}
-			t.Reset(wait)
 		case <-t.C:
 			return
 		}
+		wait := min(a.cfg.BatchWindow, time.Until(deadline))
+		if wait <= 0 {
+			return
+		}
+		t.Reset(wait)
 	}
 }
 
@@ -372,9 +396,9 @@ type FileDiff struct {
 func (a *Agent) Diff(ctx context.Context, unit string) ([]FileDiff, error) {
 	var out []FileDiff
 	err := a.do(ctx, func(ctx context.Context) error {
-		a.mu.Lock()
-		snap := a.snap
-		a.mu.Unlock()
+		a.hand.mu.Lock()
+		snap := a.hand.snap
+		a.hand.mu.Unlock()
 		if snap == nil {
 			return ErrNoRegistry
 		}

@@ -89,6 +89,12 @@ func Classify(name string, old, new []File) Change {
 	allInstall, allReload, allMountOpts := true, true, true
 	for _, k := range diff {
 		label := k.String()
+		if k.section == "Service" && k.name == "ExecReload" && (len(resetList(oldOpts[k])) == 0) != (len(resetList(newOpts[k])) == 0) {
+			// Adding or removing ExecReload= changes only what a later
+			// reload does: the running process is not affected.
+			inert = append(inert, label+" added or removed")
+			continue
+		}
 		if strings.HasPrefix(k.section, "X-") || strings.HasPrefix(k.name, "X-") || (k.section == "Unit" && inertUnitKeys[k.name]) {
 			inert = append(inert, label)
 			continue
@@ -109,6 +115,20 @@ func Classify(name string, old, new []File) Change {
 		return Change{Kind: ChangeReload, Keys: effective}
 	}
 	return Change{Kind: ChangeRestart, Keys: effective}
+}
+
+// resetList applies systemd's list semantics: an empty assignment clears
+// what came before.
+func resetList(vals []string) []string {
+	var out []string
+	for _, v := range vals {
+		if v == "" {
+			out = nil
+			continue
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 type optKey struct{ section, name string }

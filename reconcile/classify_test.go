@@ -74,7 +74,9 @@ func TestClassify(t *testing.T) {
 
 		// Reload.
 		{name: "ExecReload changed", new: one(edit(t, "ExecReload=/bin/kill -HUP $MAINPID", "ExecReload=/usr/bin/web --reload")), want: ChangeReload, keys: "[Service] ExecReload"},
-		{name: "ExecReload added", old: one(strings.Replace(base, "ExecReload=/bin/kill -HUP $MAINPID\n", "", 1)), new: one(base), want: ChangeReload},
+		{name: "ExecReload added: daemon-reload only", old: one(strings.Replace(base, "ExecReload=/bin/kill -HUP $MAINPID\n", "", 1)), new: one(base), want: ChangeCosmetic},
+		{name: "ExecReload removed: daemon-reload only", old: one(base), new: one(strings.Replace(base, "ExecReload=/bin/kill -HUP $MAINPID\n", "", 1)), want: ChangeCosmetic},
+		{name: "ExecReload reset to empty: daemon-reload only", old: one(base), new: one(strings.Replace(base, "ExecReload=/bin/kill -HUP $MAINPID\n", "ExecReload=/bin/kill -HUP $MAINPID\nExecReload=\n", 1)), want: ChangeCosmetic},
 		{name: "trigger key changed", old: one(edit(t, "Environment=A=1", "Environment=A=1\nX-Reload-Triggers=Environment")), new: one(edit(t, "Environment=A=1", "Environment=A=2\nX-Reload-Triggers=Environment")), want: ChangeReload},
 		{name: "trigger as Section.Key", old: one(edit(t, "Environment=A=1", "Environment=A=1\nX-Reload-Triggers=Service.Environment")), new: one(edit(t, "Environment=A=1", "Environment=A=2\nX-Reload-Triggers=Service.Environment")), want: ChangeReload},
 		{name: "trigger plus ExecReload", old: one(edit(t, "Environment=A=1", "Environment=A=1\nX-Reload-Triggers=Environment")), new: one(strings.Replace(edit(t, "Environment=A=1", "Environment=A=3\nX-Reload-Triggers=Environment"), "HUP", "USR1", 1)), want: ChangeReload},

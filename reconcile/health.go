@@ -74,7 +74,7 @@ type HealthInput struct {
 //     for HealthySec, whatever the units they trigger are doing.
 //   - Other services: unhealthy when NRestarts grew (Restart= brought it
 //     back), when it sits in auto-restart, when it left active after the
-//     job (its timestamps say so even if a pass missed the blink), or when
+//     job (ActiveExitTimestamp moved: true even if a pass missed the blink), or when
 //     it is failed or inactive; healthy when active for HealthySec.
 //   - An unknown job outcome is judged by the unit's state alone: still
 //     starting is pending with no deadline of the agent's own.
@@ -86,12 +86,14 @@ func Health(in HealthInput) (Verdict, string) {
 	case JobFailed:
 		return VerdictUnhealthy, orUnknown(in.JobErr)
 	case JobCanceled:
-		return VerdictUnknown, "the job was canceled (replaced by another job); observing the unit again"
+		return VerdictUnknown, "the " + orUnknown(in.Op) + " job of " + in.Unit + " was canceled (replaced by another job); observing the unit again"
 	case JobUnknown:
 		switch {
 		case now.ActiveState == "failed":
 			return VerdictUnhealthy, fmt.Sprintf("%s failed after %s (%s)", in.Unit, orUnknown(in.Op), ExitDetail(now))
-		case now.ActiveState == "activating" && now.SubState != "auto-restart", now.ActiveState == "reloading":
+		case typ == "service" && (now.NRestarts > base.NRestarts || now.SubState == "auto-restart"):
+			// Crash-looping: judged below like any service.
+		case now.ActiveState == "activating", now.ActiveState == "reloading":
 			return VerdictPending, in.Unit + " is still " + now.ActiveState + "; waiting for systemd"
 		case now.ActiveState != "active":
 			return VerdictUnknown, fmt.Sprintf("the outcome of %s is unknown (%s) and the unit is %s", orUnknown(in.Op), orUnknown(in.JobErr), StateText(now))
@@ -110,7 +112,7 @@ func Health(in HealthInput) (Verdict, string) {
 			return VerdictUnhealthy, fmt.Sprintf("%s restarted itself %d time(s) %s (%s)", in.Unit, now.NRestarts-base.NRestarts, within, ExitDetail(now))
 		case now.ActiveState == "activating" && now.SubState == "auto-restart":
 			return VerdictUnhealthy, fmt.Sprintf("%s is crash-looping (activating, auto-restart) %s (%s)", in.Unit, within, ExitDetail(now))
-		case base.ActiveEnterMono != 0 && now.ActiveExitMono > base.ActiveEnterMono:
+		case now.ActiveExitMono > base.ActiveExitMono:
 			return VerdictUnhealthy, fmt.Sprintf("%s left active %s and is now %s (%s)", in.Unit, within, StateText(now), ExitDetail(now))
 		}
 	}
@@ -123,7 +125,7 @@ func Health(in HealthInput) (Verdict, string) {
 		if in.Elapsed >= time.Duration(in.HealthySec)*time.Second {
 			return VerdictHealthy, fmt.Sprintf("active for HealthySec=%d", in.HealthySec)
 		}
-		return VerdictPending, fmt.Sprintf("verifying: active, HealthySec=%d not yet over", in.HealthySec)
+		return VerdictPending, fmt.Sprintf("%s is active; verifying until HealthySec=%d is over", in.Unit, in.HealthySec)
 	}
 	return VerdictUnknown, in.Unit + " is in an unknown state (" + StateText(now) + ")"
 }

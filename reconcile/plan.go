@@ -15,15 +15,16 @@ const (
 	KindStart                 // start a unit that should run (files written first, if any)
 	KindRestart               // restart in place (files written first)
 	KindReload                // ExecReload (or remount) in place; the main PID stays
-	KindStopStart             // stop with the OLD definition, then write, then start
+	KindStopStart             // stop with the OLD definition; the next pass writes and starts
 	KindStop                  // the unit should not run (State=stopped) but does
 	KindUpdate                // write files and daemon-reload only; the unit keeps running untouched
-	KindRemove                // gone from the registry: stop, disable, remove its files
-	KindWait                  // a disruptive change waits its turn (rolling update of a template)
+	KindRemove                // gone from the registry: stop, then disable and remove its files
+	KindWait                  // waits its turn: a rolling update, a slot, a job in progress
 	KindBlocked               // cannot be applied; Action.Err says why. Nothing is touched.
+	KindRollback              // put back the version that ran before a failed change
 )
 
-var kindNames = [...]string{"none", "start", "restart", "reload", "stop-start", "stop", "update", "remove", "wait", "blocked"}
+var kindNames = [...]string{"none", "start", "restart", "reload", "stop-start", "stop", "update", "remove", "wait", "blocked", "rolled-back"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
@@ -37,6 +38,50 @@ func (k Kind) Disruptive() bool {
 	return k == KindRestart || k == KindStopStart || k == KindStop
 }
 
+// Job is the systemd job an action runs once its files are in place and
+// loaded. Jobs run in the background: the loop never waits for one.
+type Job int
+
+const (
+	JobNone Job = iota
+	JobStart
+	JobStop
+	JobRestart
+	JobReload
+)
+
+var jobNames = [...]string{"none", "start", "stop", "restart", "reload"}
+
+func (j Job) String() string { return jobNames[j] }
+
+// Ownership is what the agent owns of a unit; removal follows it.
+type Ownership int
+
+const (
+	OwnNone     Ownership = iota
+	OwnFile               // the agent installed the unit file: removal stops, disables, deletes
+	OwnDropIns            // only drop-ins on a unit it did not install: removal deletes them, never stops
+	OwnInstance           // a template instance it started from an empty key: removal stops it
+)
+
+var ownNames = [...]string{"", "file", "drop-ins", "instance"}
+
+func (o Ownership) String() string { return ownNames[o] }
+
+// MarshalText stores the ownership by name in the state directory.
+func (o Ownership) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
+
+// UnmarshalText reads an ownership name.
+func (o *Ownership) UnmarshalText(b []byte) error {
+	for i, n := range ownNames {
+		if n == string(b) {
+			*o = Ownership(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown ownership %q", b)
+}
+
 // InstanceMarker is the manifest "hash" of a template instance the agent
 // started from an empty-valued key: it owns the running instance, not a file.
 const InstanceMarker = "instance"
@@ -48,14 +93,17 @@ type Action struct {
 	Reason  string        // for humans: why this kind
 	Writes  []DesiredFile // files to (re)write, in path order
 	Removes []string      // managed paths to delete
+	Forget  []string      // manifest entries to drop without touching a file (instance markers)
 	Enable  bool          // enable per [Install] after writing
 	Disable bool          // disable before removing or rewriting the unit file
+	// Job is the systemd job to run once the files are written and loaded.
+	Job Job
 	// AlsoStop lists units to stop before a restart (a socket's service).
 	AlsoStop []string
 	// Instance marks an empty-valued instance key: the agent records that it
 	// owns the running instance (InstanceMarker) instead of writing a file.
 	Instance bool
-	Err      string // set for KindBlocked
+	Err      string // set for KindBlocked, and for a change that cannot be applied as asked
 	// ContentKey identifies the desired content (the unit's files, and its
 	// template's for an instance); refusals and failures are remembered
 	// against it so the same bad content is not retried.
@@ -63,6 +111,16 @@ type Action struct {
 	// Effective is path -> hash of every file the running unit will be on
 	// once the action is done: recorded as UnitRecord.Applied.
 	Effective map[string]string
+	// Adopt: the unit already runs Effective without a job (a change that
+	// needs only a daemon-reload): record it as applied now.
+	Adopt bool
+	// Refuse: systemd would not load this content; remember it (the
+	// Writes and Removes put back what ran before).
+	Refuse *Refusal
+	// DropRecord: the unit is gone; forget what the agent remembered of it.
+	DropRecord bool
+	// Own is what the agent owns of the unit.
+	Own Ownership
 	// Policy is the unit's policy (the template's for an instance).
 	Policy Policy
 	// Change is the classification that chose Kind, when one was made.
@@ -74,6 +132,9 @@ type Action struct {
 	Hash string
 	// NeedSlot marks a KindWait that waits for a MaxUnavailable slot.
 	NeedSlot bool
+	// TemplateKey is the template's content key when an instance runs its
+	// template's new content: a failure of the instance fails it too.
+	TemplateKey string
 }
 
 // Changes reports whether the action touches files (and so needs a daemon-reload).
@@ -92,13 +153,47 @@ type LocalFile struct {
 type UnitRecord struct {
 	// Applied is path -> hash of the files the running unit was last
 	// started, restarted or reloaded with (or judged current without one).
+	// It is recorded only once the job's outcome is known.
 	Applied map[string]string `json:"applied,omitempty"`
-	// Good is the last version that was healthy: what a rollback restores.
+	// Previous is what ran before Applied, kept until Applied is judged
+	// healthy: what a rollback restores, verified or not.
+	Previous map[string]string `json:"previous,omitempty"`
+	// Good is the last version that was judged healthy.
 	Good map[string]string `json:"good,omitempty"`
-	// Failed is the content key that failed and was rolled back (or could
-	// not start); it is not retried until the registry content changes.
+	// Failed is the content key that failed (it is not retried until the
+	// registry content changes); FailedOp the job that failed with it.
 	Failed     string `json:"failed,omitempty"`
 	FailReason string `json:"failReason,omitempty"`
+	FailedOp   string `json:"failedOp,omitempty"`
+	// Own is what the agent owns of the unit (kept after its drop-ins are
+	// removed, until the change has been applied to the running unit).
+	Own Ownership `json:"own,omitempty"`
+}
+
+// Empty reports whether there is nothing worth remembering.
+func (r UnitRecord) Empty() bool {
+	return len(r.Applied) == 0 && len(r.Previous) == 0 && len(r.Good) == 0 && r.Failed == "" && r.Own == OwnNone
+}
+
+// Intent is the work a pass has begun and not finished, recorded in the
+// state directory before its first side effect: after a crash, SIGTERM or
+// a failed daemon-reload, the next pass finishes it.
+type Intent struct {
+	// Reload: files were (or were about to be) written and the
+	// daemon-reload that loads them has not succeeded yet.
+	Reload bool `json:"reload,omitempty"`
+	// Jobs maps a unit to the content key of a job whose outcome is not
+	// known yet.
+	Jobs map[string]string `json:"jobs,omitempty"`
+}
+
+// Empty reports whether nothing is owed.
+func (i Intent) Empty() bool { return !i.Reload && len(i.Jobs) == 0 }
+
+// InFlight is a job the agent started and has not heard back from.
+type InFlight struct {
+	Job        Job
+	ContentKey string
 }
 
 // Current is everything Plan needs to know about the host.
@@ -107,8 +202,9 @@ type Current struct {
 	Managed map[string]string    // the manifest: path -> hash (or InstanceMarker)
 	Units   map[string]UnitState // every desired or managed unit
 	Records map[string]UnitRecord
-	// Blobs holds content by hash for the files of Applied records, so a
-	// change can be classified against what the unit actually runs.
+	// Blobs holds content by hash for the files of Applied and Previous
+	// records, so a change can be classified against what the unit
+	// actually runs, and rolled back.
 	Blobs map[string][]byte
 	// Refused maps a unit to the content key systemd refused to load and why.
 	Refused map[string]Refusal
@@ -124,6 +220,10 @@ type Current struct {
 	Slots map[string]string
 	// Halts are the halted rollouts of this host's groups, by unit.
 	Halts map[string]Halt
+	// Jobs are the jobs in flight, by unit.
+	Jobs map[string]InFlight
+	// Intent is the unfinished work of an earlier pass.
+	Intent Intent
 }
 
 // Refusal remembers content systemd would not load.
@@ -170,7 +270,8 @@ func UnitOfPath(path string) string {
 
 // Plan computes one action per unit from desired and current state. It is
 // pure: no I/O, no clock, deterministic order (sorted by unit name). Units
-// neither desired nor managed do not appear: the agent does not touch them.
+// neither desired nor managed nor remembered do not appear: the agent does
+// not touch them.
 func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 	managedBy := map[string][]string{} // unit -> managed paths
 	for p := range cur.Managed {
@@ -184,10 +285,18 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 	for n := range managedBy {
 		names[n] = true
 	}
+	for n := range cur.Records {
+		names[n] = true
+	}
 	var out []Action
 	rolling := map[string]bool{} // templates with an instance mid-update
 	for n := range cur.Verifying {
 		if IsInstance(n) {
+			rolling[TemplateOf(n)] = true
+		}
+	}
+	for n, j := range cur.Jobs {
+		if IsInstance(n) && j.Job != JobStop {
 			rolling[TemplateOf(n)] = true
 		}
 	}
@@ -200,40 +309,75 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		if IsInstance(name) && a.Kind.Disruptive() {
 			t := TemplateOf(name)
 			if rolling[t] {
-				a.Kind, a.Reason = KindWait, "waiting for the rolling update of "+t+": one instance at a time ("+a.Reason+")"
-				a.Writes, a.Removes = nil, nil
+				a = waiting(a, "waiting for the rolling update of "+t+": one instance at a time ("+a.Reason+")")
 			}
 			rolling[t] = true
 		}
 		// MaxUnavailable: the disruptive part waits for a slot shared by
 		// every host of the group (nothing is written before it either).
 		if a.Kind.Disruptive() && a.Policy.MaxUnavailable > 0 && a.Scope != "" && cur.Slots[name] == "" {
-			a.Kind, a.NeedSlot = KindWait, true
-			a.Reason = fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.MaxUnavailable, a.Scope, a.Reason)
-			a.Writes, a.Removes, a.Enable, a.Disable = nil, nil, false, false
+			a = waiting(a, fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.MaxUnavailable, a.Scope, a.Reason))
+			a.NeedSlot = true
 		}
 		out = append(out, a)
 	}
 	return out
 }
 
+// ReloadNeeded says whether the plan owes a daemon-reload before its jobs:
+// files or enablement change, an earlier pass was cut off before its
+// reload, or systemd itself says a unit about to get a job has a newer file
+// on disk than it loaded (NeedDaemonReload). Pure.
+func ReloadNeeded(plan []Action, cur Current) (bool, string) {
+	if cur.Intent.Reload {
+		return true, "a daemon-reload owed by an interrupted pass"
+	}
+	for _, a := range plan {
+		if a.Changes() || a.Enable || a.Disable {
+			return true, "unit files changed"
+		}
+	}
+	for _, a := range plan {
+		if a.Job != JobNone && cur.Units[a.Unit].NeedDaemonReload {
+			return true, a.Unit + " has NeedDaemonReload=yes"
+		}
+	}
+	return false, ""
+}
+
+// ownershipOf says what the agent owns of a unit: from the desired keys
+// when the registry wants the unit, else from the manifest, else from the
+// record kept after its drop-ins were removed.
+func ownershipOf(name string, d *DesiredUnit, cur Current) Ownership {
+	if d != nil && d.Err == nil {
+		switch {
+		case d.File != nil:
+			return OwnFile
+		case d.Instance:
+			return OwnInstance
+		}
+		return OwnDropIns
+	}
+	if h, ok := cur.Managed[name]; ok {
+		if h == InstanceMarker {
+			return OwnInstance
+		}
+		return OwnFile
+	}
+	for p := range cur.Managed {
+		if UnitOfPath(p) == name {
+			return OwnDropIns
+		}
+	}
+	return cur.Records[name].Own
+}
+
 func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]*DesiredUnit, cur Current) Action {
 	st := cur.Units[name]
 	rec := cur.Records[name]
-	a := Action{Unit: name}
+	a := Action{Unit: name, Own: ownershipOf(name, d, cur)}
 	if d == nil {
-		a.Kind = KindRemove
-		a.Reason = "removed from the registry"
-		for _, p := range managed {
-			if cur.Managed[p] == InstanceMarker {
-				continue // no file: the agent owns only the running instance
-			}
-			a.Removes = append(a.Removes, p)
-			if p == name {
-				a.Disable = true
-			}
-		}
-		return a
+		return planRemove(a, managed, cur)
 	}
 	if d.Err != nil {
 		return blocked(a, d.Err.Error())
@@ -261,7 +405,13 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		wanted[f.Path] = true
 	}
 	for _, p := range managed {
-		if !wanted[p] && cur.Managed[p] != InstanceMarker {
+		switch {
+		case wanted[p]:
+		case cur.Managed[p] == InstanceMarker:
+			if !d.Instance {
+				a.Forget = append(a.Forget, p)
+			}
+		default:
 			a.Removes = append(a.Removes, p)
 		}
 	}
@@ -280,6 +430,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 				}
 			} else {
 				maps.Copy(effective, fileHashes(t.Files()))
+				a.TemplateKey = tkey
 			}
 			if d.File == nil {
 				p = t.Policy // an instance key carries no policy: its template's applies
@@ -301,87 +452,137 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		a.ContentKey = InstanceMarker
 	}
 	changed := a.Changes()
+	if j, ok := cur.Jobs[name]; ok && j.ContentKey == a.ContentKey && !changed {
+		return waiting(a, j.Job.String()+" job in progress")
+	}
 	if r, ok := cur.Refused[name]; ok && r.ContentKey == a.ContentKey {
 		return blocked(a, r.Reason)
 	}
+	if !changed && (st.LoadState == "bad-setting" || st.LoadState == "error") && !st.NeedDaemonReload && KeyOf(rec.Applied) != a.ContentKey {
+		return planRefused(a, rec, st, cur)
+	}
 	if rec.Failed != "" && rec.Failed == a.ContentKey {
+		if rb, ok := planRollback(a, rec, managed, cur); ok {
+			return rb
+		}
 		return blocked(a, rec.FailReason+"; not retried until the registry content changes")
 	}
 	applied := KeyOf(rec.Applied)
+	// pending: an earlier pass began this content's job and never heard back.
+	pending := cur.Intent.Jobs[name] == a.ContentKey
 	// stale: the running unit is known to run other content than desired.
-	stale := len(rec.Applied) > 0 && applied != a.ContentKey
+	stale := len(rec.Applied) > 0 && applied != a.ContentKey || pending
 	// A halted rollout: another host of the group failed this version.
 	if h, ok := cur.Halts[name]; ok && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
-		a.Kind, a.Err = KindWait, fmt.Sprintf("held: the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason)
-		a.Reason = a.Err
-		a.Writes, a.Removes, a.Effective = nil, nil, nil
+		a = waiting(a, fmt.Sprintf("held: the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason))
+		a.Err, a.Effective = a.Reason, nil
 		return a
 	}
-	a.Enable = changed && p.Enable && p.HasInstall
+	planEnable(&a, st, changed)
 
-	if IsTemplate(name) || p.State == StatePresent {
+	switch {
+	case a.Own == OwnDropIns:
+		planForeign(&a, st, changed, stale, rec, d, desired, cur)
+	case IsTemplate(name) || p.State == StatePresent:
 		if changed {
-			a.Kind, a.Reason = KindUpdate, describe(a, cur)+"; State=present: not started or stopped"
+			a.Kind, a.Reason = KindUpdate, describe(a, rec, cur)+"; State=present: not started or stopped"
 		}
-		return a
-	}
-	if p.State == StateStopped {
+	case p.State == StateStopped:
 		switch {
 		case st.Active():
-			a.Kind, a.Reason = KindStop, "State=stopped and the unit is "+st.ActiveState
+			a.Kind, a.Job, a.Reason = KindStop, JobStop, "State=stopped and the unit is "+st.ActiveState
 			if changed {
-				a.Reason = describe(a, cur) + "; " + a.Reason
+				a.Reason = describe(a, rec, cur) + "; " + a.Reason
 			}
 		case changed:
-			a.Kind, a.Reason = KindUpdate, describe(a, cur)+"; State=stopped"
+			a.Kind, a.Reason = KindUpdate, describe(a, rec, cur)+"; State=stopped"
 		}
-		return a
-	}
-
-	// State=started.
-	if !st.Active() {
+	case !st.Active():
+		// State=started, and the unit is not running.
 		switch {
 		case changed || (stale && cur.Started[name] != a.ContentKey):
-			a.Kind, a.Reason = KindStart, describe(a, cur)
-			if !changed {
+			a.Kind, a.Job, a.Reason = KindStart, JobStart, describe(a, rec, cur)
+			if !changed && !pending {
 				a.Reason = "content changed while the unit was stopped"
 			}
+			if p.OnChange == "stop-start" && (changed || stale) {
+				a.Kind = KindStopStart // the second half: the old version is down
+			}
 		case d.Instance && !isManaged[name]:
-			a.Kind, a.Reason = KindStart, "new instance of "+TemplateOf(name)
+			a.Kind, a.Job, a.Reason = KindStart, JobStart, "new instance of "+TemplateOf(name)
 		case !st.Ran && st.LoadState == "loaded" && cur.Started[name] != a.ContentKey:
 			// Not run since the manager started (a boot, or the agent was
 			// away): start it. A unit that ran and stopped or failed is left
 			// as it is — an operator's stop is respected, and a crash is
 			// systemd's Restart= to handle; both show in status.
-			a.Kind, a.Reason = KindStart, "not started since the manager started"
+			a.Kind, a.Job, a.Reason = KindStart, JobStart, "not started since the manager started"
 		}
-		return a
+	case changed || stale:
+		planChange(&a, st, changed, rec, d, desired, cur)
 	}
-	if !changed && !stale {
-		return a
+	if a.Kind == KindNone && (a.Enable || a.Disable) {
+		a.Kind, a.Reason = KindUpdate, "enable per [Install]"
+		if a.Disable && !a.Enable {
+			a.Reason = "disable: Enable=no, or no [Install] section"
+		}
 	}
+	if (a.Kind == KindUpdate || a.Kind == KindNone) && a.Effective != nil && st.Active() && applied != a.ContentKey {
+		a.Adopt = true
+	}
+	return a
+}
 
-	// An active unit whose content changes: the least disruption that is correct.
-	oldFiles, newFiles := filesForClassify(name, rec, effective, d, desired, cur)
+// planEnable makes enablement follow the current version both ways. Only a
+// unit file the agent installed is ever enabled or disabled; a state other
+// than enabled/disabled (static, indirect, masked, ...) is left alone.
+func planEnable(a *Action, st UnitState, changed bool) {
+	if a.Own != OwnFile || IsTemplate(a.Unit) || IsInstance(a.Unit) {
+		return
+	}
+	want := a.Policy.Enable && a.Policy.HasInstall
+	unknown := st.UnitFileState == "" || st.LoadState == "not-found"
+	switch {
+	case want && (st.UnitFileState == "disabled" || unknown && changed):
+		a.Enable = true
+	case !want && st.UnitFileState == "enabled":
+		a.Disable = true
+	}
+}
+
+// planChange picks the least disruption for an active unit whose content
+// changes.
+func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) {
+	name, p := a.Unit, a.Policy
+	oldFiles, newFiles := filesForClassify(name, rec, a.Effective, d, desired, cur)
 	c := Classify(name, oldFiles, newFiles)
 	a.Change = &c
-	what := describe(a, cur)
-	if what == "" {
-		what = "running an older version"
-	}
+	what := describe(*a, rec, cur)
+	canReload := CanReload(name, newFiles)
 	switch p.OnChange {
 	case "restart":
 		a.Kind, a.Reason = restartKind(name), what+"; OnChange=restart"
 	case "reload":
-		a.Kind, a.Reason = KindReload, what+"; OnChange=reload"
+		if canReload {
+			a.Kind, a.Reason = KindReload, what+"; OnChange=reload"
+		} else {
+			// Never a silent restart: write the files, keep the unit on its
+			// old version, and say so.
+			a.Kind, a.Reason = KindUpdate, what+"; OnChange=reload"
+			a.Err = fmt.Sprintf("reload %s: the new version cannot reload (no ExecReload=); not restarting it silently — use OnChange=reload-or-restart or restart", name)
+			a.Effective = nil
+		}
 	case "reload-or-restart":
-		if st.CanReload {
+		if canReload {
 			a.Kind, a.Reason = KindReload, what+"; OnChange=reload-or-restart: the unit can reload"
 		} else {
 			a.Kind, a.Reason = KindRestart, what+"; OnChange=reload-or-restart: the unit cannot reload"
 		}
 	case "stop-start":
-		a.Kind, a.Reason = KindStopStart, what+"; OnChange=stop-start"
+		a.Kind, a.Reason = KindStopStart, what+"; OnChange=stop-start: stopping with the old definition first"
+		// The new files are written once the old version is down (next pass).
+		a.Writes, a.Removes, a.Enable, a.Disable, a.Effective = nil, nil, false, false, nil
+		a.Job = JobStop
+		return
 	case "none":
 		if changed {
 			a.Kind, a.Reason = KindUpdate, what+"; OnChange=none: restart pending"
@@ -389,7 +590,10 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		a.Effective = nil // the unit keeps running the old content
 	default:
 		a.Kind, a.Reason = autoKind(name, c)
-		if c.Kind == ChangeInstall && p.HasInstall && p.Enable {
+		if a.Kind == KindReload && !canReload {
+			a.Kind, a.Reason = KindRestart, c.Reason()+": the new version cannot reload, restart"
+		}
+		if c.Kind == ChangeInstall && a.Own == OwnFile && p.HasInstall && p.Enable {
 			a.Enable, a.Disable = true, true
 		}
 		if a.Kind == KindUpdate && !changed {
@@ -397,10 +601,227 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		}
 		a.Reason = what + "; " + a.Reason
 	}
+	a.Job = jobOf(a.Kind)
 	if a.Kind == KindRestart && strings.HasSuffix(name, ".socket") {
 		a.AlsoStop = []string{socketService(name, d)}
 	}
+}
+
+// planForeign applies drop-ins on a unit the agent did not install: it is
+// never started, stopped, enabled or disabled; an active one gets the change
+// like any other (restart, reload or nothing, as the change needs).
+func planForeign(a *Action, st UnitState, changed, stale bool, rec UnitRecord, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) {
+	a.Enable, a.Disable = false, false
+	switch {
+	case st.Active() && (changed || stale):
+		p := a.Policy
+		if p.OnChange == "stop-start" {
+			a.Policy.OnChange = "restart" // never stop a unit that is not ours
+		}
+		planChange(a, st, changed, rec, d, desired, cur)
+		a.Policy = p
+		a.Reason += " (drop-ins on a unit agentd did not install)"
+	case changed:
+		a.Kind, a.Reason = KindUpdate, describe(*a, rec, cur)+"; drop-ins on a unit agentd did not install, which is "+st.ActiveState+": not started"
+	}
+}
+
+// planRemove: the registry no longer wants the unit. What happens follows
+// what the agent owns of it.
+func planRemove(a Action, managed []string, cur Current) Action {
+	st := cur.Units[a.Unit]
+	rec := cur.Records[a.Unit]
+	a.Kind = KindRemove
+	if j, ok := cur.Jobs[a.Unit]; ok && j.Job == JobStop {
+		return waiting(a, "removed from the registry: stop job in progress")
+	}
+	switch a.Own {
+	case OwnDropIns:
+		if len(managed) > 0 {
+			a.Removes = managed
+			a.Reason = "drop-ins removed from the registry; " + a.Unit + " itself is not agentd's: never stopped, disabled or deleted"
+			a.Own = OwnDropIns
+			return a
+		}
+		// The drop-ins are gone from disk and systemd has reloaded: apply
+		// their removal to the running unit, if it had an effect.
+		a.Reason = "drop-ins removed"
+		if !st.Active() || len(rec.Applied) == 0 {
+			a.Kind, a.DropRecord = KindNone, true
+			return a
+		}
+		var old []File
+		for _, p := range sortUnitFirst(rec.Applied) {
+			b, ok := cur.Blobs[rec.Applied[p]]
+			if !ok {
+				old = nil // unknown: compare against nothing → restart
+				break
+			}
+			old = append(old, File{p, b})
+		}
+		c := Classify(a.Unit, old, nil)
+		if old == nil {
+			c = Change{Kind: ChangeRestart, Note: "the removed drop-ins are not kept; restarting to be safe"}
+		}
+		a.Change = &c
+		if c.Kind == ChangeNone || c.Kind == ChangeCosmetic {
+			a.Kind, a.DropRecord = KindNone, true
+			a.Reason = "drop-ins removed: " + c.Reason()
+			return a
+		}
+		a.Kind, a.Job = KindRestart, JobRestart
+		a.Reason = "drop-ins removed: " + c.Reason() + ": restart (the unit is not agentd's: never stopped)"
+		a.Effective = map[string]string{}
+		a.ContentKey = KeyOf(a.Effective)
+		a.Policy = Policy{State: StateStarted} // no HealthySec, no rollback: there is nothing to go back to
+		return a
+	case OwnFile, OwnInstance:
+		if st.Active() || st.ActiveState == "deactivating" {
+			a.Job = JobStop
+			a.Reason = "removed from the registry: stopping"
+			return a
+		}
+		// Stopped: disable, delete, and one daemon-reload for both.
+		a.Disable = st.UnitFileState == "enabled" && a.Own == OwnFile
+		for _, p := range managed {
+			if cur.Managed[p] == InstanceMarker {
+				a.Forget = append(a.Forget, p) // no file: the agent owns only the running instance
+			} else {
+				a.Removes = append(a.Removes, p)
+			}
+		}
+		a.Reason = "removed from the registry"
+		a.DropRecord = true
+		return a
+	}
+	a.Kind, a.DropRecord = KindNone, true
 	return a
+}
+
+// planRefused: systemd would not load the content just written. Put back
+// the files the unit ran with (or remove the new ones) and remember the
+// content, so it is not tried again until the registry changes.
+func planRefused(a Action, rec UnitRecord, st UnitState, cur Current) Action {
+	reason := fmt.Sprintf("systemd refused to load %s (%s): %s", a.Unit, st.LoadState, orUnknown(st.LoadError))
+	key, effective := a.ContentKey, a.Effective
+	b := blocked(a, reason)
+	b.Refuse = &Refusal{ContentKey: key, Reason: reason}
+	for _, p := range slices.Sorted(maps.Keys(effective)) {
+		old, ran := rec.Applied[p]
+		switch {
+		case ran && old == effective[p]:
+		case ran:
+			content, ok := cur.Blobs[old]
+			if !ok {
+				b.Err += fmt.Sprintf("; the previous version of %s (%s) is not kept, left as it is", p, short(old))
+				continue
+			}
+			b.Writes = append(b.Writes, DesiredFile{Path: p, Content: content, Hash: old})
+		case cur.Managed[p] != "":
+			b.Removes = append(b.Removes, p)
+		}
+	}
+	return b
+}
+
+// planRollback: a change failed and the unit still runs it. Put back the
+// version that ran before it (verified or not) and restart onto it. ok is
+// false when there is nothing to do: Rollback=no, no earlier version, or
+// already rolled back.
+func planRollback(a Action, rec UnitRecord, managed []string, cur Current) (Action, bool) {
+	if !a.Policy.Rollback || len(rec.Previous) == 0 || KeyOf(rec.Applied) == KeyOf(rec.Previous) || KeyOf(rec.Previous) == rec.Failed {
+		return a, false
+	}
+	r := a
+	r.Kind, r.Job, r.Enable, r.Disable, r.Adopt = KindRollback, JobRestart, false, false, false
+	r.Writes, r.Removes, r.Forget = nil, nil, nil
+	r.Reason = rec.FailReason + "; rolling back to " + short(headHash(a.Unit, rec.Previous)) + " (the version that ran before)"
+	for _, p := range slices.Sorted(maps.Keys(rec.Previous)) {
+		h := rec.Previous[p]
+		if lf := cur.Files[p]; lf.Exists && lf.Hash == h {
+			continue
+		}
+		content, ok := cur.Blobs[h]
+		if !ok {
+			return blocked(a, fmt.Sprintf("%s; cannot roll back: the previous version of %s (%s) is not kept", rec.FailReason, p, short(h))), true
+		}
+		r.Writes = append(r.Writes, DesiredFile{Path: p, Content: content, Hash: h})
+	}
+	// Files the failed version added (a new drop-in, here or on the
+	// template) go: the rolled-back unit must not run with them.
+	gone := map[string]bool{}
+	for p := range a.Effective {
+		gone[p] = true
+	}
+	for _, p := range managed {
+		gone[p] = true
+	}
+	for _, p := range slices.Sorted(maps.Keys(gone)) {
+		if _, keep := rec.Previous[p]; !keep && cur.Managed[p] != "" && cur.Managed[p] != InstanceMarker {
+			r.Removes = append(r.Removes, p)
+		}
+	}
+	if rec.FailedOp == KindReload.String() {
+		r.Job = JobNone // a failed reload left the old process running: put the files back only
+		r.Adopt = true
+	}
+	r.Effective = rec.Previous
+	return r, true
+}
+
+// headHash names a version by its unit file's hash (else any file's).
+func headHash(unit string, files map[string]string) string {
+	if h, ok := files[unit]; ok {
+		return h
+	}
+	for _, p := range slices.Sorted(maps.Keys(files)) {
+		return files[p]
+	}
+	return ""
+}
+
+func jobOf(k Kind) Job {
+	switch k {
+	case KindStart:
+		return JobStart
+	case KindRestart:
+		return JobRestart
+	case KindReload:
+		return JobReload
+	case KindStop, KindStopStart:
+		return JobStop
+	}
+	return JobNone
+}
+
+// waiting turns an action into a wait: nothing is written or run.
+func waiting(a Action, why string) Action {
+	a.Kind, a.Reason, a.Job = KindWait, why, JobNone
+	a.Writes, a.Removes, a.Forget, a.Enable, a.Disable, a.Adopt, a.AlsoStop = nil, nil, nil, false, false, false, nil
+	return a
+}
+
+// CanReload says whether the new version of a unit can reload in place:
+// a service with an ExecReload= (the last assignment wins; an empty one
+// resets the list), a mount (remount). Judged from the files, so the plan
+// is right even before the daemon-reload that loads them.
+func CanReload(name string, files []File) bool {
+	switch name[strings.LastIndexByte(name, '.')+1:] {
+	case "mount":
+		return true
+	case "service":
+	default:
+		return false
+	}
+	has := false
+	for _, f := range files {
+		for _, kv := range iniEntries(f.Content) {
+			if kv.sec == "Service" && kv.key == "ExecReload" {
+				has = kv.val != ""
+			}
+		}
+	}
+	return has
 }
 
 // autoKind is OnChange=auto: the unit type and the classification decide.
@@ -521,7 +942,10 @@ func sortUnitFirst(m map[string]string) []string {
 	return ps
 }
 
-func describe(a Action, cur Current) string {
+// describe says what differs: the files being written or removed, else
+// (the files are already in place) how the version the unit runs differs
+// from the one it should run.
+func describe(a Action, rec UnitRecord, cur Current) string {
 	var parts []string
 	for _, f := range a.Writes {
 		old := cur.Files[f.Path]
@@ -534,13 +958,31 @@ func describe(a Action, cur Current) string {
 	for _, r := range a.Removes {
 		parts = append(parts, r+" removed")
 	}
+	if len(parts) == 0 {
+		for _, p := range slices.Sorted(maps.Keys(a.Effective)) {
+			switch old, ok := rec.Applied[p]; {
+			case !ok:
+				parts = append(parts, fmt.Sprintf("%s new (%s)", p, short(a.Effective[p])))
+			case old != a.Effective[p]:
+				parts = append(parts, fmt.Sprintf("%s changed (%s → %s)", p, short(old), short(a.Effective[p])))
+			}
+		}
+		for _, p := range slices.Sorted(maps.Keys(rec.Applied)) {
+			if _, ok := a.Effective[p]; !ok {
+				parts = append(parts, p+" removed")
+			}
+		}
+	}
+	if len(parts) == 0 {
+		return "running an older version"
+	}
 	return strings.Join(parts, ", ")
 }
 
 func blocked(a Action, why string) Action {
-	a.Kind = KindBlocked
+	a.Kind, a.Job = KindBlocked, JobNone
 	a.Err = why
-	a.Writes, a.Removes, a.Enable, a.Disable, a.Effective = nil, nil, false, false, nil
+	a.Writes, a.Removes, a.Forget, a.Enable, a.Disable, a.Effective, a.Adopt, a.AlsoStop = nil, nil, nil, false, false, nil, false, nil
 	return a
 }
 

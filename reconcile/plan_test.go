@@ -81,9 +81,12 @@ func TestPlan(t *testing.T) {
 		{name: "non-regular file blocks", entries: []Entry{entry("hello.service", svc)},
 			files: map[string]LocalFile{"hello.service": {Exists: true, Err: "not a regular file (symlink)"}},
 			units: map[string]UnitState{"hello.service": running}, want: KindBlocked, errLike: "not a regular file"},
-		{name: "removed from registry is stopped disabled removed", files: map[string]LocalFile{"hello.service": onDisk(svc)},
+		{name: "removed from registry: a running unit is stopped and disabled first", files: map[string]LocalFile{"hello.service": onDisk(svc)},
 			managed: map[string]string{"hello.service": Hash([]byte(svc))},
-			units:   map[string]UnitState{"hello.service": running}, want: KindRemove, removes: 1, disable: true},
+			units:   map[string]UnitState{"hello.service": enabled(running)}, want: KindRemove, removes: 0},
+		{name: "removed from registry: once stopped it is disabled and its file goes", files: map[string]LocalFile{"hello.service": onDisk(svc)},
+			managed: map[string]string{"hello.service": Hash([]byte(svc))},
+			units:   map[string]UnitState{"hello.service": enabled(stopped)}, want: KindRemove, removes: 1, disable: true},
 		{name: "unmanaged unit absent from registry is not touched", files: map[string]LocalFile{"other.service": onDisk(svc)},
 			units: map[string]UnitState{"other.service": running}, want: -1, wantUnit: "other.service"},
 		{name: "refused content is not retried", entries: []Entry{entry("hello.service", svc2)},
@@ -317,6 +320,7 @@ func TestPlanChangeOnRunningUnit(t *testing.T) {
 		enable      bool
 		alsoStop    string
 		noEffRecord bool // OnChange=none keeps the old Applied record
+		writes      int  // 0: the new file is written; -1: nothing is written yet
 	}{
 		{name: "comment only: update, no restart", old: svc, new: "# hi\n" + svc, want: KindUpdate},
 		{name: "Description only: update", old: svc, new: strings.Replace(svc, "hello", "hello world", 1), want: KindUpdate},
@@ -328,7 +332,7 @@ func TestPlanChangeOnRunningUnit(t *testing.T) {
 		{name: "OnChange=reload", old: svcReload + "[X-Agentd]\nOnChange=reload\n", new: strings.Replace(svcReload, "1000", "1001", 1) + "[X-Agentd]\nOnChange=reload\n", canReload: true, want: KindReload},
 		{name: "OnChange=reload-or-restart that can reload", old: svcReload + "[X-Agentd]\nOnChange=reload-or-restart\n", new: strings.Replace(svcReload, "1000", "1001", 1) + "[X-Agentd]\nOnChange=reload-or-restart\n", canReload: true, want: KindReload},
 		{name: "OnChange=reload-or-restart that cannot reload", old: svc + "[X-Agentd]\nOnChange=reload-or-restart\n", new: strings.Replace(svc, "1000", "1001", 1) + "[X-Agentd]\nOnChange=reload-or-restart\n", want: KindRestart},
-		{name: "OnChange=stop-start", old: svc + "[X-Agentd]\nOnChange=stop-start\n", new: strings.Replace(svc, "1000", "1001", 1) + "[X-Agentd]\nOnChange=stop-start\n", want: KindStopStart},
+		{name: "OnChange=stop-start: stop with the old file first", old: svc + "[X-Agentd]\nOnChange=stop-start\n", new: strings.Replace(svc, "1000", "1001", 1) + "[X-Agentd]\nOnChange=stop-start\n", want: KindStopStart, writes: -1, noEffRecord: true},
 		{name: "OnChange=none: files only, restart pending", old: svc + "[X-Agentd]\nOnChange=none\n", new: strings.Replace(svc, "1000", "1001", 1) + "[X-Agentd]\nOnChange=none\n", want: KindUpdate, noEffRecord: true},
 		{name: "socket: restart, stopping its service", unit: "web.socket", old: "[Socket]\nListenStream=8080\n", new: "[Socket]\nListenStream=8081\n", want: KindRestart, alsoStop: "web.service"},
 		{name: "socket with Service=", unit: "web.socket", old: "[Socket]\nListenStream=8080\nService=api.service\n", new: "[Socket]\nListenStream=8081\nService=api.service\n", want: KindRestart, alsoStop: "api.service"},
@@ -359,8 +363,12 @@ func TestPlanChangeOnRunningUnit(t *testing.T) {
 			if a.Kind != tt.want {
 				t.Fatalf("kind = %s (%s), want %s", a.Kind, a.Reason, tt.want)
 			}
-			if len(a.Writes) != 1 {
-				t.Errorf("writes = %d, want 1", len(a.Writes))
+			want := 1
+			if tt.writes < 0 {
+				want = 0
+			}
+			if len(a.Writes) != want {
+				t.Errorf("writes = %d, want %d", len(a.Writes), want)
 			}
 			if a.Enable != tt.enable {
 				t.Errorf("enable = %v, want %v", a.Enable, tt.enable)
@@ -447,4 +455,9 @@ func TestPlanMaxUnavailableAndHalts(t *testing.T) {
 	if a := Plan(Desire(Snapshot{Entries: group}), cur)[0]; a.Kind != KindNone {
 		t.Fatalf("host already on the version: %s", a.Kind)
 	}
+}
+
+func enabled(st UnitState) UnitState {
+	st.UnitFileState = "enabled"
+	return st
 }

@@ -4,8 +4,18 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 )
+
+// slotTable is this host's MaxUnavailable slots. Acquire blocks, so slots
+// are acquired by goroutines the agent owns (wg) and handed to the loop
+// under mu.
+type slotTable struct {
+	mu    sync.Mutex
+	slots map[string]*slot
+	wg    sync.WaitGroup
+}
 
 // slot is this host's place in one (scope, unit) MaxUnavailable semaphore.
 type slot struct {
@@ -39,11 +49,11 @@ func scopeOf(d *DesiredUnit, desired map[string]*DesiredUnit) string {
 }
 
 // slotsHeld maps each unit whose slot this host holds to the hash it holds it for.
-func (a *Agent) slotsHeld() map[string]string {
-	a.slotMu.Lock()
-	defer a.slotMu.Unlock()
+func (t *slotTable) held() map[string]string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	held := map[string]string{}
-	for u, s := range a.slots {
+	for u, s := range t.slots {
 		if s.held {
 			held[u] = s.hash
 		}
@@ -58,9 +68,9 @@ func (a *Agent) ensureSlot(ctx context.Context, unit, scope, hash string, limit 
 	if a.cfg.Coordinator == nil {
 		return
 	}
-	a.slotMu.Lock()
-	defer a.slotMu.Unlock()
-	if s := a.slots[unit]; s != nil {
+	a.slots.mu.Lock()
+	defer a.slots.mu.Unlock()
+	if s := a.slots.slots[unit]; s != nil {
 		if s.scope == scope && (s.held || s.waiting) {
 			return
 		}
@@ -69,12 +79,12 @@ func (a *Agent) ensureSlot(ctx context.Context, unit, scope, hash string, limit 
 		}
 	}
 	s := &slot{scope: scope, hash: hash, limit: limit, waiting: true}
-	a.slots[unit] = s
+	a.slots.slots[unit] = s
 	a.log.Info("waiting for a rollout slot", "unit", unit, "scope", scope, "max_unavailable", limit, "action", "wait")
-	a.slotWG.Go(func() {
+	a.slots.wg.Go(func() {
 		release, err := a.cfg.Coordinator.Acquire(ctx, scope, unit, hash, limit)
-		a.slotMu.Lock()
-		current := a.slots[unit] == s
+		a.slots.mu.Lock()
+		current := a.slots.slots[unit] == s
 		if current {
 			s.waiting = false
 			if err != nil {
@@ -84,7 +94,7 @@ func (a *Agent) ensureSlot(ctx context.Context, unit, scope, hash string, limit 
 				s.held, s.release, s.err = true, release, nil
 			}
 		}
-		a.slotMu.Unlock()
+		a.slots.mu.Unlock()
 		if err == nil && !current {
 			_ = release(context.WithoutCancel(ctx))
 		}
@@ -97,19 +107,28 @@ func (a *Agent) ensureSlot(ctx context.Context, unit, scope, hash string, limit 
 	})
 }
 
-// stillHolding re-checks with etcd right before a disruptive step: a slot
-// whose lease was lost is no slot.
-func (a *Agent) stillHolding(ctx context.Context, unit, scope string) bool {
+// checkSlots re-checks with etcd that every slot this host holds is still
+// held: a slot whose lease was lost is no slot, and the plan must not take
+// a disruptive step on it.
+func (a *Agent) checkSlots(ctx context.Context) {
 	if a.cfg.Coordinator == nil {
-		return true
+		return
 	}
-	ok, err := a.cfg.Coordinator.Holding(ctx, scope, unit)
-	if err != nil || !ok {
-		a.dropSlot(ctx, unit)
-		a.log.Warn("rollout slot lost before the disruptive step; waiting again", "unit", unit, "scope", scope, "err", err)
-		return false
+	a.slots.mu.Lock()
+	held := map[string]string{}
+	for u, s := range a.slots.slots {
+		if s.held {
+			held[u] = s.scope
+		}
 	}
-	return true
+	a.slots.mu.Unlock()
+	for unit, scope := range held {
+		ok, err := a.cfg.Coordinator.Holding(ctx, scope, unit)
+		if err != nil || !ok {
+			a.dropSlot(ctx, unit)
+			a.log.Warn("rollout slot lost; waiting again before any disruptive step", "unit", unit, "scope", scope, "err", err)
+		}
+	}
 }
 
 // releaseSlot gives unit's slot back (after HealthySec, a rollback, or a
@@ -118,14 +137,14 @@ func (a *Agent) stillHolding(ctx context.Context, unit, scope string) bool {
 func (a *Agent) releaseSlot(ctx context.Context, unit string) { a.dropSlot(ctx, unit) }
 
 func (a *Agent) dropSlot(ctx context.Context, unit string) {
-	a.slotMu.Lock()
-	s := a.slots[unit]
-	delete(a.slots, unit)
-	a.slotMu.Unlock()
+	a.slots.mu.Lock()
+	s := a.slots.slots[unit]
+	delete(a.slots.slots, unit)
+	a.slots.mu.Unlock()
 	if s == nil || !s.held {
 		return
 	}
-	a.slotWG.Go(func() {
+	a.slots.wg.Go(func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := s.release(rctx); err != nil {

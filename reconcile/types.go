@@ -139,12 +139,20 @@ type Status struct {
 	Verifying bool `json:"verifying,omitempty"`
 	// PendingRestart is true when the file changed but OnChange=none kept
 	// the running unit on the old content.
-	PendingRestart bool      `json:"pendingRestart,omitempty"`
-	Action         string    `json:"action"`           // last action taken on this unit
-	Result         string    `json:"result"`           // result of that action: done, failed, timeout, refused, ...
-	Error          string    `json:"error,omitempty"`  // why the unit is not converged, if it is not
-	Source         string    `json:"source,omitempty"` // registry key scope: "host" or "group:<name>"
-	UpdatedAt      time.Time `json:"updatedAt"`
+	PendingRestart bool `json:"pendingRestart,omitempty"`
+	// Health is the agent's verdict on the version the unit runs, judged
+	// from systemd's properties (see Health): verifying, healthy,
+	// unhealthy or unknown; empty when no verdict applies (State=present,
+	// a template). A oneshot that ran to completion is healthy though
+	// inactive.
+	Health string `json:"health,omitempty"`
+	// Job is the systemd job the agent is waiting on for this unit, if any.
+	Job       string    `json:"job,omitempty"`
+	Action    string    `json:"action"`           // last action taken on this unit
+	Result    string    `json:"result"`           // result of that action: done, failed, timeout, refused, ...
+	Error     string    `json:"error,omitempty"`  // why the unit is not converged, if it is not
+	Source    string    `json:"source,omitempty"` // registry key scope: "host" or "group:<name>"
+	UpdatedAt time.Time `json:"updatedAt"`
 }
 
 // Member is an agent's membership record at <prefix>/agents/<host>.

@@ -28,11 +28,6 @@ import (
 	"github.com/agentd/agentd/reconcile"
 )
 
-// DefaultJobTimeout is systemd's own default job timeout
-// (DefaultTimeoutStartSec=, DefaultTimeoutStopSec=). Manager does not apply
-// it: a job waits until its result arrives or its ctx is done.
-const DefaultJobTimeout = 90 * time.Second
-
 var (
 	// ErrClosed is returned by calls on a closed Manager.
 	ErrClosed = errors.New("systemd manager closed")

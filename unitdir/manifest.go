@@ -21,16 +21,20 @@ const manifestFile = "managed.json"
 // of those versions (blobs/<hash>). managed.json is rewritten atomically on
 // every change. Safe for concurrent use.
 type Manifest struct {
-	dir   *Dir
-	mu    sync.Mutex
-	files map[string]string // path relative to the unit dir -> hash last written
-	units map[string]reconcile.UnitRecord
+	dir    *Dir
+	mu     sync.Mutex
+	files  map[string]string // path relative to the unit dir -> hash last written
+	units  map[string]reconcile.UnitRecord
+	intent reconcile.Intent
 }
 
 type manifestJSON struct {
 	Version int                             `json:"version"`
 	Files   map[string]string               `json:"files"`
 	Units   map[string]reconcile.UnitRecord `json:"units,omitempty"`
+	// Intent is the work a pass began and has not finished (see
+	// reconcile.Intent); absent when nothing is owed.
+	Intent *reconcile.Intent `json:"intent,omitempty"`
 }
 
 // OpenManifest loads the manifest from stateDir, creating the directory (and
@@ -56,6 +60,9 @@ func OpenManifest(stateDir string) (*Manifest, error) {
 		}
 		if mj.Units != nil {
 			m.units = mj.Units
+		}
+		if mj.Intent != nil {
+			m.intent = *mj.Intent
 		}
 	}
 	return m, nil
@@ -86,26 +93,42 @@ func (m *Manifest) Set(path, hash string) error {
 	return nil
 }
 
-// SetMany is Set for a batch of paths, with one write of the manifest.
-func (m *Manifest) SetMany(files map[string]string) error {
+// Claim records, in one write of the manifest, that the agent owns files
+// (path -> the hash about to be written there) and the intent of the pass
+// that is about to write them: a crash after this leaves files the agent
+// still owns, and work the next pass finishes.
+func (m *Manifest) Claim(files map[string]string, in reconcile.Intent) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	next := maps.Clone(m.files)
-	changed := false
-	for p, h := range files {
-		if next[p] != h {
-			next[p] = h
-			changed = true
-		}
-	}
-	if !changed {
-		return nil
-	}
-	if err := m.save(next, m.units); err != nil {
+	maps.Copy(next, files)
+	if err := m.saveAll(next, m.units, in); err != nil {
 		return err
 	}
-	m.files = next
+	m.files, m.intent = next, cloneIntent(in)
 	return nil
+}
+
+// Intent returns the recorded intent (empty when nothing is owed).
+func (m *Manifest) Intent() reconcile.Intent {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return cloneIntent(m.intent)
+}
+
+// SetIntent records the intent; an empty one clears it.
+func (m *Manifest) SetIntent(in reconcile.Intent) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.saveAll(m.files, m.units, in); err != nil {
+		return err
+	}
+	m.intent = cloneIntent(in)
+	return nil
+}
+
+func cloneIntent(in reconcile.Intent) reconcile.Intent {
+	return reconcile.Intent{Reload: in.Reload, Jobs: maps.Clone(in.Jobs)}
 }
 
 // Forget drops path from the manifest. Call it after the file is removed.
@@ -131,18 +154,17 @@ func (m *Manifest) Units() map[string]reconcile.UnitRecord {
 	return maps.Clone(m.units)
 }
 
-// SetUnit stores a unit's record; the zero record deletes it.
-func (m *Manifest) SetUnit(name string, rec reconcile.UnitRecord) error {
+// SetUnits stores units' records in one write; an empty record deletes.
+func (m *Manifest) SetUnits(recs map[string]reconcile.UnitRecord) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	next := maps.Clone(m.units)
-	if len(rec.Applied) == 0 && len(rec.Good) == 0 && rec.Failed == "" {
-		if _, ok := next[name]; !ok {
-			return nil
+	for name, rec := range recs {
+		if rec.Empty() {
+			delete(next, name)
+		} else {
+			next[name] = rec
 		}
-		delete(next, name)
-	} else {
-		next[name] = rec
 	}
 	if err := m.save(m.files, next); err != nil {
 		return err
@@ -185,6 +207,9 @@ func (m *Manifest) GC() error {
 		for _, h := range r.Good {
 			keep[h] = true
 		}
+		for _, h := range r.Previous {
+			keep[h] = true
+		}
 	}
 	m.mu.Unlock()
 	f, err := m.dir.root.Open(blobDir)
@@ -209,7 +234,15 @@ func (m *Manifest) GC() error {
 }
 
 func (m *Manifest) save(files map[string]string, units map[string]reconcile.UnitRecord) error {
-	b, err := json.MarshalIndent(manifestJSON{Version: 2, Files: files, Units: units}, "", "  ")
+	return m.saveAll(files, units, m.intent)
+}
+
+func (m *Manifest) saveAll(files map[string]string, units map[string]reconcile.UnitRecord, in reconcile.Intent) error {
+	mj := manifestJSON{Version: 2, Files: files, Units: units}
+	if !in.Empty() {
+		mj.Intent = &in
+	}
+	b, err := json.MarshalIndent(mj, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -11,47 +11,19 @@ import (
 	"github.com/agentd/agentd/metrics"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
-	"github.com/agentd/agentd/systemd"
 )
 
-// jobWait is how long a systemd job call may keep the loop busy before the
-// watchdog counts the loop as wedged: the Manager's job timeout, plus the
-// D-Bus round trips around the wait.
-const jobWait = systemd.DefaultJobTimeout + 15*time.Second
-
-// reportWait bounds a status report the same way: each etcd round trip has
+// reportWait bounds a status report: each etcd round trip has
 // a request timeout of its own, and a report waits for the session's
 // lease recovery, which is bounded the same way.
 const reportWait = time.Minute
 
-// loopSystemd is the reconcile loop's view of systemd. It tells the service
-// watchdog which calls end by themselves (jobs, bounded by the job timeout),
-// and keeps agentd_systemd_connected current from the state reads every
-// pass makes.
+// loopSystemd is the reconcile loop's view of systemd. It keeps
+// agentd_systemd_connected current from the state reads every pass makes.
+// Jobs need no watchdog allowance: they run outside the loop.
 type loopSystemd struct {
 	reconcile.Systemd
-	svc *service
 	met *metrics.Metrics
-}
-
-func (l loopSystemd) Start(ctx context.Context, unit string) error {
-	defer l.svc.boundedWait(jobWait)()
-	return l.Systemd.Start(ctx, unit)
-}
-
-func (l loopSystemd) Stop(ctx context.Context, unit string) error {
-	defer l.svc.boundedWait(jobWait)()
-	return l.Systemd.Stop(ctx, unit)
-}
-
-func (l loopSystemd) Restart(ctx context.Context, unit string) error {
-	defer l.svc.boundedWait(jobWait)()
-	return l.Systemd.Restart(ctx, unit)
-}
-
-func (l loopSystemd) ReloadUnit(ctx context.Context, unit string) error {
-	defer l.svc.boundedWait(jobWait)()
-	return l.Systemd.ReloadUnit(ctx, unit)
 }
 
 func (l loopSystemd) State(ctx context.Context, unit string) (reconcile.UnitState, error) {

@@ -245,7 +245,7 @@ func runAgent(ctx context.Context, o *runOptions) error {
 	}
 	reporter := &sessionReporter{svc: svc, met: met}
 	agent := reconcile.New(reconcile.Config{
-		Systemd:           loopSystemd{Systemd: sys, svc: svc, met: met},
+		Systemd:           loopSystemd{Systemd: sys, met: met},
 		Files:             files,
 		Manifest:          manifest,
 		Reporter:          reporter,

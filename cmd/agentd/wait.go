@@ -157,6 +157,8 @@ func (e expectation) judge(statuses map[string]reconcile.Status) (state, detail 
 		return stateSlot, "MaxUnavailable"
 	case "held":
 		return stateHeld, strings.TrimPrefix(st.Error, "held: ")
+	case "rolling-back":
+		return stateApplying, "rolling back: " + st.Error
 	case "rolled-back":
 		if st.Error != "" {
 			return stateRolled, st.Error
@@ -173,16 +175,24 @@ func (e expectation) judge(statuses map[string]reconcile.Status) (state, detail 
 	case e.hash != "" && st.Hash != e.hash:
 		return stateApplying, "file not replaced yet"
 	}
+	if st.Job != "" {
+		return stateApplying, st.Job + " job running"
+	}
 	switch e.state {
 	case reconcile.StateStarted:
-		switch st.ActiveState {
-		case "active", "reloading":
-			if st.Verifying {
-				return stateVerifying, fmt.Sprintf("running %s, waiting out HealthySec", short(st.Hash))
-			}
+		switch {
+		case st.Verifying:
+			return stateVerifying, fmt.Sprintf("running %s, waiting out HealthySec", short(st.Hash))
+		case st.Health == "healthy":
 			return stateHealthy, fmt.Sprintf("%s (%s), hash %s", st.ActiveState, st.SubState, short(st.Hash))
-		case "failed":
+		case st.PendingRestart:
+			return stateHealthy, "file in place, restart pending (OnChange=none), hash " + short(st.Hash)
+		case st.ActiveState == "failed":
 			return stateFailed, describeFailure(st)
+		case e.key != e.unit && !activeState(st.ActiveState):
+			// A drop-in on a unit that does not run (a vendor unit the
+			// agent never starts): in place is all there is.
+			return stateHealthy, "drop-in in place; " + e.unit + " is " + st.ActiveState
 		}
 		return stateApplying, st.ActiveState + " (" + st.SubState + ")"
 	case reconcile.StateStopped:
@@ -275,3 +285,5 @@ func (v *progressView) redraw(rows map[string]row) {
 	}
 	v.drawn = len(lines)
 }
+
+func activeState(s string) bool { return s == "active" || s == "reloading" || s == "activating" }

@@ -1,0 +1,267 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+)
+
+// maxRounds bounds the plan → execute rounds of one pass. A round that
+// changes files ends with the daemon-reload and the next round plans again
+// from what systemd then says (a unit it refuses to load, the jobs to run);
+// a round without a reload runs the jobs. Normally two rounds.
+const maxRounds = 3
+
+// pass observes, judges health, plans and executes, in rounds, then
+// persists and reports. It returns the first round's plan: what the pass
+// decided.
+func (a *Agent) pass(ctx context.Context) ([]Action, error) {
+	t0 := time.Now()
+	var first, plan []Action
+	var desired map[string]*DesiredUnit
+	var applyErr error
+	for round := 0; round < maxRounds; round++ {
+		a.drainResults(ctx)
+		d, cur, err := a.observe(ctx)
+		if errors.Is(err, ErrNoRegistry) {
+			return nil, nil // nothing known yet: touch nothing
+		}
+		if err != nil {
+			return nil, err
+		}
+		a.judge(ctx, cur)
+		a.remember(&cur)
+		desired, plan = d, Plan(d, cur)
+		if round == 0 {
+			first = plan
+			a.resumeVerification(plan, cur)
+		}
+		more, err := a.execute(ctx, plan, cur, round == maxRounds-1)
+		if err != nil || !more {
+			applyErr = err
+			break
+		}
+	}
+	a.persist()
+	t1 := time.Now()
+	reportErr := a.report(ctx, desired, plan)
+	a.log.Debug("pass", "units", len(plan), "apply", t1.Sub(t0), "report", time.Since(t1))
+	return first, errors.Join(applyErr, reportErr)
+}
+
+// drainResults takes the job results that are waiting, so a pass judges
+// from the newest knowledge.
+func (a *Agent) drainResults(ctx context.Context) {
+	for {
+		select {
+		case r := <-a.jobs.done:
+			a.finish(ctx, r)
+		default:
+			return
+		}
+	}
+}
+
+// execute does what the plan says, in a fixed order: record the intent,
+// disable, write and remove files, enable, ONE daemon-reload; then, in a
+// round without a reload (or the last), start the jobs. It decides
+// nothing. more says the files changed and the caller should plan again.
+func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bool) (more bool, err error) {
+	reload, why := ReloadNeeded(plan, cur)
+
+	// 1. The intent, with the ownership of every path about to be
+	// written, in one write, before any side effect.
+	claims := map[string]string{}
+	intent := Intent{Reload: a.mem.intent.Reload || reload, Jobs: maps.Clone(a.mem.intent.Jobs)}
+	if intent.Jobs == nil {
+		intent.Jobs = map[string]string{}
+	}
+	for _, act := range plan {
+		for _, w := range act.Writes {
+			claims[w.Path] = w.Hash
+		}
+		if act.Job != JobNone && act.Effective != nil {
+			intent.Jobs[act.Unit] = act.ContentKey
+		}
+	}
+	if len(claims) > 0 || !intentEqual(intent, a.mem.intent) {
+		if err := a.cfg.Manifest.Claim(claims, intent); err != nil {
+			return false, fmt.Errorf("record intent in the state directory: %w", err)
+		}
+		a.mem.intent = intent
+	}
+
+	// 2. Disables see the [Install] of the file on disk now.
+	failed := map[string]bool{}
+	for _, act := range plan {
+		if act.Disable {
+			if err := a.cfg.Systemd.Disable(ctx, act.Unit); err != nil {
+				a.mem.enableErr[act.Unit] = err.Error()
+				a.record(act, "failed", err)
+				failed[act.Unit] = act.Kind != KindRemove // a removal goes on: its files must not stay for ever
+			} else if !act.Enable {
+				delete(a.mem.enableErr, act.Unit)
+			}
+		}
+	}
+	// 3. Files.
+	for _, act := range plan {
+		if failed[act.Unit] || (!act.Changes() && len(act.Forget) == 0) {
+			continue
+		}
+		if err := a.writeFiles(act); err != nil {
+			failed[act.Unit] = true
+			a.record(act, "failed", err)
+		}
+	}
+	// 4. Enables: symlinks only, the reload below picks them up.
+	for _, act := range plan {
+		if act.Enable && !failed[act.Unit] {
+			if err := a.cfg.Systemd.Enable(ctx, act.Unit); err != nil {
+				a.mem.enableErr[act.Unit] = err.Error()
+				a.record(act, "failed", err)
+				failed[act.Unit] = true
+			} else {
+				delete(a.mem.enableErr, act.Unit)
+			}
+		}
+	}
+	// 5. One daemon-reload for the whole batch.
+	if reload {
+		a.log.Debug("daemon-reload", "why", why)
+		if err := a.cfg.Systemd.Reload(ctx); err != nil {
+			// The intent keeps Reload: the next pass reloads first.
+			return false, fmt.Errorf("daemon-reload: %w", err)
+		}
+		a.mem.intent.Reload = false
+		if err := a.cfg.Manifest.SetIntent(a.mem.intent); err != nil {
+			a.log.Warn("record the finished daemon-reload in the state directory", "err", err)
+		}
+	}
+	a.bookkeep(ctx, plan, failed)
+	if reload && !last {
+		return true, nil
+	}
+	if ctx.Err() != nil {
+		return false, ctx.Err() // shutting down: start nothing new
+	}
+
+	// 6. Jobs, in the background; their results come back to the loop.
+	for _, act := range plan {
+		if failed[act.Unit] {
+			continue
+		}
+		if act.Job == JobNone {
+			if _, inflight := a.jobs.inflight[act.Unit]; !inflight {
+				delete(a.mem.intent.Jobs, act.Unit)
+			}
+			if act.NeedSlot {
+				a.ensureSlot(ctx, act.Unit, act.Scope, act.Hash, act.Policy.MaxUnavailable)
+			}
+			continue
+		}
+		if act.Instance && act.Job == JobStart {
+			if err := a.cfg.Manifest.Set(act.Unit, InstanceMarker); err != nil {
+				a.record(act, "failed", err)
+				continue
+			}
+		}
+		if act.Job == JobStart || act.Job == JobRestart {
+			a.mem.started[act.Unit] = act.ContentKey
+		}
+		a.launch(ctx, act, cur.Units[act.Unit])
+	}
+	return false, nil
+}
+
+// bookkeep records what the plan says about units that need no job: a
+// change that took effect with the reload, a refusal, a removal, a block.
+func (a *Agent) bookkeep(ctx context.Context, plan []Action, failed map[string]bool) {
+	for _, act := range plan {
+		if failed[act.Unit] {
+			continue
+		}
+		u := act.Unit
+		if act.Own != OwnNone && act.Kind != KindBlocked {
+			if rec, ok := a.mem.records[u]; ok && rec.Own != act.Own {
+				rec.Own = act.Own
+				a.mem.records[u] = rec
+			}
+		}
+		if act.Adopt {
+			rec := a.mem.records[u]
+			if KeyOf(rec.Applied) != act.ContentKey {
+				rec.Previous = rec.Applied
+			}
+			rec.Applied, rec.Own = act.Effective, act.Own
+			a.mem.records[u] = rec
+			if _, verifying := a.verify[u]; !verifying {
+				a.markGood(u, act.Effective)
+			}
+		}
+		switch {
+		case act.Refuse != nil:
+			a.mem.refused[u] = *act.Refuse
+			a.record(act, "refused", errors.New(act.Err))
+		case act.Kind == KindBlocked:
+			if prev, ok := a.mem.last[u]; !ok || (prev.err != act.Err && prev.action != "rolled-back") {
+				a.record(act, "blocked", errors.New(act.Err))
+			}
+		case act.Kind == KindUpdate && act.Err != "":
+			if prev, ok := a.mem.last[u]; !ok || prev.err != act.Err {
+				a.record(act, "failed", errors.New(act.Err))
+			}
+		case act.Kind == KindUpdate:
+			a.record(act, "done", nil)
+		case act.Kind == KindRollback && act.Job == JobNone:
+			a.recordAs(act, "rolled-back", "done", errors.New(act.Reason))
+			rec := a.mem.records[u]
+			rec.Good, rec.Previous = act.Effective, nil
+			a.mem.records[u] = rec
+		}
+		if act.DropRecord {
+			if act.Kind == KindRemove && (len(act.Removes) > 0 || len(act.Forget) > 0) {
+				a.record(act, "done", nil)
+			}
+			delete(a.mem.records, u)
+			delete(a.verify, u)
+			delete(a.mem.refused, u)
+			delete(a.mem.started, u)
+			delete(a.mem.enableErr, u)
+			delete(a.mem.intent.Jobs, u)
+			a.releaseSlot(ctx, u)
+		}
+	}
+}
+
+func (a *Agent) writeFiles(act Action) error {
+	for _, w := range act.Writes {
+		// Kept by hash for classification and rollback of later changes.
+		if err := a.cfg.Manifest.PutBlob(w.Hash, w.Content); err != nil {
+			return err
+		}
+		if err := a.cfg.Files.Write(w.Path, w.Content); err != nil {
+			return err
+		}
+	}
+	for _, p := range act.Removes {
+		if err := a.cfg.Files.Remove(p); err != nil {
+			return err
+		}
+		if err := a.cfg.Manifest.Forget(p); err != nil {
+			return err
+		}
+	}
+	for _, p := range act.Forget {
+		if err := a.cfg.Manifest.Forget(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func intentEqual(x, y Intent) bool {
+	return x.Reload == y.Reload && maps.Equal(x.Jobs, y.Jobs)
+}

@@ -1,0 +1,202 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// jobs are the systemd jobs the agent started and has not heard back from.
+// Each runs in a goroutine the agent owns (wg) and hands its result to the
+// loop over done: the loop never waits for a job, so one unit's hung start
+// never holds up another unit's change, the status or the watchdog.
+type jobs struct {
+	seq      uint64
+	inflight map[string]*jobRun // by unit; loop-owned
+	done     chan jobResult
+	wg       sync.WaitGroup
+}
+
+func newJobs() jobs {
+	return jobs{inflight: map[string]*jobRun{}, done: make(chan jobResult, 64)}
+}
+
+type jobRun struct {
+	id  uint64
+	act Action
+}
+
+type jobResult struct {
+	id   uint64
+	unit string
+	err  error
+	// base is the unit's state read right after the job ended: the
+	// baseline its health is judged against (NRestarts, timestamps).
+	base  UnitState
+	ended time.Time
+}
+
+// jobMargin is added to a unit's own timeouts: systemd ends the job by
+// then, so a wait that runs out means the agent lost track, not a slow unit.
+const jobMargin = 15 * time.Second
+
+// defaultJobTimeout stands in for units whose type has no timeout of its
+// own (timers, paths, targets): systemd's default.
+const defaultJobTimeout = 90 * time.Second
+
+// JobDeadline is how long the agent waits for a job's result: the unit's
+// own start and/or stop timeouts plus a margin; 0 means no deadline (a
+// timeout of infinity: systemd waits for ever, and so does the agent,
+// without blocking anything else). Pure.
+func JobDeadline(job Job, st UnitState) time.Duration {
+	limit := func(us uint64) (time.Duration, bool) {
+		switch {
+		case us == math.MaxUint64:
+			return 0, false
+		case us == 0:
+			return defaultJobTimeout, true
+		}
+		return time.Duration(us) * time.Microsecond, true
+	}
+	start, okStart := limit(st.TimeoutStartUSec)
+	stop, okStop := limit(st.TimeoutStopUSec)
+	switch job {
+	case JobStop:
+		if !okStop {
+			return 0
+		}
+		return stop + jobMargin
+	case JobRestart:
+		if !okStart || !okStop {
+			return 0
+		}
+		return stop + start + jobMargin
+	}
+	if !okStart {
+		return 0
+	}
+	return start + jobMargin
+}
+
+// launch starts act's job in the background.
+func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
+	a.jobs.seq++
+	run := &jobRun{id: a.jobs.seq, act: act}
+	a.jobs.inflight[act.Unit] = run
+	deadline := JobDeadline(act.Job, st)
+	a.log.Debug("job started", "unit", act.Unit, "job", act.Job.String(), "deadline", deadline)
+	a.jobs.wg.Go(func() {
+		jctx, cancel := ctx, context.CancelFunc(func() {})
+		if deadline > 0 {
+			jctx, cancel = context.WithTimeout(ctx, deadline)
+		}
+		err := a.runJob(jctx, act)
+		cancel()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrOutcomeUnknown) {
+			err = fmt.Errorf("%w: no result within %s: %w", ErrOutcomeUnknown, deadline, err)
+		}
+		r := jobResult{id: run.id, unit: act.Unit, err: err, ended: time.Now()}
+		if ctx.Err() != nil {
+			return // shutting down: judge nothing
+		}
+		sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+		r.base, _ = a.cfg.Systemd.State(sctx, act.Unit)
+		scancel()
+		select {
+		case a.jobs.done <- r:
+		case <-ctx.Done():
+		}
+	})
+}
+
+func (a *Agent) runJob(ctx context.Context, act Action) error {
+	switch act.Job {
+	case JobStart:
+		return a.cfg.Systemd.Start(ctx, act.Unit)
+	case JobStop:
+		return a.cfg.Systemd.Stop(ctx, act.Unit)
+	case JobReload:
+		return a.cfg.Systemd.ReloadUnit(ctx, act.Unit)
+	case JobRestart:
+		for _, other := range act.AlsoStop {
+			if err := a.cfg.Systemd.Stop(ctx, other); err != nil {
+				return err
+			}
+		}
+		return a.cfg.Systemd.Restart(ctx, act.Unit)
+	}
+	return nil
+}
+
+// finish takes a job's result: it records what the unit now runs (only now
+// that the outcome is known) and opens its HealthySec window. A result of a
+// job that a newer one replaced is dropped.
+func (a *Agent) finish(ctx context.Context, r jobResult) {
+	run := a.jobs.inflight[r.unit]
+	if run == nil || run.id != r.id {
+		a.log.Debug("result of a replaced job ignored", "unit", r.unit, "err", r.err)
+		return
+	}
+	delete(a.jobs.inflight, r.unit)
+	act := run.act
+	if a.mem.intent.Jobs[r.unit] == act.ContentKey {
+		delete(a.mem.intent.Jobs, r.unit)
+	}
+	outcome := OutcomeOf(r.err)
+	result := resultOf(r.err)
+	switch {
+	case act.Job == JobStop:
+		a.record(act, result, r.err)
+		return
+	case act.Kind == KindRollback:
+		rec := a.mem.records[r.unit]
+		rec.Applied, rec.Good, rec.Previous = act.Effective, act.Effective, nil
+		a.mem.records[r.unit] = rec
+		a.cfg.Observer.Rollback(r.unit)
+		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Effective)) + " (the version that ran before)"
+		if r.err != nil {
+			a.recordAs(act, "rolled-back", "failed", fmt.Errorf("%s; restarting it failed: %w", msg, r.err))
+			return
+		}
+		a.recordAs(act, "rolled-back", "done", errors.New(msg))
+		return
+	}
+	if act.Effective == nil {
+		a.record(act, result, r.err)
+		return
+	}
+	rec := a.mem.records[r.unit]
+	if KeyOf(rec.Applied) != act.ContentKey {
+		rec.Previous = rec.Applied // what ran before, verified or not: what a rollback restores
+	}
+	rec.Applied = act.Effective
+	rec.Own = act.Own
+	a.mem.records[r.unit] = rec
+	if outcome == JobDone {
+		a.record(act, "done", nil)
+	} else {
+		a.log.Debug("job did not finish done; judging the unit", "unit", r.unit, "job", act.Job.String(), "result", result, "err", r.err)
+	}
+	errText := ""
+	if r.err != nil {
+		errText = r.err.Error()
+	}
+	a.begin(ctx, act, outcome, errText, r.base, r.ended)
+}
+
+// resultOf maps a job error to the status "result" word.
+func resultOf(err error) string {
+	var jr interface{ JobResult() string }
+	switch {
+	case err == nil:
+		return "done"
+	case errors.As(err, &jr):
+		return jr.JobResult()
+	case errors.Is(err, ErrOutcomeUnknown):
+		return "unknown"
+	}
+	return "failed"
+}

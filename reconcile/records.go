@@ -1,0 +1,126 @@
+package reconcile
+
+import (
+	"maps"
+)
+
+// persist saves the records that changed, in one write, and drops blobs
+// nothing refers to any more.
+func (a *Agent) persist() {
+	saved := a.cfg.Manifest.Units()
+	changed := map[string]UnitRecord{}
+	for u, rec := range a.mem.records {
+		if !recordEqual(saved[u], rec) {
+			changed[u] = rec
+		}
+	}
+	for u := range saved {
+		if _, ok := a.mem.records[u]; !ok {
+			changed[u] = UnitRecord{}
+		}
+	}
+	if len(changed) > 0 {
+		if err := a.cfg.Manifest.SetUnits(changed); err != nil {
+			a.log.Error("save unit records", "err", err)
+		}
+		if err := a.cfg.Manifest.GC(); err != nil {
+			a.log.Warn("clean state directory", "err", err)
+		}
+	}
+	if !intentEqual(a.cfg.Manifest.Intent(), a.mem.intent) {
+		if err := a.cfg.Manifest.SetIntent(a.mem.intent); err != nil {
+			a.log.Error("save intent", "err", err)
+		}
+	}
+}
+
+func recordEqual(x, y UnitRecord) bool {
+	return maps.Equal(x.Applied, y.Applied) && maps.Equal(x.Good, y.Good) && maps.Equal(x.Previous, y.Previous) &&
+		x.Failed == y.Failed && x.FailReason == y.FailReason && x.FailedOp == y.FailedOp && x.Own == y.Own
+}
+
+func (a *Agent) record(act Action, result string, err error) {
+	a.recordAs(act, act.Kind.String(), result, err)
+}
+
+func (a *Agent) recordAs(act Action, action, result string, err error) {
+	o := outcome{action: action, result: result, contentKey: act.ContentKey}
+	if err != nil {
+		o.err = err.Error()
+	}
+	a.mem.last[act.Unit] = o
+	a.cfg.Observer.Action(act.Unit, act.Kind, result)
+	log := a.log.With("unit", act.Unit, "action", action, "result", result)
+	if act.Reason != "" {
+		log = log.With("reason", act.Reason)
+	}
+	if h := actionHash(act); h != "" {
+		log = log.With("hash", short(h))
+	}
+	// The message names the unit and says why: in the journal it is read
+	// alone (journalctl -u <unit> shows it among the unit's own lines).
+	msg := func(what, detail string) string {
+		if detail == "" {
+			return act.Unit + ": " + what
+		}
+		return act.Unit + ": " + what + " — " + detail
+	}
+	errText := ""
+	if err != nil {
+		errText = err.Error()
+	}
+	switch {
+	case err != nil && result == "blocked":
+		log.Warn(msg("not applied", errText), "err", err)
+	case action == "rolled-back":
+		log.Error(msg("change rolled back", errText), "err", err)
+	case action == "rolling-back":
+		log.Error(msg("change failed, rolling back", errText), "err", err)
+	case result == "unknown":
+		log.Warn(msg(action+": outcome unknown", errText), "err", err)
+	case err != nil:
+		log.Error(msg(action+" failed", errText), "err", err)
+	default:
+		log.Info(msg(actionMessage(act), act.Reason))
+	}
+}
+
+func actionMessage(act Action) string {
+	switch k := act.Kind; k {
+	case KindStart:
+		return "started unit"
+	case KindRestart:
+		return "replaced unit file, restarted in place"
+	case KindReload:
+		return "replaced unit file, reloaded in place"
+	case KindStopStart:
+		if act.Job == JobStop {
+			return "stopped with the old definition; the new version is written and started next"
+		}
+		return "started the new version (stopped with the old definition before)"
+	case KindStop:
+		return "stopped unit"
+	case KindUpdate:
+		return "replaced unit file (daemon-reload only)"
+	case KindRemove:
+		if act.Job == JobStop {
+			return "stopped unit (removed from the registry)"
+		}
+		return "removed unit"
+	}
+	return act.Kind.String()
+}
+
+// actionHash names the version an action is about: the unit file's hash,
+// else that of the first file it writes or runs.
+func actionHash(act Action) string {
+	switch {
+	case act.Effective[act.Unit] != "":
+		return act.Effective[act.Unit]
+	case len(act.Writes) > 0:
+		return act.Writes[0].Hash
+	case act.Hash != "":
+		return act.Hash
+	}
+	return headHash(act.Unit, act.Effective)
+}

@@ -1,0 +1,139 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// report builds every unit's status from fresh state and publishes it.
+func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, plan []Action) error {
+	managed := a.cfg.Manifest.Managed()
+	units := map[string]bool{}
+	for n := range desired {
+		units[n] = true
+	}
+	for p := range managed {
+		units[UnitOfPath(p)] = true
+	}
+	byUnit := map[string]Action{}
+	for _, act := range plan {
+		byUnit[act.Unit] = act
+	}
+	var out []Status
+	for _, name := range slices.Sorted(maps.Keys(units)) {
+		d := desired[name]
+		act := byUnit[name]
+		s := Status{Unit: name, UpdatedAt: time.Now().UTC()}
+		if d != nil {
+			s.DesiredHash = d.Hash()
+			if d.File != nil {
+				s.Source = d.File.Source
+			}
+		}
+		if managed[name] != InstanceMarker {
+			if b, exists, err := a.cfg.Files.Read(name); err == nil && exists {
+				s.Hash = Hash(b)
+			}
+		}
+		for p, h := range managed {
+			if p != name && UnitOfPath(p) == name && h != InstanceMarker {
+				if b, exists, err := a.cfg.Files.Read(p); err == nil && exists {
+					if s.DropIns == nil {
+						s.DropIns = map[string]string{}
+					}
+					s.DropIns[p] = Hash(b)
+				}
+			}
+		}
+		if ValidateUnitName(name) == nil {
+			st, err := a.state(ctx, name)
+			if err != nil {
+				return err
+			}
+			s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
+			s.UnitResult, s.MainPID = st.Result, st.MainPID
+			if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" {
+				s.Error = fmt.Sprintf("unit failed (%s)", ExitDetail(st))
+			}
+			s.Health = a.healthWord(name, st, act.ContentKey)
+			_, s.Verifying = a.verify[name]
+			if d != nil && act.Policy.OnChange == "none" && st.Active() {
+				rec := a.mem.records[name]
+				s.PendingRestart = len(rec.Applied) > 0 && KeyOf(rec.Applied) != act.ContentKey
+			}
+		}
+		if j, ok := a.jobs.inflight[name]; ok {
+			s.Job = j.act.Job.String()
+		}
+		if e := a.mem.enableErr[name]; e != "" && s.Error == "" {
+			s.Error = e
+		}
+		if o, ok := a.mem.last[name]; ok {
+			s.Action, s.Result = o.action, o.result
+			if o.err != "" && (d == nil || o.contentKey == act.ContentKey || o.contentKey == ContentKey(d)) && o.result != "done" {
+				s.Error = o.err
+			}
+			if o.action == "rolled-back" && o.contentKey == act.ContentKey {
+				s.Error = o.err
+			}
+		}
+		if act.Kind == KindWait {
+			s.Action, s.Result = "wait", "waiting"
+			if act.NeedSlot {
+				s.Action = "wait-slot"
+			}
+			if act.Err != "" {
+				s.Action, s.Error = "held", act.Err
+			}
+		}
+		if act.Kind == KindBlocked {
+			if o, ok := a.mem.last[name]; !ok || o.action != "rolled-back" {
+				s.Action, s.Result = KindBlocked.String(), "blocked"
+			}
+			s.Error = act.Err
+		}
+		out = append(out, s)
+	}
+	a.hand.mu.Lock()
+	a.hand.statuses = out
+	if a.hand.snap != nil {
+		a.hand.revision = a.hand.snap.Revision
+	}
+	rev := a.hand.revision
+	a.hand.mu.Unlock()
+	a.cfg.Observer.Reported(rev, out)
+	for u := range a.mem.last {
+		if !units[u] {
+			delete(a.mem.last, u)
+		}
+	}
+	if a.cfg.Reporter == nil {
+		return nil
+	}
+	if err := a.cfg.Reporter.Report(ctx, out); err != nil {
+		return fmt.Errorf("report status: %w", err)
+	}
+	return nil
+}
+
+// healthWord is the agent's verdict on the version a unit runs, for status.
+func (a *Agent) healthWord(name string, st UnitState, want string) string {
+	if _, ok := a.verify[name]; ok {
+		return "verifying"
+	}
+	rec := a.mem.records[name]
+	if len(rec.Applied) == 0 || IsTemplate(name) || (want != "" && KeyOf(rec.Applied) != want) {
+		return "" // no verdict on the version it should run yet
+	}
+	if rec.Failed != "" && rec.Failed == KeyOf(rec.Applied) {
+		return "unhealthy"
+	}
+	ranToCompletion := st.Type == "oneshot" && st.ActiveState == "inactive" && st.Result == "success"
+	if KeyOf(rec.Good) == KeyOf(rec.Applied) && (st.Active() || ranToCompletion) {
+		return "healthy"
+	}
+	return ""
+}

@@ -1,0 +1,136 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// window is a unit after a job, until Health gives a verdict.
+type window struct {
+	act     Action
+	op      string // the action that started it, for messages
+	outcome JobOutcome
+	jobErr  string
+	base    UnitState
+	ended   time.Time // when the job ended
+}
+
+func (w *window) deadline() time.Time {
+	return w.ended.Add(time.Duration(w.act.Policy.HealthySec) * time.Second)
+}
+
+func (a *Agent) nextHealthDeadline() (time.Time, bool) {
+	var next time.Time
+	for _, w := range a.verify {
+		if d := w.deadline(); next.IsZero() || d.Before(next) {
+			next = d
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// begin opens the HealthySec window of a unit after its job ended. A unit
+// not meant to run, or with HealthySec=0 and a job that ended "done", is
+// good at once.
+func (a *Agent) begin(ctx context.Context, act Action, outcome JobOutcome, jobErr string, base UnitState, ended time.Time) {
+	if act.Policy.State != StateStarted || (act.Policy.HealthySec == 0 && outcome == JobDone) {
+		a.markGood(act.Unit, act.Effective)
+		a.releaseSlot(ctx, act.Unit)
+		return
+	}
+	a.verify[act.Unit] = &window{act: act, op: act.Kind.String(), outcome: outcome, jobErr: jobErr, base: base, ended: ended}
+}
+
+// judge ends the HealthySec windows Health has a verdict for: healthy units
+// become the last good version; unhealthy ones are failures (the planner
+// rolls them back); unknown ones are left as they are and shown.
+func (a *Agent) judge(ctx context.Context, cur Current) {
+	now := time.Now()
+	for _, u := range slices.Sorted(maps.Keys(a.verify)) {
+		w := a.verify[u]
+		st, ok := cur.Units[u]
+		if !ok {
+			continue
+		}
+		v, why := Health(HealthInput{
+			Unit: u, HealthySec: w.act.Policy.HealthySec, Op: w.op, Job: w.outcome, JobErr: w.jobErr,
+			Base: w.base, Now: st, Elapsed: now.Sub(w.ended),
+		})
+		switch v {
+		case VerdictPending:
+			continue
+		case VerdictHealthy:
+			delete(a.verify, u)
+			a.markGood(u, w.act.Effective)
+			a.releaseSlot(ctx, u)
+			a.log.Info(u+": healthy — "+why, "unit", u, "healthy_sec", w.act.Policy.HealthySec, "action", "healthy")
+		case VerdictUnknown:
+			delete(a.verify, u)
+			a.releaseSlot(ctx, u)
+			a.recordAs(w.act, w.op, "unknown", errors.New(why))
+		case VerdictUnhealthy:
+			delete(a.verify, u)
+			a.fail(ctx, w, why)
+		}
+	}
+}
+
+// fail records that a change did not take: the content is not retried
+// until the registry changes, the group's rollout is halted (before the
+// slot is given back), and the planner rolls the unit back next.
+func (a *Agent) fail(ctx context.Context, w *window, reason string) {
+	u := w.act.Unit
+	rec := a.mem.records[u]
+	rec.Failed, rec.FailReason, rec.FailedOp = w.act.ContentKey, reason, w.op
+	a.mem.records[u] = rec
+	a.halt(ctx, u, w.act.Scope, w.act.Hash, reason)
+	a.releaseSlot(ctx, u)
+	if w.act.TemplateKey != "" {
+		// The template's new content is what failed: hold it too, so the
+		// other instances are not moved onto it.
+		t := TemplateOf(u)
+		tr := a.mem.records[t]
+		tr.Failed, tr.FailReason = w.act.TemplateKey, reason
+		a.mem.records[t] = tr
+	}
+	switch {
+	case !w.act.Policy.Rollback:
+		a.recordAs(w.act, w.op, "failed", errors.New(reason+"; Rollback=no: left as it is"))
+	case len(rec.Previous) == 0 || KeyOf(rec.Previous) == rec.Failed:
+		a.recordAs(w.act, w.op, "failed", errors.New(reason+"; no earlier version to roll back to"))
+	default:
+		// Not final: the next round of this pass rolls it back.
+		a.recordAs(w.act, "rolling-back", "pending", errors.New(reason))
+	}
+}
+
+func (a *Agent) markGood(u string, effective map[string]string) {
+	rec := a.mem.records[u]
+	rec.Good, rec.Previous = effective, nil
+	rec.Failed, rec.FailReason, rec.FailedOp = "", "", ""
+	a.mem.records[u] = rec
+}
+
+// resumeVerification reopens the HealthySec window of a unit that runs a
+// version never judged healthy — the agent restarted inside the window —
+// so that version is still verified (and rolled back if it dies).
+func (a *Agent) resumeVerification(plan []Action, cur Current) {
+	for _, act := range plan {
+		rec := a.mem.records[act.Unit]
+		if act.Kind != KindNone || act.Effective == nil || act.Policy.State != StateStarted || act.Policy.HealthySec == 0 ||
+			len(rec.Applied) == 0 || KeyOf(rec.Applied) != act.ContentKey || KeyOf(rec.Good) == act.ContentKey ||
+			!cur.Units[act.Unit].Active() {
+			continue
+		}
+		if _, verifying := a.verify[act.Unit]; verifying {
+			continue
+		}
+		a.log.Info(act.Unit+": resuming the health check of a version not yet judged healthy", "unit", act.Unit, "healthy_sec", act.Policy.HealthySec)
+		act.Kind = KindRestart // what put it there, as far as messages go
+		a.verify[act.Unit] = &window{act: act, op: fmt.Sprint(act.Kind), outcome: JobDone, base: cur.Units[act.Unit], ended: time.Now()}
+	}
+}

@@ -121,6 +121,11 @@ type Config struct {
 	MaxBatchDelay time.Duration // default 500ms
 	// ResyncInterval is the safety-net full pass, jittered ±10%.
 	ResyncInterval time.Duration // default 1m
+
+	// Pause, when set, is called at named points of a pass ("files-written":
+	// files are on disk, the daemon-reload not done; "reloaded": reloaded,
+	// no job started). Crash tests block there and kill the agent.
+	Pause func(ctx context.Context, at string)
 }
 
 // Agent is the reconcile loop of one host. Run owns all its mutable state;

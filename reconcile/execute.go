@@ -130,6 +130,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	}
 	// 5. One daemon-reload for the whole batch.
 	if reload {
+		a.pause(ctx, "files-written")
 		a.log.Debug("daemon-reload", "why", why)
 		if err := a.cfg.Systemd.Reload(ctx); err != nil {
 			// The intent keeps Reload: the next pass reloads first.
@@ -143,6 +144,9 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	a.bookkeep(ctx, plan, failed)
 	if reload && !last {
 		return true, nil
+	}
+	if jobsToRun(plan) {
+		a.pause(ctx, "reloaded")
 	}
 	if ctx.Err() != nil {
 		return false, ctx.Err() // shutting down: start nothing new
@@ -264,4 +268,19 @@ func (a *Agent) writeFiles(act Action) error {
 
 func intentEqual(x, y Intent) bool {
 	return x.Reload == y.Reload && maps.Equal(x.Jobs, y.Jobs)
+}
+
+func (a *Agent) pause(ctx context.Context, at string) {
+	if a.cfg.Pause != nil {
+		a.cfg.Pause(ctx, at)
+	}
+}
+
+func jobsToRun(plan []Action) bool {
+	for _, act := range plan {
+		if act.Job != JobNone {
+			return true
+		}
+	}
+	return false
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -32,6 +33,26 @@ func (l loopSystemd) State(ctx context.Context, unit string) (reconcile.UnitStat
 		l.met.SetSystemdConnected(err == nil)
 	}
 	return st, err
+}
+
+// pauseAt is a test-only fault, switched on by the hidden flag
+// --test-pause-at: when a pass reaches that point it writes
+// <stateDir>/paused-at-<point> and blocks until the agent shuts down, so a
+// crash test can SIGKILL the agent exactly there.
+func pauseAt(point, stateDir string, log *slog.Logger) func(ctx context.Context, at string) {
+	if point == "" {
+		return nil
+	}
+	return func(ctx context.Context, at string) {
+		if at != point {
+			return
+		}
+		log.Warn("test fault: pausing the pass", "at", at)
+		if err := os.WriteFile(filepath.Join(stateDir, "paused-at-"+at), nil, 0o600); err != nil {
+			log.Error("test fault", "err", err)
+		}
+		<-ctx.Done()
+	}
 }
 
 // wedgeSystemd is a test-only fault, switched on by the hidden flag

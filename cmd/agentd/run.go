@@ -42,6 +42,9 @@ type runOptions struct {
 	// wedgeFile is a test-only fault (hidden --test-wedge-file): while the
 	// file exists the reconcile loop blocks (see wedgeSystemd).
 	wedgeFile string
+	// pauseAt is a test-only fault (hidden --test-pause-at): the point of a
+	// pass where the loop blocks, for crash tests.
+	pauseAt string
 
 	// dialSystemd overrides the D-Bus connection (tests use a private manager).
 	dialSystemd systemd.Dialer
@@ -94,6 +97,8 @@ OBJECT_SYSTEMD_UNIT, so "journalctl -u UNIT" shows what agentd did to UNIT).`,
 		"with the registry unreachable this long after start, run on the last-known-good snapshot saved in the state directory and report ready (0: wait for the registry forever)")
 	fs.StringVar(&o.wedgeFile, "test-wedge-file", "", "test only: while this file exists the reconcile loop blocks")
 	_ = fs.MarkHidden("test-wedge-file")
+	fs.StringVar(&o.pauseAt, "test-pause-at", "", "test only: at this point of a pass (files-written, reloaded) write <state-dir>/paused-at-<point> and block, so a test can kill the agent there")
+	_ = fs.MarkHidden("test-pause-at")
 	return cmd
 }
 
@@ -253,6 +258,7 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		Log:               log,
 		Observer:          multiObserver{svc, met},
 		HeartbeatInterval: svc.heartbeatInterval(),
+		Pause:             pauseAt(o.pauseAt, o.stateDir, log),
 	})
 	onSnapshot := func(s reconcile.Snapshot) {
 		met.SnapshotReceived(s.Revision)

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/coreos/go-systemd/v22/unit"
 )
 
 // ChangeKind is what a content change means for a running unit, judged by
@@ -142,7 +140,7 @@ func sameFiles(a, b []File) bool {
 func parseOptions(files []File) (map[optKey][]string, error) {
 	opts := map[optKey][]string{}
 	for _, f := range files {
-		parsed, err := unit.DeserializeOptions(bytes.NewReader(f.Content))
+		parsed, err := unitOptions(f.Content)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Path, err)
 		}

@@ -603,7 +603,9 @@ func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *Desire
 	}
 	a.Job = jobOf(a.Kind)
 	if a.Kind == KindRestart && strings.HasSuffix(name, ".socket") {
-		a.AlsoStop = []string{socketService(name, d)}
+		if svc := socketService(name, d); svc != "" {
+			a.AlsoStop = []string{svc}
+		}
 	}
 }
 
@@ -861,16 +863,22 @@ func restartKind(name string) Kind {
 	return KindRestart
 }
 
-// socketService is the service a socket activates: Service= or the same name.
+// socketService is the service a socket activates: Service= or the same
+// name. A Service= naming a unit the agent must never touch (the bus, its
+// own unit, ...) or an invalid name yields "": that service is left alone.
 func socketService(name string, d *DesiredUnit) string {
+	svc := strings.TrimSuffix(name, ".socket") + ".service"
 	if d != nil && d.File != nil {
 		for _, kv := range iniEntries(d.File.Content) {
 			if kv.sec == "Socket" && kv.key == "Service" && kv.val != "" {
-				return kv.val
+				svc = kv.val
 			}
 		}
 	}
-	return strings.TrimSuffix(name, ".socket") + ".service"
+	if ValidateUnitName(svc) != nil {
+		return ""
+	}
+	return svc
 }
 
 // filesForClassify returns the old (what the unit runs) and new (desired)

@@ -80,7 +80,9 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 				s.Error = o.err
 			}
 		}
-		if act.Kind == KindWait {
+		if j, ok := a.jobs.inflight[name]; ok {
+			s.Action, s.Result = j.act.Kind.String(), "running"
+		} else if act.Kind == KindWait {
 			s.Action, s.Result = "wait", "waiting"
 			if act.NeedSlot {
 				s.Action = "wait-slot"

@@ -48,6 +48,8 @@ func Reserved(name string) (what string, ok bool) {
 		return "one of systemd's own units", true
 	case name == "-.slice":
 		return "the root slice", true
+	case name == "-.mount":
+		return "the root file system", true
 	case name == "init.scope":
 		return "PID 1's scope", true
 	case strings.HasPrefix(name, "user@") && strings.HasSuffix(name, ".service"):

@@ -29,7 +29,7 @@ func TestParseKeyTable(t *testing.T) {
 		{key: long(247) + ".service", path: long(247) + ".service", unit: long(247) + ".service"},
 		{key: long(245) + ".service.d/x.conf", path: long(245) + ".service.d/x.conf", unit: long(245) + ".service"},
 		{key: "h.service.d/" + long(250) + ".conf", path: "h.service.d/" + long(250) + ".conf", unit: "h.service"},
-		{key: "-.mount", path: "-.mount", unit: "-.mount"},
+		{key: "-.mount", reserved: true},
 		{key: "user-1000.slice", path: "user-1000.slice", unit: "user-1000.slice"},
 		{key: "my-dbus.service", path: "my-dbus.service", unit: "my-dbus.service"},
 		{key: `systemd\x2djournald.service`, path: `systemd\x2djournald.service`, unit: `systemd\x2djournald.service`},

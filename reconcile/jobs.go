@@ -86,6 +86,9 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 	a.jobs.seq++
 	run := &jobRun{id: a.jobs.seq, act: act}
 	a.jobs.inflight[act.Unit] = run
+	// A new job supersedes the verification of what the unit ran: that
+	// version is not judged by what the new job does to the unit.
+	delete(a.verify, act.Unit)
 	deadline := JobDeadline(act.Job, st)
 	a.log.Debug("job started", "unit", act.Unit, "job", act.Job.String(), "deadline", deadline)
 	a.jobs.wg.Go(func() {

@@ -44,7 +44,7 @@ func (c Change) Reason() string {
 	case c.Kind == ChangeCosmetic && len(c.Keys) == 0:
 		return "only comments, whitespace or order changed"
 	case c.Kind == ChangeCosmetic:
-		return "only " + strings.Join(c.Keys, ", ") + " changed (no effect on the running unit)"
+		return "only " + strings.Join(c.Keys, ", ") + " changed, which does not affect the running unit"
 	}
 	return strings.Join(c.Keys, ", ") + " changed"
 }
@@ -90,7 +90,7 @@ func Classify(name string, old, new []File) Change {
 		if k.section == "Service" && k.name == "ExecReload" && (len(resetList(oldOpts[k])) == 0) != (len(resetList(newOpts[k])) == 0) {
 			// Adding or removing ExecReload= changes only what a later
 			// reload does: the running process is not affected.
-			inert = append(inert, label+" added or removed")
+			inert = append(inert, label+" (added or removed)")
 			continue
 		}
 		if strings.HasPrefix(k.section, "X-") || strings.HasPrefix(k.name, "X-") || (k.section == "Unit" && inertUnitKeys[k.name]) {

@@ -554,6 +554,11 @@ func planEnable(a *Action, st UnitState, changed bool) {
 func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) {
 	name, p := a.Unit, a.Policy
 	oldFiles, newFiles := filesForClassify(name, rec, a.Effective, d, desired, cur)
+	if len(rec.Applied) == 0 && cur.Intent.Jobs[name] == a.ContentKey {
+		// An interrupted pass wrote these files; what the unit runs is
+		// unknown: compare against nothing, i.e. restart.
+		oldFiles = nil
+	}
 	c := Classify(name, oldFiles, newFiles)
 	a.Change = &c
 	what := describe(*a, rec, cur)
@@ -617,12 +622,14 @@ func planForeign(a *Action, st UnitState, changed, stale bool, rec UnitRecord, d
 	switch {
 	case st.Active() && (changed || stale):
 		p := a.Policy
+		note := " (drop-ins on a unit agentd did not install)"
 		if p.OnChange == "stop-start" {
 			a.Policy.OnChange = "restart" // never stop a unit that is not ours
+			note = " (OnChange=stop-start becomes a restart: the unit is not agentd's, it is never stopped)"
 		}
 		planChange(a, st, changed, rec, d, desired, cur)
 		a.Policy = p
-		a.Reason += " (drop-ins on a unit agentd did not install)"
+		a.Reason += note
 	case changed:
 		a.Kind, a.Reason = KindUpdate, describe(*a, rec, cur)+"; drop-ins on a unit agentd did not install, which is "+st.ActiveState+": not started"
 	}
@@ -684,7 +691,7 @@ func planRemove(a Action, managed []string, cur Current) Action {
 			return a
 		}
 		// Stopped: disable, delete, and one daemon-reload for both.
-		a.Disable = st.UnitFileState == "enabled" && a.Own == OwnFile
+		a.Disable = st.UnitFileState == "enabled" && a.Own == OwnFile && !IsTemplate(a.Unit) && !IsInstance(a.Unit)
 		for _, p := range managed {
 			if cur.Managed[p] == InstanceMarker {
 				a.Forget = append(a.Forget, p) // no file: the agent owns only the running instance
@@ -831,7 +838,7 @@ func autoKind(name string, c Change) (Kind, string) {
 	typ := name[strings.LastIndexByte(name, '.')+1:]
 	switch c.Kind {
 	case ChangeNone, ChangeCosmetic:
-		return KindUpdate, "no effect on the running unit: daemon-reload only (" + c.Reason() + ")"
+		return KindUpdate, "daemon-reload only (" + c.Reason() + ")"
 	case ChangeInstall:
 		return KindUpdate, "[Install] only: daemon-reload and re-enable"
 	}

@@ -426,6 +426,14 @@ func TestPlan2Transitions(t *testing.T) {
 				return c
 			},
 			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnFile}},
+		{name: "interrupted restart, no Applied record, unit running: restart (what it runs is unknown)",
+			entries: []Entry{entry(p2Hello, svc)},
+			cur: func() Current {
+				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, svc)
+				c.Intent = Intent{Jobs: map[string]string{p2Hello: k1}}
+				return c
+			},
+			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnFile}},
 		{name: "interrupted start of a new instance, marker recorded, unit failed: start again", unit: "web@1.service",
 			entries: []Entry{entry("web@.service", svc), entry("web@1.service", "")},
 			cur: func() Current {

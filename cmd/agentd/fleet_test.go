@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -244,7 +245,13 @@ func TestGroupsOverridesConflictsAndLateJoin(t *testing.T) {
 }
 
 // buildAgent builds the agentd binary once per test binary (removed by TestMain).
-var builtAgent string
+// builtAgent is the agent binary, built once for every test that runs it
+// as a process of its own.
+var (
+	builtAgent    string
+	builtAgentErr error
+	buildOnce     sync.Once
+)
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -256,20 +263,23 @@ func TestMain(m *testing.M) {
 
 func buildAgent(t *testing.T) string {
 	t.Helper()
-	if builtAgent != "" {
-		return builtAgent
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "agentd-bin")
+		if err != nil {
+			builtAgentErr = err
+			return
+		}
+		bin := filepath.Join(dir, "agentd")
+		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+			builtAgentErr = fmt.Errorf("go build: %v\n%s", err, out)
+			return
+		}
+		builtAgent = bin
+	})
+	if builtAgentErr != nil {
+		t.Fatal(builtAgentErr)
 	}
-	dir, err := os.MkdirTemp("", "agentd-bin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "agentd")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	builtAgent = bin
-	return bin
+	return builtAgent
 }
 
 // An agent killed with SIGKILL while it holds a slot frees it when its lease

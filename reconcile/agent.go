@@ -22,6 +22,7 @@ type Systemd interface {
 	ReloadUnit(ctx context.Context, unit string) error
 	Enable(ctx context.Context, units ...string) error
 	Disable(ctx context.Context, units ...string) error
+	ResetFailed(ctx context.Context, unit string) error
 	State(ctx context.Context, unit string) (UnitState, error)
 }
 

@@ -52,6 +52,10 @@ func (f *fakeSystemd) Disable(_ context.Context, u ...string) error {
 	f.rec("disable " + strings.Join(u, " "))
 	return nil
 }
+func (f *fakeSystemd) ResetFailed(_ context.Context, u string) error {
+	f.rec("reset-failed " + u)
+	return nil
+}
 func (f *fakeSystemd) State(_ context.Context, u string) (reconcile.UnitState, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -106,7 +106,14 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 			}
 		}
 	}
-	// 3. Files.
+	// 3. Files (a removed unit's failed state is forgotten first).
+	for _, act := range plan {
+		if act.ResetFailed && !failed[act.Unit] {
+			if err := a.cfg.Systemd.ResetFailed(ctx, act.Unit); err != nil {
+				a.log.Warn(act.Unit+": reset-failed", "unit", act.Unit, "err", err)
+			}
+		}
+	}
 	for _, act := range plan {
 		if failed[act.Unit] || (!act.Changes() && len(act.Forget) == 0) {
 			continue
@@ -204,6 +211,9 @@ func (a *Agent) bookkeep(ctx context.Context, plan []Action, failed map[string]b
 			if _, verifying := a.verify[u]; !verifying {
 				a.markGood(u, act.Effective)
 			}
+		}
+		if act.Kind != KindBlocked && a.mem.last[u].action == KindBlocked.String() {
+			delete(a.mem.last, u) // no longer blocked: the old verdict would only confuse
 		}
 		switch {
 		case act.Refuse != nil:

@@ -119,6 +119,9 @@ type Action struct {
 	Refuse *Refusal
 	// DropRecord: the unit is gone; forget what the agent remembered of it.
 	DropRecord bool
+	// ResetFailed: a removed unit ended failed (its stop killed a start,
+	// say): forget that, so it does not linger in systemd's failed list.
+	ResetFailed bool
 	// Own is what the agent owns of the unit.
 	Own Ownership
 	// Policy is the unit's policy (the template's for an instance).
@@ -641,8 +644,9 @@ func planRemove(a Action, managed []string, cur Current) Action {
 	st := cur.Units[a.Unit]
 	rec := cur.Records[a.Unit]
 	a.Kind = KindRemove
-	if j, ok := cur.Jobs[a.Unit]; ok && j.Job == JobStop {
-		return waiting(a, "removed from the registry: stop job in progress")
+	if j, ok := cur.Jobs[a.Unit]; ok && (j.Job == JobStop || a.Own == OwnDropIns) {
+		// A hung start is replaced by the stop; anything else is waited out.
+		return waiting(a, "removed from the registry: "+j.Job.String()+" job in progress")
 	}
 	switch a.Own {
 	case OwnDropIns:
@@ -701,6 +705,7 @@ func planRemove(a Action, managed []string, cur Current) Action {
 		}
 		a.Reason = "removed from the registry"
 		a.DropRecord = true
+		a.ResetFailed = st.ActiveState == "failed"
 		return a
 	}
 	a.Kind, a.DropRecord = KindNone, true

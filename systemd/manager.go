@@ -314,6 +314,17 @@ func (m *Manager) Enable(ctx context.Context, units ...string) error {
 	return nil
 }
 
+// ResetFailed forgets a unit's failed state (systemctl reset-failed), so a
+// removed unit does not linger in the failed list. A unit that is not
+// loaded is not an error.
+func (m *Manager) ResetFailed(ctx context.Context, unit string) error {
+	_, err := m.call(ctx, func(c *sddbus.Conn) error { return c.ResetFailedUnitContext(ctx, unit) })
+	if err != nil && !isDBusError(err, "org.freedesktop.systemd1.NoSuchUnit") {
+		return fmt.Errorf("reset-failed %s: %w", unit, err)
+	}
+	return nil
+}
+
 // Disable removes the symlinks that enabled the unit files (runtime=false).
 // It does not daemon-reload.
 func (m *Manager) Disable(ctx context.Context, units ...string) error {

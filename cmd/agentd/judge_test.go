@@ -16,6 +16,7 @@ import (
 
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/systemd"
 )
 
 // Operator's-eye tests of the reworked agent: background jobs, health judged
@@ -256,6 +257,116 @@ func TestJudgeOneshotAndTimerAreHealthy(t *testing.T) {
 	}
 }
 
+// 2. Drop-ins on a unit the agent did not install: put restarts it with the
+// drop-in in effect; rm restarts it without, and never stops, disables or
+// deletes it. A cosmetic drop-in never restarts it.
+func TestJudgeDropInsOnForeignUnit(t *testing.T) {
+	t.Parallel() // waits out the default HealthySec
+	e := newEnv(t)
+	e.startAgent()
+	events := filepath.Join(e.h.Dir, "events")
+	own := "[Unit]\nDescription=own\n[Service]\nType=exec\n" + judgeHookLines(events) + "ExecStart=/bin/sleep 1000\n[Install]\nWantedBy=default.target\n"
+	ownPath := filepath.Join(e.h.UnitDir, "own.service")
+	if err := os.WriteFile(ownPath, []byte(own), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m, err := systemd.Open(ctx, e.agentDialer(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Enable(ctx, "own.service"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx, "own.service"); err != nil {
+		t.Fatal(err)
+	}
+	ufs := judgeStr(t, e, "own.service", "UnitFileState")
+	if ufs != "enabled" {
+		t.Fatalf("hand-enabled own.service: UnitFileState %s", ufs)
+	}
+	pid0 := e.h.MainPID(t, "own.service")
+
+	// put the drop-in: restarted, L=1 in the new process.
+	start := time.Now()
+	out, code := judgePut(e, true, "own.service.d/limits.conf", "[Service]\nEnvironment=L=1\n")
+	t.Logf("put drop-in --wait: exit %d after %v", code, time.Since(start).Round(10*time.Millisecond))
+	if code != 0 {
+		t.Fatalf("put drop-in: exit %d\n%s", code, out)
+	}
+	pid1 := e.h.MainPID(t, "own.service")
+	if pid1 == 0 || pid1 == pid0 || !slices.Contains(judgeEnv(t, pid1), "L=1") {
+		t.Errorf("after the drop-in: MainPID %d → %d, environ %q: want a restart with L=1", pid0, pid1, judgeEnv(t, pid1))
+	}
+
+	// rm the drop-in: restarted without L=1, never stopped for good.
+	start = time.Now()
+	out, code = e.cli("unit", "rm", "own.service.d/limits.conf", "--host", e.host, "--wait", "--timeout", "30s")
+	t.Logf("rm drop-in --wait: exit %d after %v", code, time.Since(start).Round(10*time.Millisecond))
+	if code != 0 {
+		t.Fatalf("rm drop-in: exit %d\n%s", code, out)
+	}
+	var pid2 uint32
+	judgeWithin(t, 10*time.Second, "own.service restarted without L=1", func() bool {
+		pid2 = e.h.MainPID(t, "own.service")
+		env := judgeEnv(t, pid2)
+		return pid2 != 0 && pid2 != pid1 && env != nil && !slices.Contains(env, "L=1")
+	})
+	time.Sleep(time.Second) // anything that would stop it for good has had time to
+	if out, code := e.cli("sync", "--debug-socket", e.agent.opts.debugSocket); code != 0 {
+		t.Errorf("agentd sync: exit %d\n%s", code, out)
+	}
+	if st, sub := e.h.ActiveState(t, "own.service"), judgeStr(t, e, "own.service", "SubState"); st != "active" || sub != "running" {
+		t.Errorf("own.service %s (%s) after the drop-in's removal, want active (running)", st, sub)
+	}
+	if p := e.h.MainPID(t, "own.service"); p != pid2 {
+		t.Errorf("own.service MainPID %d → %d after the restart", pid2, p)
+	}
+	if b, err := os.ReadFile(ownPath); err != nil || string(b) != own {
+		t.Errorf("own.service file changed or deleted: %q %v", b, err)
+	}
+	if got := judgeStr(t, e, "own.service", "UnitFileState"); got != ufs {
+		t.Errorf("UnitFileState %s → %s", ufs, got)
+	}
+	if _, err := os.Stat(filepath.Join(e.h.UnitDir, "own.service.d", "limits.conf")); !os.IsNotExist(err) {
+		t.Errorf("drop-in still on disk: %v", err)
+	}
+	// Hooks: start (by hand), then exactly two stop→start restarts.
+	if got, want := strings.Join(judgeHooks(events), ","), "start,stop,start,stop,start"; got != want {
+		t.Errorf("own.service hooks %s, want %s (two restarts, never a plain stop)", got, want)
+	}
+
+	// A cosmetic drop-in, put then removed: never a restart.
+	hooks := len(judgeHooks(events))
+	out, code = judgePut(e, true, "own.service.d/cosmetic.conf", "[Unit]\nDescription=x\n")
+	if code != 0 {
+		t.Errorf("put cosmetic drop-in: exit %d\n%s", code, out)
+	}
+	judgeWithin(t, 10*time.Second, "Description=x in effect", func() bool { return judgeStr(t, e, "own.service", "Description") == "x" })
+	if p := e.h.MainPID(t, "own.service"); p != pid2 {
+		t.Errorf("cosmetic drop-in: MainPID %d → %d", pid2, p)
+	}
+	out, code = e.cli("unit", "rm", "own.service.d/cosmetic.conf", "--host", e.host, "--wait", "--timeout", "30s")
+	if code != 0 {
+		t.Errorf("rm cosmetic drop-in: exit %d\n%s", code, out)
+	}
+	judgeWithin(t, 10*time.Second, "Description back to own", func() bool { return judgeStr(t, e, "own.service", "Description") == "own" })
+	time.Sleep(time.Second)
+	if p := e.h.MainPID(t, "own.service"); p != pid2 {
+		t.Errorf("cosmetic drop-in removed: MainPID %d → %d", pid2, p)
+	}
+	if h := judgeHooks(events); len(h) != hooks {
+		t.Errorf("cosmetic drop-in put/rm ran hooks %v", h[hooks:])
+	}
+	if st := e.h.ActiveState(t, "own.service"); st != "active" {
+		t.Errorf("own.service %s at the end", st)
+	}
+}
+
 // 3. Enablement follows the current version both ways.
 func TestJudgeEnablementFollowsVersion(t *testing.T) {
 	e := newEnv(t)
@@ -378,6 +489,79 @@ func TestJudgeFailedPushRollsBackToUnverifiedPrevious(t *testing.T) {
 	}
 	s, _ = e.status("q.service")
 	t.Logf("status 7s later: action=%s result=%s health=%s verifying=%v error=%s", s.Action, s.Result, s.Health, s.Verifying, s.Error)
+}
+
+// 6. A start that hangs blocks neither another unit's change, nor the
+// debug API, nor its own removal.
+func TestJudgeHungStartBlocksNothing(t *testing.T) {
+	e := newEnv(t)
+	e.startAgent()
+	sock := e.agent.opts.debugSocket
+	b1 := "[Service]\nType=exec\nExecStart=/bin/sleep 1001\n" + fast
+	b2 := "[Service]\nType=exec\nExecStart=/bin/sleep 1002\n" + fast
+	e.put("b.service", b1)
+	bpid := e.h.MainPID(t, "b.service")
+	a := "[Service]\nType=exec\nExecStartPre=/bin/sleep 300\nExecStart=/bin/sleep 1000\nTimeoutStartSec=infinity\n"
+	if out, code := judgePut(e, false, "a.service", a); code != 0 {
+		t.Fatalf("put a: exit %d\n%s", code, out)
+	}
+	judgeWithin(t, 10*time.Second, "a.service activating", func() bool { return e.h.ActiveState(t, "a.service") == "activating" })
+
+	start := time.Now()
+	out, code := judgePut(e, true, "b.service", b2)
+	took := time.Since(start)
+	t.Logf("put b.service --wait while a.service hangs: exit %d after %v", code, took.Round(10*time.Millisecond))
+	if code != 0 {
+		t.Errorf("put b: exit %d\n%s", code, out)
+	}
+	if took > 10*time.Second {
+		t.Errorf("b.service's change took %v while a.service's start hung: blocked", took)
+	}
+	if p := e.h.MainPID(t, "b.service"); p == bpid || p == 0 {
+		t.Errorf("b.service MainPID %d → %d: not restarted", bpid, p)
+	}
+	if st := e.h.ActiveState(t, "a.service"); st != "activating" {
+		t.Errorf("a.service %s, want still activating", st)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	start = time.Now()
+	out, code = e.cliCtx(ctx, "status", "--debug-socket", sock)
+	cancel()
+	took = time.Since(start)
+	t.Logf("agentd status while a.service hangs: exit %d after %v", code, took.Round(time.Millisecond))
+	if code != 0 || !strings.Contains(out, "a.service") || took > 5*time.Second {
+		t.Errorf("agentd status: exit %d after %v\n%s", code, took, out)
+	}
+
+	start = time.Now()
+	out, code = e.cli("unit", "rm", "a.service", "--host", e.host, "--wait", "--timeout", "30s")
+	took = time.Since(start)
+	t.Logf("rm a.service --wait: exit %d after %v", code, took.Round(10*time.Millisecond))
+	if code != 0 {
+		t.Errorf("rm a: exit %d\n%s", code, out)
+	}
+	if took > 10*time.Second {
+		t.Errorf("removing the hung a.service took %v", took)
+	}
+	var there bool
+	var ast string
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, there = e.readLocal("a.service")
+		ast = e.h.ActiveState(t, "a.service")
+		if !there && ast == "inactive" || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if there || ast != "inactive" {
+		t.Errorf("5s after the removal: a.service file present %v, ActiveState %s (SubState %s, Result %s, LoadState %s); want inactive and gone",
+			there, ast, judgeStr(t, e, "a.service", "SubState"), judgeStr(t, e, "a.service", "Result"), judgeStr(t, e, "a.service", "LoadState"))
+	}
+	if st := e.h.ActiveState(t, "b.service"); st != "active" {
+		t.Errorf("b.service %s at the end", st)
+	}
 }
 
 // 7. A bad drop-in put and removed while a unit verifies: no rollback, no

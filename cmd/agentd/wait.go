@@ -135,6 +135,9 @@ func (e expectation) judge(statuses map[string]reconcile.Status) (state, detail 
 		if !ok {
 			return stateRemoved, ""
 		}
+		if st.Job != "" {
+			return stateApplying, st.Job + " job running"
+		}
 		if e.key != e.unit {
 			if _, still := st.DropIns[e.key]; !still {
 				return stateRemoved, "drop-in removed"

@@ -245,6 +245,12 @@ func boot(dir, name string) (_ *Harness, err error) {
 // ping waits until the manager answers a D-Bus Peer.Ping on its bus.
 func (h *Harness) ping(ctx context.Context) error {
 	conn, err := h.rawConn(ctx)
+	// systemd binds the socket before it listens on it: in between (seen
+	// on a loaded machine) a connect is refused. Try again until ctx ends.
+	for err != nil && errors.Is(err, syscall.ECONNREFUSED) && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+		conn, err = h.rawConn(ctx)
+	}
 	if err != nil {
 		return err
 	}

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"net"
 	"strings"
+	"syscall"
 	"time"
 
-	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -26,9 +28,12 @@ const (
 
 // Config says how to reach etcd.
 type Config struct {
-	Endpoints          []string // e.g. "http://127.0.0.1:2379"; https:// uses TLS
-	Prefix             string   // key prefix; DefaultPrefix when empty
+	// Endpoints: all https://host:port (TLS), or plaintext http://host:port
+	// and unix:///path.sock. See Config.Security for what is refused.
+	Endpoints          []string
+	Prefix             string // key prefix; DefaultPrefix when empty
 	Username, Password string
+	PasswordFile       string // read at every Dial; one trailing newline is dropped
 	CertFile, KeyFile  string // client certificate (both or neither)
 	CAFile             string // CA bundle to verify the server
 	// DialTimeout bounds Dial's first round trip (default 5 s).
@@ -100,16 +105,16 @@ func New(cli *clientv3.Client, prefix string, opts ...Option) *Client {
 // Dial connects to etcd and checks it with a real round trip, so that a
 // wrong endpoint, TLS setup or password fails here rather than later.
 func Dial(ctx context.Context, cfg Config) (*Client, error) {
-	if len(cfg.Endpoints) == 0 {
-		return nil, errors.New("dial etcd: no endpoints given")
+	sec, err := cfg.Security()
+	if err != nil {
+		return nil, fmt.Errorf("dial etcd: %w", err)
 	}
 	timeout := cfg.DialTimeout
 	if timeout <= 0 {
 		timeout = defaultDialTimeout
 	}
-	tlsCfg, err := tlsConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("dial etcd: %w", err)
+	if err := checkSockets(cfg.Endpoints); err != nil {
+		return nil, err
 	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:            cfg.Endpoints,
@@ -117,9 +122,9 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
 		PermitWithoutStream:  true,
-		TLS:                  tlsCfg,
-		Username:             cfg.Username,
-		Password:             cfg.Password,
+		TLS:                  sec.TLS,
+		Username:             sec.Username,
+		Password:             sec.Password,
 		Logger:               zap.NewNop(),
 		DialOptions: []grpc.DialOption{
 			// gRPC's default reconnect backoff grows to 120 s; an agent
@@ -143,6 +148,12 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	defer cancel()
 	if _, err := cli.Get(pctx, c.prefix+"/", clientv3.WithCountOnly()); err != nil {
 		cli.Close()
+		if sec.TLS != nil && errors.Is(err, context.DeadlineExceeded) {
+			// gRPC hides a failed handshake behind the timeout: say why.
+			if why := probeTLS(ctx, cfg.Endpoints, sec.TLS); why != nil {
+				err = fmt.Errorf("%w; %w", err, why)
+			}
+		}
 		return nil, dialError(cfg.Endpoints, timeout, err)
 	}
 	return c, nil
@@ -156,19 +167,77 @@ func dialError(endpoints []string, timeout time.Duration, err error) error {
 	return fmt.Errorf("etcd at %s: %w", eps, err)
 }
 
-func tlsConfig(cfg Config) (*tls.Config, error) {
-	if cfg.CertFile == "" && cfg.KeyFile == "" && cfg.CAFile == "" {
-		return nil, nil // https:// endpoints still get TLS with system roots
+// checkSockets connects once to each unix:// endpoint when every endpoint
+// is one, so that a missing socket or one this user may not reach fails at
+// once with the reason, instead of as a dial timeout.
+func checkSockets(endpoints []string) error {
+	var errs []error
+	for _, s := range endpoints {
+		ep, err := ParseEndpoint(s)
+		if err != nil || ep.Scheme != "unix" {
+			return nil
+		}
+		c, err := net.DialTimeout("unix", ep.Path, 2*time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		switch {
+		case errors.Is(err, fs.ErrPermission):
+			err = fmt.Errorf("etcd at %s: %w: only root, or the user the agent runs as, may reach an agent's embedded etcd", ep.URL, err)
+		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED):
+			err = fmt.Errorf("etcd at %s: %w: no agent with an embedded etcd runs here", ep.URL, err)
+		default:
+			err = fmt.Errorf("etcd at %s: %w", ep.URL, err)
+		}
+		errs = append(errs, err)
 	}
-	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
-		return nil, errors.New("TLS: give both a client certificate and its key, or neither")
+	return errors.Join(errs...)
+}
+
+// probeTLS shakes hands with each https:// endpoint with t and returns
+// the reasons the handshakes failed (unknown authority, certificate
+// required or refused, …), or nil if one succeeded or none could be tried.
+func probeTLS(ctx context.Context, endpoints []string, t *tls.Config) error {
+	var errs []string
+	for _, s := range endpoints {
+		ep, err := ParseEndpoint(s)
+		if err != nil || ep.Scheme != "https" {
+			continue
+		}
+		err = probeOne(ctx, ep.Host, t)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, fmt.Sprintf("TLS with %s: %v", ep.URL, err))
 	}
-	info := transport.TLSInfo{CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, TrustedCAFile: cfg.CAFile}
-	t, err := info.ClientConfig()
+	if len(errs) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(errs, "; "))
+}
+
+func probeOne(ctx context.Context, hostport string, t *tls.Config) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	d := tls.Dialer{Config: t}
+	conn, err := d.DialContext(ctx, "tcp", hostport)
 	if err != nil {
-		return nil, fmt.Errorf("TLS: %w", err)
+		return err
 	}
-	return t, nil
+	defer conn.Close()
+	// With TLS 1.3 a server refuses the client's certificate after the
+	// client's side of the handshake is done: its alert comes with the
+	// first read. A server that accepted waits for the client to speak.
+	_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := conn.Read(make([]byte, 1)); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil
+		}
+		return err
+	}
+	return nil
 }
 
 // Close closes the underlying etcd client.

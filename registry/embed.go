@@ -6,12 +6,18 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -19,19 +25,48 @@ import (
 )
 
 const (
-	defaultEmbedClientURL = "http://127.0.0.1:2379"
-	defaultEmbedPeerURL   = "http://127.0.0.1:2380"
+	// placeholderPeerURL is the peer URL the single member advertises. Nothing
+	// listens there: a single-node etcd has no peers to talk to, and a peer
+	// listener would let any local user inject raft messages. It is the
+	// address earlier versions listened on, so a member created by them is
+	// the same member.
+	placeholderPeerURL    = "http://127.0.0.1:2380"
 	embedStartTimeout     = 60 * time.Second
 	embedTestStartTimeout = 15 * time.Second
 	closeGrace            = time.Second
 	closeGraceForTests    = 100 * time.Millisecond
+	// maxSocketPath is the longest path a unix socket address holds
+	// (sun_path is 108 bytes with its terminating NUL).
+	maxSocketPath = 107
 )
 
 // EmbedConfig configures a single-node etcd running inside the process.
+//
+// It has no peer listener. Its clients reach it on ClientURL, a unix socket
+// by default, and optionally from other machines on TLSURL, with TLS and
+// client-certificate authentication.
 type EmbedConfig struct {
-	Dir       string // data directory (created 0700 if missing)
-	ClientURL string // default http://127.0.0.1:2379
-	PeerURL   string // default http://127.0.0.1:2380
+	Dir string // data directory (created 0700 if missing)
+	// ClientURL is the listener local clients (the agent itself, the CLI)
+	// use, and what Endpoint returns:
+	//   - unix:///path/etcd.sock: the socket is made 0600 and its directory
+	//     must be entered by its owner only (mode 0700 or narrower, owned by
+	//     this process's user), so only root (or the agent's user) reaches it;
+	//   - http://<loopback>:port: any local user can reach it (tests and
+	//     development only; a warning is logged outside tests).
+	// A plaintext listener on any other address is refused.
+	ClientURL string
+	// TLSURL, when set, is a second client listener, https://host:port (any
+	// address; ClientURL must then be a unix socket), with TLS and
+	// client-certificate authentication: CertFile and
+	// KeyFile are etcd's certificate and key, ClientCAFile the CA that signs
+	// the client certificates it accepts. All three are required.
+	TLSURL                          string
+	CertFile, KeyFile, ClientCAFile string
+	// PeerURL is ignored: the embedded etcd has no peer listener (it is a
+	// single member; a peer listener would let any local user send it raft
+	// messages). Kept so that older callers compile.
+	PeerURL string
 	// ForTests allows port 0, shortens raft timings (TickMs=10,
 	// ElectionMs=100) and disables fsync. Never for real data.
 	ForTests bool
@@ -42,11 +77,12 @@ type EmbedConfig struct {
 
 // Embedded is a running in-process etcd.
 type Embedded struct {
-	etcd      *embed.Etcd
-	endpoint  string
-	grace     time.Duration
-	closeOnce sync.Once
-	closing   atomic.Bool // silences etcd's shutdown noise in the log bridge
+	etcd        *embed.Etcd
+	endpoint    string
+	tlsEndpoint string
+	grace       time.Duration
+	closeOnce   sync.Once
+	closing     atomic.Bool // silences etcd's shutdown noise in the log bridge
 
 	mu  sync.Mutex
 	gss []*grpc.Server // etcd's client-facing gRPC servers
@@ -60,20 +96,33 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("start embedded etcd: no data directory given")
 	}
-	curl, err := parseEmbedURL(cfg.ClientURL, defaultEmbedClientURL, cfg.ForTests)
+	curl, err := parseEmbedURL(cfg.ClientURL, cfg.ForTests)
 	if err != nil {
-		return nil, fmt.Errorf("start embedded etcd: client URL: %w", err)
+		return nil, fmt.Errorf("start embedded etcd: %w", err)
 	}
-	purl, err := parseEmbedURL(cfg.PeerURL, defaultEmbedPeerURL, cfg.ForTests)
-	if err != nil {
-		return nil, fmt.Errorf("start embedded etcd: peer URL: %w", err)
+	urls := []url.URL{*curl}
+	var tlsInfo transport.TLSInfo
+	if cfg.TLSURL != "" || cfg.CertFile != "" || cfg.KeyFile != "" || cfg.ClientCAFile != "" {
+		turl, err := parseEmbedTLSURL(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("start embedded etcd: %w", err)
+		}
+		if curl.Scheme != "unix" {
+			return nil, errors.New("start embedded etcd: with a TLS listener the local one must be a unix socket")
+		}
+		urls = append(urls, *turl)
+		tlsInfo = transport.TLSInfo{
+			CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, TrustedCAFile: cfg.ClientCAFile, ClientCertAuth: true,
+		}
 	}
+	purl, _ := url.Parse(placeholderPeerURL)
 	ec := embed.NewConfig()
 	ec.Name = "agentd"
 	ec.Dir = cfg.Dir
-	ec.ListenClientUrls = []url.URL{*curl}
-	ec.AdvertiseClientUrls = []url.URL{*curl}
-	ec.ListenPeerUrls = []url.URL{*purl}
+	ec.ListenClientUrls = urls
+	ec.AdvertiseClientUrls = urls
+	ec.ClientTLSInfo = tlsInfo
+	ec.ListenPeerUrls = nil
 	ec.AdvertisePeerUrls = []url.URL{*purl}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
 	em := &Embedded{grace: closeGrace}
@@ -89,6 +138,10 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	if cfg.Logger != nil {
 		core := &slogCore{log: cfg.Logger.With("component", "etcd"), min: zapcore.ErrorLevel, mute: &em.closing}
 		ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(core))
+		if curl.Scheme == "http" && !cfg.ForTests {
+			cfg.Logger.Warn("embedded etcd on plaintext loopback TCP: every local user can reach it, and through it have units run as root; "+
+				"leave --embedded-listen unset to use the private unix socket", "url", curl.String())
+		}
 	}
 	timeout := embedStartTimeout
 	if cfg.ForTests {
@@ -103,6 +156,14 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
 		return nil, fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, err)
+	}
+	if curl.Scheme == "unix" {
+		// The directory already keeps others out; the socket's own mode
+		// is a second lock (connect(2) needs write permission on it).
+		if err := os.Chmod(curl.Path, 0o600); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("start embedded etcd: %w", err)
+		}
 	}
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -120,34 +181,127 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 		e.Close()
 		return nil, fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, ctx.Err())
 	}
-	scheme := "http://"
-	if curl.Scheme == "https" {
-		scheme = "https://"
+	em.etcd = e
+	for _, l := range e.Clients { // in no particular order
+		switch {
+		case l.Addr().Network() == "unix":
+			em.endpoint = "unix://" + curl.Path
+		case curl.Scheme == "http":
+			em.endpoint = "http://" + l.Addr().String()
+		default:
+			em.tlsEndpoint = "https://" + l.Addr().String()
+		}
 	}
-	em.etcd, em.endpoint = e, scheme+e.Clients[0].Addr().String()
 	return em, nil
 }
 
-func parseEmbedURL(s, def string, allowPort0 bool) (*url.URL, error) {
+// parseEmbedURL checks the local client URL: a unix socket in a private
+// directory, or plaintext TCP on a loopback address.
+func parseEmbedURL(s string, allowPort0 bool) (*url.URL, error) {
 	if s == "" {
-		s = def
+		return nil, errors.New("no client URL given (want unix:///path/etcd.sock)")
+	}
+	if _, ok := strings.CutPrefix(s, "unix://"); ok {
+		ep, err := ParseEndpoint(s)
+		if err != nil {
+			return nil, err
+		}
+		if len(ep.Path) > maxSocketPath {
+			return nil, fmt.Errorf("socket path %s is %d bytes long, more than a unix socket address holds (%d)", ep.Path, len(ep.Path), maxSocketPath)
+		}
+		if err := checkPrivateDir(filepath.Dir(ep.Path)); err != nil {
+			return nil, fmt.Errorf("socket %s: %w", ep.Path, err)
+		}
+		if err := checkNotServed(ep.Path); err != nil {
+			return nil, err
+		}
+		return &url.URL{Scheme: "unix", Path: ep.Path}, nil
 	}
 	u, err := url.Parse(s)
 	if err != nil {
 		return nil, err
 	}
-	if u.Scheme != "http" || u.Port() == "" {
-		return nil, fmt.Errorf("%q: want http://host:port", s)
-	}
-	if u.Port() == "0" && !allowPort0 {
-		return nil, fmt.Errorf("%q: port 0 only in tests; a restart must find the same port", s)
+	switch {
+	case u.Scheme == "https":
+		return nil, fmt.Errorf("client URL %q: TLS listeners go in TLSURL (with certificates); the local listener is a unix socket", s)
+	case u.Scheme != "http" || u.Port() == "":
+		return nil, fmt.Errorf("client URL %q: want unix:///path/etcd.sock, or http://127.0.0.1:port", s)
+	case !IsLoopbackHost(u.Host):
+		return nil, fmt.Errorf("client URL %q: a plaintext listener on a non-loopback address would let anyone who reaches it have units run as root: "+
+			"use https:// with a server certificate, key and client CA (client-certificate auth), or the default unix socket", s)
+	case u.Port() == "0" && !allowPort0:
+		return nil, fmt.Errorf("client URL %q: port 0 only in tests; a restart must find the same port", s)
 	}
 	return u, nil
 }
 
-// Endpoint is the client URL actually listened on (with the real port
-// when port 0 was asked for), e.g. "http://127.0.0.1:2379".
+// parseEmbedTLSURL checks the TLS listener and that its certificates are
+// all there.
+func parseEmbedTLSURL(cfg EmbedConfig) (*url.URL, error) {
+	if cfg.TLSURL == "" {
+		return nil, errors.New("TLS certificate, key or client CA given without an https:// listener")
+	}
+	u, err := url.Parse(cfg.TLSURL)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "https" || u.Port() == "" || (u.Path != "" && u.Path != "/") {
+		return nil, fmt.Errorf("TLS listener %q: want https://host:port", cfg.TLSURL)
+	}
+	if u.Port() == "0" && !cfg.ForTests {
+		return nil, fmt.Errorf("TLS listener %q: port 0 only in tests; a restart must find the same port", cfg.TLSURL)
+	}
+	if cfg.CertFile == "" || cfg.KeyFile == "" || cfg.ClientCAFile == "" {
+		return nil, fmt.Errorf("TLS listener %s needs a server certificate, its key and the CA of the client certificates it accepts (client-certificate auth): "+
+			"without the CA anyone who reaches it could have units run as root", cfg.TLSURL)
+	}
+	for _, f := range []string{cfg.CertFile, cfg.KeyFile, cfg.ClientCAFile} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("TLS listener %s: %w", cfg.TLSURL, err)
+		}
+	}
+	u.Path = ""
+	return u, nil
+}
+
+// checkPrivateDir checks that dir is a directory that only its owner, this
+// process's user, may enter.
+func checkPrivateDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("directory %s belongs to uid %d, not to this process (uid %d)", dir, st.Uid, os.Geteuid())
+	}
+	if m := fi.Mode().Perm(); m&0o077 != 0 {
+		return fmt.Errorf("directory %s is mode %04o: other users could reach the socket; make it 0700", dir, m)
+	}
+	return nil
+}
+
+// checkNotServed refuses a socket path some process still listens on
+// (another agent): etcd would remove that socket and take its place.
+func checkNotServed(path string) error {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return nil // missing, or stale: etcd replaces it
+	}
+	c.Close()
+	return fmt.Errorf("socket %s: another process listens there (another agent with this runtime directory?)", path)
+}
+
+// Endpoint is the local client URL actually listened on, e.g.
+// "unix:///run/agentd/etcd.sock" (or "http://127.0.0.1:41234" with the real
+// port when port 0 was asked for).
 func (e *Embedded) Endpoint() string { return e.endpoint }
+
+// TLSEndpoint is the TLS listener's URL with its real port, e.g.
+// "https://10.0.0.5:2379"; "" without one.
+func (e *Embedded) TLSEndpoint() string { return e.tlsEndpoint }
 
 // Close stops etcd. Client streams still open (watches, lease keep-alives)
 // get a short grace (1 s, 100 ms with ForTests) and are then cut. Calling

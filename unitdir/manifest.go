@@ -40,8 +40,10 @@ type manifestJSON struct {
 // OpenManifest loads the manifest from stateDir, creating the directory (and
 // an empty manifest) when missing. A manifest that cannot be parsed is an
 // error, never silently an empty one: that would orphan every managed unit.
+// The state directory is private (OpenPrivate): 0700, managed.json and the
+// blobs 0600, whatever the umask; wider modes found there are tightened.
 func OpenManifest(stateDir string) (*Manifest, error) {
-	d, err := Open(stateDir)
+	d, err := OpenPrivate(stateDir)
 	if err != nil {
 		return nil, err
 	}

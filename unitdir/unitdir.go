@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 )
 
 // ErrNotRegular is returned when the target exists but is not a regular file
@@ -28,11 +29,14 @@ var ErrNotRegular = errors.New("not a regular file")
 
 // Dir is a directory the agent writes files into.
 type Dir struct {
-	root *os.Root
-	path string
+	root     *os.Root
+	path     string
+	fileMode os.FileMode // of every file Write makes: 0644, or 0600 for a private Dir
+	dirMode  os.FileMode // of the subdirectories Write makes: 0755, or 0700
 }
 
 // Open creates the directory if needed (0755) and roots all access in it.
+// Files are written 0644 (unit files: systemd and everyone may read them).
 func Open(dir string) (*Dir, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create %s: %w", dir, err)
@@ -41,7 +45,87 @@ func Open(dir string) (*Dir, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", dir, err)
 	}
-	return &Dir{root: r, path: dir}, nil
+	return &Dir{root: r, path: dir, fileMode: 0o644, dirMode: 0o755}, nil
+}
+
+// OpenPrivate opens a directory only this process's user may read: the
+// state directory, whose old unit versions may hold secrets (Environment=)
+// and whose registry snapshot is everything this host runs. The directory
+// is created 0700, or tightened to 0700 when it is wider; files are written
+// 0600 and subdirectories 0700, whatever the umask. Regular files and
+// directories already there (one level down) that other users could read
+// are tightened too.
+func OpenPrivate(dir string) (*Dir, error) {
+	if err := MkdirPrivate(dir); err != nil {
+		return nil, err
+	}
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", dir, err)
+	}
+	d := &Dir{root: r, path: dir, fileMode: 0o600, dirMode: 0o700}
+	if err := d.tighten(".", 1); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// MkdirPrivate creates dir (and missing parents, 0755 as usual) as mode
+// 0700, or tightens an existing dir to 0700 if group or others have any
+// access. dir must belong to this process's user.
+func MkdirPrivate(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s belongs to uid %d, not to this process's user (uid %d): refusing to keep private files there", dir, st.Uid, os.Geteuid())
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		if err := os.Chmod(dir, fi.Mode().Perm()&0o700|0o700); err != nil {
+			return fmt.Errorf("tighten %s to 0700: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// tighten removes group and other permissions from the regular files and
+// directories in rel and, depth levels down, in its subdirectories.
+// Symlinks are left alone.
+func (d *Dir) tighten(rel string, depth int) error {
+	f, err := d.root.Open(rel)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", rel, err)
+	}
+	entries, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("list %s: %w", rel, err)
+	}
+	var errs []error
+	for _, e := range entries {
+		p := path.Join(rel, e.Name())
+		fi, err := d.root.Lstat(p)
+		if err != nil || !(fi.Mode().IsRegular() || fi.IsDir()) {
+			continue
+		}
+		if m := fi.Mode().Perm(); m&0o077 != 0 {
+			if err := d.root.Chmod(p, m&0o700|0o600); err != nil {
+				errs = append(errs, fmt.Errorf("tighten %s: %w", p, err))
+			}
+		}
+		if fi.IsDir() && depth > 0 {
+			errs = append(errs, d.tighten(p, depth-1))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Path is the directory's path as given to Open.
@@ -82,8 +166,9 @@ func (d *Dir) Read(rel string) (content []byte, exists bool, err error) {
 	return b, true, nil
 }
 
-// Write replaces rel with content atomically, mode 0644, creating its parent
-// directory (one level, for drop-in directories) when missing.
+// Write replaces rel with content atomically, mode 0644 (0600 in a Dir
+// opened with OpenPrivate), creating its parent directory (one level, for
+// drop-in directories and blobs) when missing.
 func (d *Dir) Write(rel string, content []byte) error {
 	if err := checkRel(rel); err != nil {
 		return err
@@ -93,7 +178,7 @@ func (d *Dir) Write(rel string, content []byte) error {
 	}
 	dir := path.Dir(rel)
 	if dir != "." {
-		if err := d.root.MkdirAll(dir, 0o755); err != nil {
+		if err := d.root.MkdirAll(dir, d.dirMode); err != nil {
 			return fmt.Errorf("write %s: %w", rel, err)
 		}
 	}
@@ -208,7 +293,7 @@ func (d *Dir) sweep(dir string, match func(name string) bool) (removed, subdirs 
 }
 
 func (d *Dir) writeTemp(tmp string, content []byte) error {
-	f, err := d.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	f, err := d.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, d.fileMode)
 	if err != nil {
 		return err
 	}
@@ -217,7 +302,7 @@ func (d *Dir) writeTemp(tmp string, content []byte) error {
 		return err
 	}
 	// The umask may have narrowed the mode given to OpenFile.
-	if err := f.Chmod(0o644); err != nil {
+	if err := f.Chmod(d.fileMode); err != nil {
 		f.Close()
 		return err
 	}

@@ -3,17 +3,17 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -67,9 +67,10 @@ wrong and how to fix it:
   systemd    D-Bus access to the service manager, and the privilege to manage
              units (systemd grants it to root)
   unit dir   exists and is writable (a temporary file is created and removed)
-  state dir  the ownership manifest parses, every file it lists exists with the
-             content the agent wrote, and the saved registry snapshot (what the
-             agent runs on when the registry is unreachable at start) parses
+  state dir  private (0700; tightened if wider), the ownership manifest
+             parses, every file it lists exists with the content the agent
+             wrote, and the saved registry snapshot (what the agent runs on
+             when the registry is unreachable at start) parses
   registry   etcd answers with the configured endpoints, TLS and credentials;
              how many keys this host has; whether a live agent holds this host
   clock      skew against etcd. etcd has no time API: doctor reads the Date
@@ -118,8 +119,8 @@ Exit code 0 when nothing failed (warnings allowed), 1 otherwise.`,
 		},
 	}
 	fs := cmd.Flags()
-	o.etcd.bind(fs, "etcd endpoints (default "+defaultEndpoint+": the local agent's embedded etcd)")
-	o.bindLocal(fs)
+	o.bindLocal(fs) // before o.etcd.bind: --user is bindLocal's
+	o.etcd.bind(fs, "etcd endpoints (default "+defaultEndpoint+", or $XDG_RUNTIME_DIR/agentd/etcd.sock with --user: the local agent's embedded etcd)")
 	fs.StringVar(&envFile, "env-file", "/etc/default/agentd",
 		"read AGENTD_* settings from this file, as agentd.service does; flags and the environment win (empty: none)")
 	fs.BoolVar(&asJSON, "json", false, "print JSON")
@@ -282,6 +283,16 @@ func checkStateDir(o *runOptions) []check {
 		return []check{{"state dir", checkWarn, o.stateDir + " does not exist: the agent has not run here yet", "nothing to do: `agentd run` creates it"}}
 	}
 	var out []check
+	if fi, err := os.Stat(o.stateDir); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
+			return []check{{"state dir", checkFail, fmt.Sprintf("%s belongs to uid %d; doctor runs as uid %d and cannot read it", o.stateDir, st.Uid, os.Geteuid()),
+				"run doctor as the agent's user (the system agent: sudo agentd doctor), or with --user for your own agent"}}
+		}
+	}
+	if fi, err := os.Stat(o.stateDir); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		out = append(out, check{"state dir", checkWarn, fmt.Sprintf("%s was mode %04o (old unit versions and the registry snapshot may hold secrets); tightened it to 0700", o.stateDir, fi.Mode().Perm()),
+			"nothing more to do: the agent keeps it 0700 and its files 0600"})
+	}
 	manifest, err := unitdir.OpenManifest(o.stateDir)
 	if err != nil {
 		return []check{{"state dir", checkFail, fmt.Sprintf("ownership manifest: %v", err),
@@ -340,9 +351,12 @@ func checkStateDir(o *runOptions) []check {
 func checkRegistry(ctx context.Context, o *runOptions, embedded bool) []check {
 	eps := o.etcd.endpoints
 	if embedded {
-		eps = []string{defaultEndpoint}
+		eps = []string{o.etcd.localEndpoint(o.user)}
 	}
 	cfg := o.etcd.config(eps)
+	if err := cfg.Validate(); err != nil {
+		return []check{{"registry", checkFail, err.Error(), "fix the etcd settings (flags, AGENTD_* variables, /etc/default/agentd)"}}
+	}
 	reg, err := registry.Dial(ctx, cfg)
 	if err != nil {
 		return []check{{"registry", checkFail, err.Error(), registryFix(err, embedded)}}
@@ -383,6 +397,8 @@ func memberCheck(members []reconcile.Member, host, machine string) check {
 func registryFix(err error, embedded bool) string {
 	msg := strings.ToLower(err.Error())
 	switch {
+	case embedded && strings.Contains(msg, "unix://") && strings.Contains(msg, "permission denied"):
+		return "only root (or the user the agent runs as) can reach the embedded etcd's socket: run doctor as root (sudo agentd doctor), or with --user for your own agent"
 	case strings.Contains(msg, "authentication") || strings.Contains(msg, "auth token") || strings.Contains(msg, "permission denied") || strings.Contains(msg, "user name"):
 		return "check --etcd-user and --etcd-password (AGENTD_ETCD_USER, AGENTD_ETCD_PASSWORD in /etc/default/agentd) and the user's role on the prefix"
 	case strings.Contains(msg, "x509") || strings.Contains(msg, "certificate") || strings.Contains(msg, "tls: ") || strings.Contains(msg, "handshake"):
@@ -418,15 +434,26 @@ func checkClock(ctx context.Context, o *runOptions, endpoint string, embedded bo
 // The Date header has whole seconds, so the server's time lies in
 // [Date, Date+1s): its midpoint is compared with the request's midpoint.
 func etcdClockSkew(ctx context.Context, o *runOptions, endpoint string) (skew, rtt time.Duration, err error) {
-	tr := &http.Transport{}
-	if strings.HasPrefix(endpoint, "https://") {
-		if tr.TLSClientConfig, err = clientTLS(o); err != nil {
-			return 0, 0, err
+	ep, err := registry.ParseEndpoint(endpoint)
+	if err != nil {
+		return 0, 0, err
+	}
+	// The same TLS configuration as the agent's and the CLI's.
+	sec, err := o.etcd.config([]string{endpoint}).Security()
+	if err != nil {
+		return 0, 0, err
+	}
+	tr := &http.Transport{TLSClientConfig: sec.TLS}
+	base := strings.TrimSuffix(endpoint, "/")
+	if ep.Scheme == "unix" {
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", ep.Path)
 		}
+		base = "http://localhost"
 	}
 	hc := &http.Client{Transport: tr, Timeout: 5 * time.Second}
 	defer tr.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(endpoint, "/")+"/health", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/health", nil)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -444,30 +471,6 @@ func etcdClockSkew(ctx context.Context, o *runOptions, endpoint string) (skew, r
 	rtt = t1.Sub(t0)
 	mid := t0.Add(rtt / 2)
 	return date.Add(time.Second / 2).Sub(mid), rtt, nil
-}
-
-// clientTLS builds the TLS configuration of the etcd flags.
-func clientTLS(o *runOptions) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if o.etcd.ca != "" {
-		pem, err := os.ReadFile(o.etcd.ca)
-		if err != nil {
-			return nil, err
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s: no certificate found", o.etcd.ca)
-		}
-		cfg.RootCAs = pool
-	}
-	if o.etcd.cert != "" || o.etcd.key != "" {
-		cert, err := tls.LoadX509KeyPair(o.etcd.cert, o.etcd.key)
-		if err != nil {
-			return nil, err
-		}
-		cfg.Certificates = []tls.Certificate{cert}
-	}
-	return cfg, nil
 }
 
 func checkAgent(ctx context.Context, o *runOptions) check {

@@ -11,15 +11,15 @@ import (
 
 // socketFlag binds --debug-socket with the agent's default for the mode.
 func socketFlag(cmd *cobra.Command, path *string, user *bool) {
-	cmd.Flags().StringVar(path, "debug-socket", "", "the agent's debug socket (default /run/agentd/agentd.sock, or $XDG_RUNTIME_DIR/agentd.sock with --user)")
-	cmd.Flags().BoolVar(user, "user", false, "talk to the agent of the user's systemd instance")
+	cmd.Flags().StringVar(path, "debug-socket", "", "the agent's debug socket (default /run/agentd/agentd.sock as root, $XDG_RUNTIME_DIR/agentd.sock otherwise or with --user)")
+	cmd.Flags().BoolVar(user, "user", false, "talk to the agent of the user's systemd instance (the default for users other than root)")
 }
 
 func resolveSocket(path string, user bool) string {
 	if path != "" {
 		return path
 	}
-	o := &runOptions{user: user, host: "x"}
+	o := &runOptions{user: clientUserMode(user), host: "x"}
 	_ = o.defaults()
 	return o.debugSocket
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,7 +35,10 @@ type runOptions struct {
 	stateDir        string
 	debugSocket     string
 	embedClient     string
-	embedPeer       string
+	embedPeer       string // ignored: the embedded etcd has no peer listener
+	embedCert       string
+	embedKey        string
+	embedCA         string
 	logLevel        string
 	leaseTTL        time.Duration
 	metricsAddr     string
@@ -65,7 +69,12 @@ one daemon-reload per batch, starts or restarts the units in place, and
 publishes each unit's status to the registry.
 
 With no --etcd-endpoints it runs an embedded single-node etcd in the state
-directory, listening on ` + defaultEndpoint + `, so one machine needs nothing else.
+directory, listening on the unix socket ` + defaultEndpoint + ` (in the
+runtime directory, mode 0700: only root can reach it; with --user,
+$XDG_RUNTIME_DIR/agentd/etcd.sock), so one machine needs nothing else and the
+client commands on it find it with no flags. It has no peer listener. To let
+other machines in, --embedded-listen https://ADDR:PORT adds a TLS listener that
+accepts only client certificates signed by --embedded-ca.
 
 Under systemd (contrib/systemd/agentd.service, Type=notify) it reports READY=1
 after its first successful reconcile pass, or after --registry-timeout with the
@@ -78,6 +87,8 @@ restarted. Logs go to the journal with structured fields (AGENTD_*, and
 OBJECT_SYSTEMD_UNIT, so "journalctl -u UNIT" shows what agentd did to UNIT).`,
 		Example: `  agentd run --host h1                       # system instance, embedded etcd
   agentd run --etcd-endpoints https://etcd1:2379 --etcd-ca ca.pem --group web
+  agentd run --embedded-listen https://10.0.0.5:2379 --embedded-cert etcd.pem \
+    --embedded-key etcd-key.pem --embedded-ca clients-ca.pem   # remote clients need a client certificate
   agentd run --user                          # the user's systemd instance
   AGENTD_METRICS_ADDR=127.0.0.1:9100 agentd run   # every flag has an AGENTD_* variable`,
 		Args: usageArgs(cobra.NoArgs),
@@ -86,10 +97,17 @@ OBJECT_SYSTEMD_UNIT, so "journalctl -u UNIT" shows what agentd did to UNIT).`,
 		},
 	}
 	fs := cmd.Flags()
+	o.bindLocal(fs) // before o.etcd.bind: --user is bindLocal's
 	o.etcd.bind(fs, "etcd endpoints (comma-separated); empty: run an embedded etcd in the state directory")
-	o.bindLocal(fs)
-	fs.StringVar(&o.embedClient, "embedded-listen", defaultEndpoint, "client URL of the embedded etcd (only without --etcd-endpoints)")
-	fs.StringVar(&o.embedPeer, "embedded-peer-listen", "http://127.0.0.1:2380", "peer URL of the embedded etcd (only without --etcd-endpoints)")
+	fs.StringVar(&o.embedClient, "embedded-listen", "",
+		"without --etcd-endpoints: where the embedded etcd listens besides its unix socket (default: only the socket, "+defaultEndpoint+
+			", or $XDG_RUNTIME_DIR/agentd/etcd.sock with --user). https://ADDR:PORT adds a TLS listener with client-certificate auth "+
+			"(needs --embedded-cert, --embedded-key, --embedded-ca); http:// is accepted on loopback only, instead of the socket, and lets every local user in")
+	fs.StringVar(&o.embedCert, "embedded-cert", "", "certificate of the embedded etcd's https:// --embedded-listen")
+	fs.StringVar(&o.embedKey, "embedded-key", "", "key of --embedded-cert")
+	fs.StringVar(&o.embedCA, "embedded-ca", "", "CA of the client certificates the embedded etcd's https:// listener accepts (client-certificate auth)")
+	fs.StringVar(&o.embedPeer, "embedded-peer-listen", "", "ignored: the embedded etcd has no peer listener")
+	_ = fs.MarkDeprecated("embedded-peer-listen", "the embedded etcd has no peer listener any more; the value is ignored")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "TTL of the lease that binds this agent's membership and statuses")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9100 (default: off)")
@@ -162,6 +180,7 @@ func (o *runOptions) defaults() error {
 			o.debugSocket = "/run/agentd/agentd.sock"
 		}
 	}
+	o.etcd.userMode = o.user
 	if o.dialSystemd == nil {
 		o.dialSystemd = systemd.SystemDialer()
 		if o.user {
@@ -169,6 +188,58 @@ func (o *runOptions) defaults() error {
 		}
 	}
 	return nil
+}
+
+// embedConfig turns the --embedded-* flags into the embedded etcd's
+// configuration: its unix socket in the runtime directory (created 0700, or
+// tightened to 0700), plus an https:// listener with client-certificate
+// auth; or, for tests and development, plaintext loopback TCP instead of
+// the socket. Anything else is refused.
+func (o *runOptions) embedConfig() (registry.EmbedConfig, error) {
+	cfg := registry.EmbedConfig{
+		Dir:      filepath.Join(o.stateDir, "etcd"),
+		CertFile: o.embedCert, KeyFile: o.embedKey, ClientCAFile: o.embedCA,
+	}
+	listen := o.embedClient
+	tlsFlags := o.embedCert != "" || o.embedKey != "" || o.embedCA != ""
+	switch {
+	case listen == "" || strings.HasPrefix(listen, "https://") || strings.HasPrefix(listen, "unix://"):
+	case strings.HasPrefix(listen, "http://"):
+		u, err := url.Parse(listen)
+		if err != nil || u.Port() == "" {
+			return cfg, withCode(exitUsage, fmt.Errorf("--embedded-listen %q: want https://ADDR:PORT, or http://127.0.0.1:PORT", listen))
+		}
+		if !registry.IsLoopbackHost(u.Host) {
+			return cfg, withCode(exitUsage, fmt.Errorf("--embedded-listen %s: plaintext etcd on a non-loopback address would let anyone who reaches it have units run as root here; "+
+				"use https:// with --embedded-cert, --embedded-key and --embedded-ca (client-certificate auth), or leave it unset for the private unix socket", listen))
+		}
+		if tlsFlags {
+			return cfg, withCode(exitUsage, fmt.Errorf("--embedded-cert, --embedded-key and --embedded-ca need an https:// --embedded-listen, not %s", listen))
+		}
+		cfg.ClientURL = listen
+		return cfg, nil
+	default:
+		return cfg, withCode(exitUsage, fmt.Errorf("--embedded-listen %q: want https://ADDR:PORT (or http://127.0.0.1:PORT)", listen))
+	}
+	if strings.HasPrefix(listen, "https://") {
+		if o.embedCert == "" || o.embedKey == "" || o.embedCA == "" {
+			return cfg, withCode(exitUsage, fmt.Errorf("--embedded-listen %s needs --embedded-cert, --embedded-key and --embedded-ca: "+
+				"without client-certificate auth anyone who reaches it could have units run as root here", listen))
+		}
+		cfg.TLSURL = listen
+	} else if tlsFlags {
+		return cfg, withCode(exitUsage, errors.New("--embedded-cert, --embedded-key and --embedded-ca need an https:// --embedded-listen"))
+	}
+	if strings.HasPrefix(listen, "unix://") {
+		cfg.ClientURL = listen
+		return cfg, nil
+	}
+	dir := runtimeDir(o.user, o.etcd.runtimeDir)
+	if err := unitdir.MkdirPrivate(dir); err != nil {
+		return cfg, fmt.Errorf("runtime directory of the embedded etcd's socket: %w", err)
+	}
+	cfg.ClientURL = "unix://" + filepath.Join(dir, etcdSocket)
+	return cfg, nil
 }
 
 func newLogger(level string, out io.Writer) (*slog.Logger, error) {
@@ -201,17 +272,39 @@ func runAgent(ctx context.Context, o *runOptions) error {
 	defer cancel(nil)
 
 	endpoints := o.etcd.endpoints
+	var ecfg *registry.EmbedConfig
 	if len(endpoints) == 0 {
+		c, err := o.embedConfig()
+		if err != nil {
+			return err
+		}
+		ecfg, endpoints = &c, []string{c.ClientURL}
+	}
+	// Bad TLS or password settings fail here, once, rather than in the
+	// registry retry loop below.
+	if err := o.etcd.config(endpoints).Validate(); err != nil {
+		return withCode(exitUsage, err)
+	}
+	if _, err := o.etcd.config(endpoints).Security(); err != nil {
+		return err
+	}
+	if ecfg != nil {
+		ecfg.Logger = log
+		if o.embedPeer != "" {
+			log.Warn("--embedded-peer-listen is ignored: the embedded etcd has no peer listener", "value", o.embedPeer)
+		}
 		svc.setStatus("starting the embedded etcd")
-		emb, err := registry.StartEmbedded(ctx, registry.EmbedConfig{
-			Dir: filepath.Join(o.stateDir, "etcd"), ClientURL: o.embedClient, PeerURL: o.embedPeer, Logger: log,
-		})
+		// The state directory is private (0700) before etcd puts its data there.
+		if err := unitdir.MkdirPrivate(o.stateDir); err != nil {
+			return err
+		}
+		emb, err := registry.StartEmbedded(ctx, *ecfg)
 		if err != nil {
 			return fmt.Errorf("embedded etcd: %w", err)
 		}
 		defer emb.Close()
 		endpoints = []string{emb.Endpoint()}
-		log.Info("embedded etcd running", "endpoint", emb.Endpoint(), "dir", filepath.Join(o.stateDir, "etcd"))
+		log.Info("embedded etcd running", "endpoint", emb.Endpoint(), "tls_endpoint", emb.TLSEndpoint(), "dir", ecfg.Dir)
 	}
 
 	svc.setStatus("connecting to systemd")

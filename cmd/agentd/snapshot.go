@@ -52,7 +52,7 @@ type lastKnownGood struct {
 }
 
 func openLastKnownGood(stateDir, host, prefix string, groups []string, log *slog.Logger) (*lastKnownGood, error) {
-	d, err := unitdir.Open(stateDir)
+	d, err := unitdir.OpenPrivate(stateDir) // the snapshot is 0600 in a 0700 directory
 	if err != nil {
 		return nil, err
 	}

@@ -70,7 +70,8 @@ func Items(plan []reconcile.Action) []PlanItem {
 // Serve listens on path until ctx ends. A stale socket file from a previous
 // run is replaced; anything else at path is an error.
 func Serve(ctx context.Context, path, host string, b Backend) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	// 0700: only the agent's user reaches what lies in the runtime directory.
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("debug socket: %w", err)
 	}
 	if fi, err := os.Lstat(path); err == nil {

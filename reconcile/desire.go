@@ -121,7 +121,7 @@ func Desire(s Snapshot) map[string]*DesiredUnit {
 			block(u, fmt.Errorf("%s: empty value (only a template instance such as foo@1.service may be empty)", path))
 			continue
 		}
-		if err := ValidateContent(e.Value); err != nil {
+		if err := validateValue(u.Name, e.Value); err != nil {
 			block(u, fmt.Errorf("%s: %w", path, err))
 			continue
 		}

@@ -120,7 +120,7 @@ func (s *Session) Halt(ctx context.Context, h reconcile.Halt) error {
 
 // Halts returns the halts of scope ("groups/<group>"), or of every group
 // when scope is "", sorted by scope and unit. Scope and Unit are taken
-// from the key.
+// from the key. A value that does not decode is skipped with a warning.
 func (c *Client) Halts(ctx context.Context, scope string) ([]reconcile.Halt, error) {
 	dir := c.haltsRoot() + "groups/"
 	if scope != "" {
@@ -140,7 +140,8 @@ func (c *Client) Halts(ctx context.Context, scope string) ([]reconcile.Halt, err
 			continue // not a halt key (deeper path)
 		}
 		if err != nil {
-			return nil, err
+			c.skipKey(kv.Key, "value is not a rollout halt (delete it if no agent wrote it)", err)
+			continue
 		}
 		out = append(out, h)
 	}

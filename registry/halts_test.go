@@ -143,12 +143,18 @@ func TestHaltInvalid(t *testing.T) {
 	if got := mustHalts(t, c, ""); len(got) != 0 {
 		t.Errorf("invalid halts stored: %v", got)
 	}
-	// A value an agent did not write: Halts says which key to delete.
+	// A value an agent did not write: Halts skips it, with a warning
+	// that says which key to delete.
+	w := recordWarnings(c)
 	if _, err := c.cli.Put(ctxT(t), "/agentd/halts/groups/web/b.service", "junk"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Halts(ctxT(t), "groups/web"); err == nil || !strings.Contains(err.Error(), "/agentd/halts/groups/web/b.service") {
-		t.Errorf("Halts with an undecodable value: %v", err)
+	if got, err := c.Halts(ctxT(t), "groups/web"); err != nil || len(got) != 0 {
+		t.Errorf("Halts with an undecodable value: %v, %v; want none, nil", got, err)
+	}
+	w.mustName(t, "/agentd/halts/groups/web/b.service")
+	if !strings.Contains(w.String(), "delete it") {
+		t.Errorf("the warning does not say what to do: %s", w)
 	}
 }
 

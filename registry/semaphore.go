@@ -175,7 +175,8 @@ func (s *Session) Holding(ctx context.Context, scope, unit string) (bool, error)
 // Holders returns the agents holding or waiting for a slot of (scope,
 // unit), in queue order: with limit N, the first N hold a slot or are
 // about to (Holder.Waiting tells which have marked it). Host is taken from
-// the key.
+// the key. A value that does not decode is returned with only Host set,
+// and a warning: it still takes its place in the queue.
 func (c *Client) Holders(ctx context.Context, scope, unit string) ([]Holder, error) {
 	if err := validLock(scope, unit); err != nil {
 		return nil, fmt.Errorf("holders: %w", err)
@@ -189,7 +190,9 @@ func (c *Client) Holders(ctx context.Context, scope, unit string) ([]Holder, err
 	for _, kv := range resp.Kvs {
 		var h Holder
 		if err := json.Unmarshal(kv.Value, &h); err != nil {
-			return nil, fmt.Errorf("decode %s (delete it if no agent wrote it): %w", kv.Key, err)
+			c.log.Warn("registry key "+string(kv.Key)+": value is not a semaphore holder; it still takes its place in the queue (delete it if no agent wrote it)",
+				"key", string(kv.Key), "err", err)
+			h = Holder{}
 		}
 		h.Host = strings.TrimPrefix(string(kv.Key), dir)
 		out = append(out, h)

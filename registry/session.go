@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -38,10 +39,10 @@ type Session struct {
 	mu   sync.Mutex
 	sess *concurrency.Session // nil when lost and not yet re-created
 	want map[string]reconcile.Status
-	// published is what etcd holds for this host, in comparison form (see
-	// compareForm): nil map = not read yet; a nil entry = a key of unknown
-	// content (left by an earlier lease).
-	published map[string][]byte
+	// published is what etcd holds under this host's status prefix, by
+	// unit: nil map = not read yet; a zero entry = a key of unknown content
+	// (left by an earlier lease, or written by someone else).
+	published map[string]pubEntry
 	closed    bool
 	// stopping is set by Close before it waits for the Session's
 	// goroutines: no new ones start after that (see goBackground).
@@ -149,8 +150,16 @@ func (c *Client) claim(ctx context.Context, m reconcile.Member, lease clientv3.L
 		kv := kvs[0]
 		var old reconcile.Member
 		oldLease := clientv3.LeaseID(kv.Lease)
-		if oldLease != clientv3.NoLease && oldLease != lease {
-			if err := json.Unmarshal(kv.Value, &old); err != nil || old.MachineID != m.MachineID {
+		agentLease := oldLease != clientv3.NoLease && oldLease != lease
+		if agentLease {
+			if err := json.Unmarshal(kv.Value, &old); err != nil {
+				// No agent writes that: not a live agent, whatever lease
+				// the key carries. Take it over, but leave that lease
+				// (and whatever else it holds) alone.
+				c.log.Warn("registry key "+key+": value is not a membership record; taking it over",
+					"key", key, "lease", fmt.Sprintf("%x", kv.Lease), "err", err)
+				agentLease = false
+			} else if old.MachineID != m.MachineID {
 				return fmt.Errorf("%w: %s is held by machine ID %q (lease %x, started %s); stop that agent or choose another --host",
 					ErrHostTaken, key, old.MachineID, kv.Lease, old.StartedAt.Format(time.RFC3339))
 			}
@@ -166,7 +175,7 @@ func (c *Client) claim(ctx context.Context, m reconcile.Member, lease clientv3.L
 		if !resp.Succeeded {
 			continue
 		}
-		if oldLease != clientv3.NoLease && oldLease != lease {
+		if agentLease {
 			// The previous run is gone: drop what it left under its lease
 			// (statuses, semaphore slots) instead of waiting for the TTL.
 			if _, err := c.cli.Revoke(ctx, oldLease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
@@ -255,6 +264,25 @@ func compareForm(st reconcile.Status) ([]byte, error) {
 	return json.Marshal(st)
 }
 
+// pubEntry is what a Session knows etcd holds at one of its status keys:
+// the status in compareForm and the revision the Session put it at.
+type pubEntry struct {
+	form []byte
+	rev  int64
+}
+
+// syncRounds bounds how many transactions one Report spends chasing keys
+// someone else keeps writing under the host's status prefix; what is left
+// is fixed by the next Report.
+const syncRounds = 3
+
+// syncLocked makes the host's status prefix hold exactly s.want: it puts
+// what changed and deletes every other key there — statuses of units no
+// longer reported, and keys written by anyone else (garbage, a unit this
+// host does not report, one of its own statuses overwritten). The last
+// transaction of each round also lists the prefix (keys only), so a
+// foreign key is seen in the same transaction and removed by the next
+// round.
 func (s *Session) syncLocked(ctx context.Context) error {
 	c := s.c
 	root := c.hostStatus(s.member.Host)
@@ -267,38 +295,65 @@ func (s *Session) syncLocked(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("report: list %s: %w", root, err)
 		}
-		s.published = map[string][]byte{}
+		s.published = map[string]pubEntry{}
 		for _, kv := range resp.Kvs {
-			s.published[strings.TrimPrefix(string(kv.Key), root)] = nil
+			s.published[strings.TrimPrefix(string(kv.Key), root)] = pubEntry{}
 		}
 	}
 	lease := s.sess.Lease()
-	type change struct {
-		unit string
-		op   clientv3.Op
-		form []byte // nil for a delete
+	for round := range syncRounds {
+		changes, err := s.changesLocked(root, lease)
+		if err != nil {
+			return err
+		}
+		if round > 0 && len(changes) == 0 {
+			return nil
+		}
+		if err := s.commitLocked(rctx, root, lease, changes); err != nil {
+			return err
+		}
 	}
-	var changes []change
+	return nil
+}
+
+// statusChange is one operation of a Report: a put (form set) or a delete.
+type statusChange struct {
+	unit string
+	op   clientv3.Op
+	form []byte // nil for a delete
+}
+
+// changesLocked lists the puts and deletes that turn s.published into
+// s.want.
+func (s *Session) changesLocked(root string, lease clientv3.LeaseID) ([]statusChange, error) {
+	var changes []statusChange
 	for _, u := range slices.Sorted(maps.Keys(s.want)) {
 		st := s.want[u]
 		form, err := compareForm(st)
 		if err != nil {
-			return fmt.Errorf("report: encode status of %s: %w", u, err)
+			return nil, fmt.Errorf("report: encode status of %s: %w", u, err)
 		}
-		if old := s.published[u]; old != nil && bytes.Equal(old, form) {
+		if old := s.published[u]; old.form != nil && bytes.Equal(old.form, form) {
 			continue
 		}
 		val, err := json.Marshal(st)
 		if err != nil {
-			return fmt.Errorf("report: encode status of %s: %w", u, err)
+			return nil, fmt.Errorf("report: encode status of %s: %w", u, err)
 		}
-		changes = append(changes, change{u, clientv3.OpPut(root+u, string(val), clientv3.WithLease(lease)), form})
+		changes = append(changes, statusChange{u, clientv3.OpPut(root+u, string(val), clientv3.WithLease(lease)), form})
 	}
 	for _, u := range slices.Sorted(maps.Keys(s.published)) {
 		if _, ok := s.want[u]; !ok {
-			changes = append(changes, change{u, clientv3.OpDelete(root + u), nil})
+			changes = append(changes, statusChange{u, clientv3.OpDelete(root + u), nil})
 		}
 	}
+	return changes, nil
+}
+
+// commitLocked applies changes in transactions of at most maxTxnOps
+// operations (at least one transaction, which lists the prefix).
+func (s *Session) commitLocked(ctx context.Context, root string, lease clientv3.LeaseID, changes []statusChange) error {
+	c := s.c
 	// Every transaction is guarded by the membership key still carrying
 	// our lease: that detects a lease revoked or expired before the
 	// keep-alive noticed, and a host name taken over, even when there is
@@ -307,11 +362,15 @@ func (s *Session) syncLocked(ctx context.Context) error {
 	for first := true; first || len(changes) > 0; first = false {
 		chunk := changes[:min(len(changes), maxTxnOps)]
 		changes = changes[len(chunk):]
-		ops := make([]clientv3.Op, len(chunk))
-		for i, ch := range chunk {
-			ops[i] = ch.op
+		last := len(changes) == 0
+		ops := make([]clientv3.Op, 0, len(chunk)+1)
+		for _, ch := range chunk {
+			ops = append(ops, ch.op)
 		}
-		resp, err := c.cli.Txn(rctx).If(guard).Then(ops...).Commit()
+		if last {
+			ops = append(ops, clientv3.OpGet(root, clientv3.WithPrefix(), clientv3.WithKeysOnly()))
+		}
+		resp, err := c.cli.Txn(ctx).If(guard).Then(ops...).Commit()
 		if err != nil {
 			return fmt.Errorf("report: put %s*: %w", root, err)
 		}
@@ -320,13 +379,47 @@ func (s *Session) syncLocked(ctx context.Context) error {
 		}
 		for _, ch := range chunk {
 			if ch.form != nil {
-				s.published[ch.unit] = ch.form
+				s.published[ch.unit] = pubEntry{ch.form, resp.Header.Revision}
 			} else {
 				delete(s.published, ch.unit)
 			}
 		}
+		if last {
+			s.notePublishedLocked(root, resp.Responses[len(chunk)].GetResponseRange().GetKvs())
+		}
 	}
 	return nil
+}
+
+// notePublishedLocked compares s.published with the keys etcd lists under
+// root: a key this Session did not put, or not at that revision (anyone
+// else's write moves it), becomes a key of unknown content (deleted, or
+// put again if wanted, by the next round); a key gone from etcd is
+// forgotten.
+func (s *Session) notePublishedLocked(root string, kvs []*mvccpb.KeyValue) {
+	seen := make(map[string]bool, len(kvs))
+	for _, kv := range kvs {
+		u := strings.TrimPrefix(string(kv.Key), root)
+		seen[u] = true
+		p, ok := s.published[u]
+		if ok && p.form != nil && p.rev == kv.ModRevision {
+			continue
+		}
+		switch {
+		case !ok:
+			s.c.log.Warn("registry key "+string(kv.Key)+": not written by this agent; removing it",
+				"key", string(kv.Key), "host", s.member.Host)
+		case p.form != nil:
+			s.c.log.Warn("registry key "+string(kv.Key)+": overwritten by someone else; publishing this agent's status again",
+				"key", string(kv.Key), "host", s.member.Host)
+		}
+		s.published[u] = pubEntry{}
+	}
+	for u := range s.published {
+		if !seen[u] {
+			delete(s.published, u)
+		}
+	}
 }
 
 // keep re-creates a lost lease and re-publishes, with backoff, until ctx

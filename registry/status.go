@@ -14,7 +14,8 @@ import (
 )
 
 // Members returns the membership records of the live agents, sorted by
-// host. Host is taken from the key.
+// host. Host is taken from the key. A key whose host part is not a valid
+// host name, or whose value does not decode, is skipped with a warning.
 func (c *Client) Members(ctx context.Context) ([]reconcile.Member, error) {
 	resp, err := c.cli.Get(ctx, c.agentsRoot(), clientv3.WithPrefix())
 	if err != nil {
@@ -23,9 +24,14 @@ func (c *Client) Members(ctx context.Context) ([]reconcile.Member, error) {
 	out := make([]reconcile.Member, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		host := strings.TrimPrefix(string(kv.Key), c.agentsRoot())
+		if err := ValidateName("host", host); err != nil {
+			c.skipKey(kv.Key, "not a membership key", err)
+			continue
+		}
 		var m reconcile.Member
 		if err := json.Unmarshal(kv.Value, &m); err != nil {
-			return nil, fmt.Errorf("decode %s: %w", kv.Key, err)
+			c.skipKey(kv.Key, "value is not a membership record (delete it if no agent wrote it)", err)
+			continue
 		}
 		m.Host = host
 		out = append(out, m)
@@ -34,7 +40,8 @@ func (c *Client) Members(ctx context.Context) ([]reconcile.Member, error) {
 	return out, nil
 }
 
-// Statuses returns the published statuses of host, by unit.
+// Statuses returns the published statuses of host, by unit. A key whose
+// value does not decode is skipped with a warning.
 func (c *Client) Statuses(ctx context.Context, host string) (map[string]reconcile.Status, error) {
 	if err := ValidateName("host", host); err != nil {
 		return nil, fmt.Errorf("statuses: %w", err)
@@ -46,31 +53,37 @@ func (c *Client) Statuses(ctx context.Context, host string) (map[string]reconcil
 	}
 	out := make(map[string]reconcile.Status, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		unit, st, err := decodeStatus(root, kv)
-		if err != nil {
-			return nil, err
+		if unit, st, ok := c.decodeStatus(root, kv); ok {
+			out[unit] = st
 		}
-		out[unit] = st
 	}
 	return out, nil
 }
 
-func decodeStatus(root string, kv *mvccpb.KeyValue) (string, reconcile.Status, error) {
-	unit := strings.TrimPrefix(string(kv.Key), root)
-	var st reconcile.Status
+// decodeStatus decodes a status key under root (a host's status prefix).
+// ok is false, after a warning naming the key, for a value that does not
+// decode or an empty unit part.
+func (c *Client) decodeStatus(root string, kv *mvccpb.KeyValue) (unit string, st reconcile.Status, ok bool) {
+	unit = strings.TrimPrefix(string(kv.Key), root)
+	if unit == "" {
+		c.skipKey(kv.Key, "a status key without a unit", nil)
+		return "", st, false
+	}
 	if err := json.Unmarshal(kv.Value, &st); err != nil {
-		return "", st, fmt.Errorf("decode %s: %w", kv.Key, err)
+		c.skipKey(kv.Key, "value is not a unit status (the agent of that host removes it when it next reports)", err)
+		return "", st, false
 	}
 	if st.Unit == "" {
 		st.Unit = unit
 	}
-	return unit, st, nil
+	return unit, st, true
 }
 
 // WatchStatuses calls fn with the statuses of hosts (host → unit →
 // Status; every requested host has an entry, possibly empty) read at one
 // revision R, then again after every change under <p>/status/<host>/ for
-// those hosts, watched from R+1. fn gets a fresh map each time. It returns
+// those hosts, watched from R+1. fn gets a fresh map each time; a key
+// whose value does not decode is left out (with a warning). It returns
 // nil once fn returns true, ctx.Err() when ctx is done, or an error (etcd
 // unreachable, watch refused). On compaction or a closed watch channel it
 // re-reads and carries on.
@@ -124,11 +137,9 @@ func (c *Client) readStatuses(ctx context.Context, hosts []string) (map[string]m
 		for i, r := range resp.Responses {
 			root := c.hostStatus(chunk[i])
 			for _, kv := range r.GetResponseRange().GetKvs() {
-				unit, st, err := decodeStatus(root, kv)
-				if err != nil {
-					return nil, 0, err
+				if unit, st, ok := c.decodeStatus(root, kv); ok {
+					state[chunk[i]][unit] = st
 				}
-				state[chunk[i]][unit] = st
 			}
 		}
 	}
@@ -163,11 +174,11 @@ func (c *Client) followStatuses(ctx context.Context, hosts []string, state map[s
 				delete(state[host], unit)
 				continue
 			}
-			_, st, err := decodeStatus(c.hostStatus(host), ev.Kv)
-			if err != nil {
-				return false, err
+			if _, st, ok := c.decodeStatus(c.hostStatus(host), ev.Kv); ok {
+				state[host][unit] = st
+			} else {
+				delete(state[host], unit) // what the key held before is gone
 			}
-			state[host][unit] = st
 		}
 		if changed && fn(cloneStatuses(state)) {
 			return true, nil

@@ -153,7 +153,7 @@ func compareEntries(a, b reconcile.Entry) int {
 func (w *unitWatch) put(s unitState, kv *mvccpb.KeyValue) {
 	if h, ok, err := w.c.decodeHalt(kv.Key, kv.Value); ok {
 		if err != nil {
-			w.log.Warn("ignoring a rollout halt", "err", err)
+			w.log.Warn("skipping registry key "+string(kv.Key)+": value is not a rollout halt", "key", string(kv.Key), "err", err)
 			delete(s.halts, string(kv.Key))
 			return
 		}

@@ -309,6 +309,7 @@ func newHostsCmd() *cobra.Command {
 				return err
 			}
 			defer reg.Close()
+			reg.SetLogger(cliWarnings(cmd.ErrOrStderr())) // keys skipped as garbage
 			ms, err := reg.Members(ctx)
 			if err != nil {
 				return err

@@ -1,0 +1,90 @@
+package registry
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Least privilege in etcd.
+//
+// An agent turns registry content into root processes, so a machine's etcd
+// credentials must not reach anything beyond that machine's own keys: a
+// compromised host must not be able to write another host's units or
+// status, impersonate another agent, or halt or block rollouts of groups it
+// is not in. AgentPermissions is the exact set of key ranges the agent
+// (Dial, Watch, Join, Report, Acquire/Holding, Halt) touches; `agentd rbac`
+// prints the etcdctl commands that grant it, and the integration tests run
+// an agent under that role.
+//
+// Lease calls need nothing more: LeaseGrant needs only an authenticated
+// user, and etcd allows keep-alive and revoke of a lease only to a user who
+// may write every key bound to it — for the agent, its own agents/<host>,
+// status/<host>/ and lock keys, all in the set below.
+
+// Permission is one key range of an agent's etcd role.
+type Permission struct {
+	// Key is the full key, prefix included.
+	Key string
+	// Prefix: the range is every key starting with Key (etcdctl
+	// --prefix=true); otherwise the single key Key.
+	Prefix bool
+	// Write: read and write; otherwise read only.
+	Write bool
+	// Why the agent needs it (documentation, `agentd rbac` comments).
+	Why string
+}
+
+// Type is "read" or "readwrite", as etcdctl role grant-permission takes it.
+func (p Permission) Type() string {
+	if p.Write {
+		return "readwrite"
+	}
+	return "read"
+}
+
+// AgentRole is the name of the etcd role (and user) of host's agent.
+func AgentRole(host string) string { return "agentd-host-" + host }
+
+// AgentPermissions returns the key ranges the agent of host, a member of
+// groups, needs under prefix (DefaultPrefix when empty), and nothing else:
+//
+//	<p>/                       key     read       Dial's connection probe (a count-only get of this one key; it holds nothing)
+//	<p>/hosts/<h>/             prefix  read       its own unit keys (Watch)
+//	<p>/agents/<h>             key     readwrite  its membership record (Join compares and reads it; every Report is guarded by it)
+//	<p>/status/<h>/            prefix  readwrite  its statuses (Report puts them, lists the prefix, deletes stale keys)
+//	<p>/groups/<g>/            prefix  read       each group's unit keys (Watch; Halt reads the unit's current content)
+//	<p>/halts/groups/<g>/      prefix  readwrite  each group's halts (Watch; Halt records a version this host failed)
+//	<p>/locks/groups/<g>/      prefix  readwrite  each group's MaxUnavailable queues (Acquire reads and watches the queue, writes its own key)
+//
+// Groups are sorted and deduplicated, as Watch does.
+func AgentPermissions(prefix, host string, groups []string) ([]Permission, error) {
+	if err := ValidateName("host", host); err != nil {
+		return nil, err
+	}
+	gs := slices.Clone(groups)
+	slices.Sort(gs)
+	gs = slices.Compact(gs)
+	if len(gs) == 0 {
+		return nil, fmt.Errorf("%w: no group; an agent is in at least one (default \"all\")", ErrInvalid)
+	}
+	for _, g := range gs {
+		if err := ValidateName("group", g); err != nil {
+			return nil, err
+		}
+	}
+	c := New(nil, prefix) // key layout only; no connection
+	perms := []Permission{
+		{Key: c.prefix + "/", Why: "connection probe: a count-only get of this one key, which holds nothing"},
+		{Key: c.hostsRoot() + host + "/", Prefix: true, Why: "its own unit keys (watched)"},
+		{Key: c.agentKey(host), Write: true, Why: "its membership record, bound to its lease (compared and read when joining; guards every status report)"},
+		{Key: c.hostStatus(host), Prefix: true, Write: true, Why: "its unit statuses, bound to its lease (put, listed, stale ones deleted)"},
+	}
+	for _, g := range gs {
+		perms = append(perms,
+			Permission{Key: c.groupsRoot() + g + "/", Prefix: true, Why: "group " + g + "'s unit keys (watched; read before recording a halt)"},
+			Permission{Key: c.groupHalts(g), Prefix: true, Write: true, Why: "group " + g + "'s rollout halts (watched; written when this host fails a version)"},
+			Permission{Key: c.prefix + "/locks/groups/" + g + "/", Prefix: true, Write: true, Why: "group " + g + "'s MaxUnavailable= queues (read and watched; its own slot keys written and deleted)"},
+		)
+	}
+	return perms, nil
+}

@@ -73,6 +73,11 @@ func ValidateUnitName(name string) error {
 	if strings.Contains(name, "/") || strings.Contains(name, "..") {
 		return fmt.Errorf("invalid unit name %q: must not contain \"/\" or \"..\"", name)
 	}
+	if strings.HasPrefix(name, ".") {
+		// systemd skips hidden files in unit directories, and ".<name>" is
+		// where the agent keeps its temp files.
+		return fmt.Errorf("invalid unit name %q: must not start with \".\"", name)
+	}
 	for _, r := range name {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune(":-_.\\@", r)) {
 			return fmt.Errorf("invalid unit name %q: character %q not allowed", name, r)

@@ -37,7 +37,7 @@ func TestParseKeyTable(t *testing.T) {
 		{key: "", errLike: "empty"},
 		{key: "hello", errLike: "no unit type"},
 		{key: "README.md", errLike: "unsupported unit type"},
-		{key: ".service", errLike: "no unit type"},
+		{key: ".service", errLike: "must not start with"},
 		{key: "../x.service", errLike: "must not contain"},
 		{key: "a/b.service", errLike: "must not contain"},
 		{key: "a..b.service", errLike: "must not contain"},

@@ -3,10 +3,16 @@ package registry
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/agentd/agentd/reconcile"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -96,22 +102,50 @@ func (c *Client) WatchStatuses(ctx context.Context, hosts []string, fn func(map[
 			return fmt.Errorf("watch statuses: %w", err)
 		}
 	}
+	fails := 0
 	for {
 		state, rev, err := c.readStatuses(ctx, hs)
-		if err != nil {
-			return err
-		}
-		if fn(cloneStatuses(state)) {
-			return nil
-		}
-		done, err := c.followStatuses(ctx, hs, state, rev, fn)
-		if done || err != nil {
-			return err
+		if err == nil {
+			if fn(cloneStatuses(state)) {
+				return nil
+			}
+			var done bool
+			done, err = c.followStatuses(ctx, hs, state, rev, fn)
+			if done {
+				return nil
+			}
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if err == nil { // compaction or a closed channel: re-read
+			continue
+		}
+		if !retryable(err) {
+			return err
+		}
+		d := backoffDelay(fails)
+		fails++
+		c.log.Warn("status watch failed; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
+		if err := sleepCtx(ctx, d); err != nil {
+			return err
+		}
 	}
+}
+
+// retryable: etcd without a leader, a member away, a request timed out —
+// anything but a refusal that retrying cannot change.
+func retryable(err error) bool {
+	code := status.Code(err)
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		code = ee.Code()
+	}
+	switch code {
+	case codes.PermissionDenied, codes.Unauthenticated, codes.InvalidArgument:
+		return false
+	}
+	return true
 }
 
 // readStatuses reads the statuses of hosts at one revision: the first

@@ -89,7 +89,11 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 				if _, _, err := reconcile.ParseKey(key); err != nil {
 					return withCode(exitUsage, fmt.Errorf("unit put %s: %w", path, err))
 				}
+				_, unitName, _ := reconcile.ParseKey(key)
 				if err := reconcile.ValidateContent(b); err != nil {
+					return withCode(exitUsage, fmt.Errorf("unit put %s: %w", path, err))
+				}
+				if err := reconcile.CheckSyntax(unitName, b); err != nil {
 					return withCode(exitUsage, fmt.Errorf("unit put %s: %w", path, err))
 				}
 				if _, err := reconcile.ParsePolicy(b); err != nil {

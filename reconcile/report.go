@@ -55,7 +55,9 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 			}
 			s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
 			s.UnitResult, s.MainPID = st.Result, st.MainPID
-			if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" {
+			_, verifying := a.verify[name]
+			if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" && !verifying {
+				// (While verifying, the verdict comes with the next pass.)
 				s.Error = fmt.Sprintf("unit failed (%s)", ExitDetail(st))
 			}
 			s.Health = a.healthWord(name, st, act.ContentKey)

@@ -5,9 +5,6 @@
 # Needs root (cgroups, mount namespace), like the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PORT=${AGENTD_DEMO_PORT:-2379}
-PEER=${AGENTD_DEMO_PEER_PORT:-2380}
-ENDPOINT=http://127.0.0.1:$PORT
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
@@ -36,9 +33,10 @@ export DBUS_SESSION_BUS_ADDRESS=unix:path=$D/run/bus XDG_RUNTIME_DIR=$D/run
 export XDG_CONFIG_HOME=$D/home/.config XDG_STATE_HOME=$D/home/.local/state
 sctl() { systemctl --user --no-pager "$@"; }
 
-say "agentd run --user --host demo   (embedded etcd on $ENDPOINT)"
-"$AGENTD" run --user --host demo --embedded-listen "$ENDPOINT" --embedded-peer-listen "http://127.0.0.1:$PEER" >"$D/agent.log" 2>&1 &
+say "agentd run --user --host demo   (embedded etcd on its private socket \$XDG_RUNTIME_DIR/agentd/etcd.sock)"
+"$AGENTD" run --user --host demo >"$D/agent.log" 2>&1 &
 AGENT=$!
+for _ in $(seq 200); do [ -S "$XDG_RUNTIME_DIR/agentd/etcd.sock" ] && break; sleep 0.05; done
 
 cat >"$D/hello.service" <<'UNIT'
 [Unit]
@@ -48,13 +46,13 @@ Type=exec
 ExecStart=/bin/sh -c 'echo hello v1; exec sleep infinity'
 UNIT
 say "agentd unit put hello.service --host demo --wait"
-"$AGENTD" unit put "$D/hello.service" --host demo --wait --timeout 60s --etcd-endpoints "$ENDPOINT"
+"$AGENTD" unit put "$D/hello.service" --host demo --wait --timeout 60s --user
 sctl status hello.service | head -5 || true
 PID1=$(sctl show -p MainPID --value hello.service)
 
 sed -i 's/hello v1/hello v2/' "$D/hello.service"
 say "changed ExecStart; agentd unit put again --wait"
-"$AGENTD" unit put "$D/hello.service" --host demo --wait --timeout 60s --etcd-endpoints "$ENDPOINT"
+"$AGENTD" unit put "$D/hello.service" --host demo --wait --timeout 60s --user
 PID2=$(sctl show -p MainPID --value hello.service)
 echo "main PID $PID1 -> $PID2: restarted in place"
 [ "$PID1" != "$PID2" ] || { echo "demo failed: not restarted"; exit 1; }
@@ -62,7 +60,7 @@ echo "main PID $PID1 -> $PID2: restarted in place"
 say "agentd status"
 "$AGENTD" status --user
 say "agentd unit rm hello.service --host demo --wait"
-"$AGENTD" unit rm hello.service --host demo --wait --timeout 60s --etcd-endpoints "$ENDPOINT"
+"$AGENTD" unit rm hello.service --host demo --wait --timeout 60s --user
 say "what the agent logged"
 grep -E 'started unit|restarted|removed unit' "$D/agent.log" || true
 say "demo done, cleaning up"

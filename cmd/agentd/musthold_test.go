@@ -356,7 +356,6 @@ func TestDemo(t *testing.T) {
 		t.Skip("the demo needs root, like the harness (under CI=true this fails instead, above)")
 	}
 	cmd := exec.Command("bash", "../../contrib/demo.sh")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("AGENTD_DEMO_PORT=%d", freePort(t)), fmt.Sprintf("AGENTD_DEMO_PEER_PORT=%d", freePort(t)))
 	out, err := cmd.CombinedOutput()
 	t.Logf("make demo:\n%s", out)
 	if err != nil {

@@ -121,6 +121,9 @@ func (f *etcdFlags) dial(ctx context.Context) (*registry.Client, error) {
 	if err != nil && len(f.endpoints) == 0 && !explained {
 		return nil, fmt.Errorf("%w (is `agentd run` running here? Else pass --etcd-endpoints)", err)
 	}
+	if err == nil {
+		c.SetLogger(cliWarnings(os.Stderr)) // a registry key skipped as garbage is said, once per key read
+	}
 	return c, err
 }
 

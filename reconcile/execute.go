@@ -168,9 +168,6 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 			if _, inflight := a.jobs.inflight[act.Unit]; !inflight {
 				delete(a.mem.intent.Jobs, act.Unit)
 			}
-			if act.NeedSlot {
-				a.ensureSlot(ctx, act.Unit, act.Scope, act.Hash, act.Policy.MaxUnavailable)
-			}
 			continue
 		}
 		if act.Instance && act.Job == JobStart {
@@ -184,6 +181,17 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		}
 		a.launch(ctx, act, cur.Units[act.Unit])
 	}
+	// 7. Slots, level-triggered: queue for the ones needed now, give back
+	// the rest (after any halt this pass wrote).
+	cur.Jobs = map[string]InFlight{}
+	for u, j := range a.jobs.inflight {
+		cur.Jobs[u] = InFlight{Job: j.act.Job, ContentKey: j.act.ContentKey}
+	}
+	cur.Verifying = map[string]bool{}
+	for u := range a.verify {
+		cur.Verifying[u] = true
+	}
+	a.syncSlots(ctx, SlotsNeeded(plan, cur))
 	return false, nil
 }
 
@@ -245,7 +253,6 @@ func (a *Agent) bookkeep(ctx context.Context, plan []Action, failed map[string]b
 			delete(a.mem.started, u)
 			delete(a.mem.enableErr, u)
 			delete(a.mem.intent.Jobs, u)
-			a.releaseSlot(ctx, u)
 		}
 	}
 }

@@ -318,13 +318,64 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		}
 		// MaxUnavailable: the disruptive part waits for a slot shared by
 		// every host of the group (nothing is written before it either).
-		if a.Kind.Disruptive() && a.Policy.MaxUnavailable > 0 && a.Scope != "" && cur.Slots[name] == "" {
+		// Instances share their template's slot, and a template's new files
+		// wait for it too while instances run: the template set is the unit
+		// of rollout.
+		if (a.Kind.Disruptive() || templateChangeDisrupts(a, cur)) && a.Policy.MaxUnavailable > 0 && a.Scope != "" && cur.Slots[SlotKey(name)] == "" {
 			a = waiting(a, fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.MaxUnavailable, a.Scope, a.Reason))
 			a.NeedSlot = true
 		}
 		out = append(out, a)
 	}
 	return out
+}
+
+// SlotKey is what a MaxUnavailable slot and a halt are keyed by: the unit,
+// or for an instance its template — a template's instances roll out as one.
+func SlotKey(unit string) string {
+	if IsInstance(unit) {
+		return TemplateOf(unit)
+	}
+	return unit
+}
+
+// templateChangeDisrupts: the action writes a template's files while some of
+// its instances run; they will be restarted onto the new set.
+func templateChangeDisrupts(a Action, cur Current) bool {
+	if !IsTemplate(a.Unit) || !a.Changes() {
+		return false
+	}
+	for u, st := range cur.Units {
+		if IsInstance(u) && TemplateOf(u) == a.Unit && st.Active() {
+			return true
+		}
+	}
+	return false
+}
+
+// SlotNeed is a MaxUnavailable slot this host needs now.
+type SlotNeed struct {
+	Scope string
+	Hash  string
+	Limit int
+}
+
+// SlotsNeeded is level-triggered slot accounting: the slots (by SlotKey)
+// this host needs after this plan — for a disruptive step planned or
+// waiting for its slot, a job in flight, or a unit inside HealthySec. Every
+// other slot it holds or queues for is given back. Pure.
+func SlotsNeeded(plan []Action, cur Current) map[string]SlotNeed {
+	need := map[string]SlotNeed{}
+	for _, a := range plan {
+		if a.Policy.MaxUnavailable <= 0 || a.Scope == "" {
+			continue
+		}
+		_, inflight := cur.Jobs[a.Unit]
+		if a.NeedSlot || a.Kind.Disruptive() || inflight || cur.Verifying[a.Unit] {
+			need[SlotKey(a.Unit)] = SlotNeed{Scope: a.Scope, Hash: a.Hash, Limit: a.Policy.MaxUnavailable}
+		}
+	}
+	return need
 }
 
 // ReloadNeeded says whether the plan owes a daemon-reload before its jobs:
@@ -476,7 +527,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	// stale: the running unit is known to run other content than desired.
 	stale := len(rec.Applied) > 0 && applied != a.ContentKey || pending
 	// A halted rollout: another host of the group failed this version.
-	if h, ok := cur.Halts[name]; ok && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
+	if h, ok := cur.Halts[SlotKey(name)]; ok && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
 		a = waiting(a, fmt.Sprintf("held: the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason))
 		a.Err, a.Effective = a.Reason, nil
 		return a

@@ -24,6 +24,7 @@ type slot struct {
 	waiting     bool
 	held        bool
 	release     func(context.Context) error
+	cancel      context.CancelFunc // ends the wait of a queued slot
 	err         error
 	retryAt     time.Time
 }
@@ -78,11 +79,13 @@ func (a *Agent) ensureSlot(ctx context.Context, unit, scope, hash string, limit 
 			return
 		}
 	}
-	s := &slot{scope: scope, hash: hash, limit: limit, waiting: true}
+	wctx, cancel := context.WithCancel(ctx)
+	s := &slot{scope: scope, hash: hash, limit: limit, waiting: true, cancel: cancel}
 	a.slots.slots[unit] = s
 	a.log.Info("waiting for a rollout slot", "unit", unit, "scope", scope, "max_unavailable", limit, "action", "wait")
 	a.slots.wg.Go(func() {
-		release, err := a.cfg.Coordinator.Acquire(ctx, scope, unit, hash, limit)
+		defer cancel()
+		release, err := a.cfg.Coordinator.Acquire(wctx, scope, unit, hash, limit)
 		a.slots.mu.Lock()
 		current := a.slots.slots[unit] == s
 		if current {
@@ -131,17 +134,45 @@ func (a *Agent) checkSlots(ctx context.Context) {
 	}
 }
 
-// releaseSlot gives unit's slot back (after HealthySec, a rollback, or a
-// removal). The release runs in the background: etcd being slow must not
-// stall the loop; a slot not released in time goes with the lease.
-func (a *Agent) releaseSlot(ctx context.Context, unit string) { a.dropSlot(ctx, unit) }
+// syncSlots makes the slots this host holds or queues for exactly need:
+// missing ones are queued for, the rest given back — a slot granted after
+// the operator reverted a change is released at once, and a revert while
+// queued gives the queue position back.
+func (a *Agent) syncSlots(ctx context.Context, need map[string]SlotNeed) {
+	if a.cfg.Coordinator == nil {
+		return
+	}
+	a.slots.mu.Lock()
+	var drop []string
+	for key, s := range a.slots.slots {
+		if n, ok := need[key]; !ok || n.Scope != s.scope {
+			drop = append(drop, key)
+		}
+	}
+	a.slots.mu.Unlock()
+	for _, key := range drop {
+		a.dropSlot(ctx, key)
+	}
+	for key, n := range need {
+		a.ensureSlot(ctx, key, n.Scope, n.Hash, n.Limit)
+	}
+}
 
+// dropSlot gives a slot back, or leaves its queue. The release runs in the
+// background: etcd being slow must not stall the loop; a slot not released
+// in time goes with the lease.
 func (a *Agent) dropSlot(ctx context.Context, unit string) {
 	a.slots.mu.Lock()
 	s := a.slots.slots[unit]
 	delete(a.slots.slots, unit)
 	a.slots.mu.Unlock()
-	if s == nil || !s.held {
+	if s == nil {
+		return
+	}
+	if s.cancel != nil {
+		s.cancel() // still queued: leave the queue
+	}
+	if !s.held {
 		return
 	}
 	a.slots.wg.Go(func() {

@@ -39,7 +39,6 @@ func (a *Agent) nextHealthDeadline() (time.Time, bool) {
 func (a *Agent) begin(ctx context.Context, act Action, outcome JobOutcome, jobErr string, base UnitState, ended time.Time) {
 	if act.Policy.State != StateStarted || (act.Policy.HealthySec == 0 && outcome == JobDone) {
 		a.markGood(act.Unit, act.Effective)
-		a.releaseSlot(ctx, act.Unit)
 		return
 	}
 	a.verify[act.Unit] = &window{act: act, op: act.Kind.String(), outcome: outcome, jobErr: jobErr, base: base, ended: ended}
@@ -66,11 +65,9 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 		case VerdictHealthy:
 			delete(a.verify, u)
 			a.markGood(u, w.act.Effective)
-			a.releaseSlot(ctx, u)
 			a.log.Info(u+": healthy — "+why, "unit", u, "healthy_sec", w.act.Policy.HealthySec, "action", "healthy")
 		case VerdictUnknown:
 			delete(a.verify, u)
-			a.releaseSlot(ctx, u)
 			a.recordAs(w.act, w.op, "unknown", errors.New(why))
 		case VerdictUnhealthy:
 			delete(a.verify, u)
@@ -87,8 +84,9 @@ func (a *Agent) fail(ctx context.Context, w *window, reason string) {
 	rec := a.mem.records[u]
 	rec.Failed, rec.FailReason, rec.FailedOp = w.act.ContentKey, reason, w.op
 	a.mem.records[u] = rec
-	a.halt(ctx, u, w.act.Scope, w.act.Hash, reason)
-	a.releaseSlot(ctx, u)
+	// The halt is written now; the slot is given back at the end of the
+	// pass (SlotsNeeded), after it.
+	a.halt(ctx, SlotKey(u), w.act.Scope, w.act.Hash, reason)
 	if w.act.TemplateKey != "" {
 		// The template's new content is what failed: hold it too, so the
 		// other instances are not moved onto it.

@@ -70,6 +70,9 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 		if j, ok := a.jobs.inflight[name]; ok {
 			s.Job = j.act.Job.String()
 		}
+		if IsInstance(name) {
+			s.RunsHash = a.mem.records[name].Applied[TemplateOf(name)]
+		}
 		if e := a.mem.enableErr[name]; e != "" && s.Error == "" {
 			s.Error = e
 		}

@@ -146,6 +146,10 @@ type Status struct {
 	// a template). A oneshot that ran to completion is healthy though
 	// inactive.
 	Health string `json:"health,omitempty"`
+	// RunsHash is, for a template instance, the hash of the template file
+	// the running instance was last started with: `--wait` on a template
+	// waits until every instance runs the new one.
+	RunsHash string `json:"runsHash,omitempty"`
 	// Job is the systemd job the agent is waiting on for this unit, if any.
 	Job       string    `json:"job,omitempty"`
 	Action    string    `json:"action"`           // last action taken on this unit

@@ -90,9 +90,20 @@ func (a *Agent) fail(ctx context.Context, w *window, reason string) {
 	if w.act.TemplateKey != "" {
 		// The template's new content is what failed: hold it too, so the
 		// other instances are not moved onto it.
+		// What ran before is the template set the other instances stay on
+		// (or are restarted back onto, if they had moved).
 		t := TemplateOf(u)
 		tr := a.mem.records[t]
 		tr.Failed, tr.FailReason = w.act.TemplateKey, reason
+		old := map[string]string{}
+		for p, h := range rec.Previous {
+			if UnitOfPath(p) == t {
+				old[p] = h
+			}
+		}
+		if len(old) > 0 {
+			tr.Applied = old
+		}
 		a.mem.records[t] = tr
 	}
 	switch {

@@ -178,6 +178,9 @@ func (e expectation) judge(statuses map[string]reconcile.Status) (state, detail 
 	case e.hash != "" && st.Hash != e.hash:
 		return stateApplying, "file not replaced yet"
 	}
+	if reconcile.IsTemplate(e.unit) && e.key == e.unit && e.hash != "" {
+		return e.judgeInstances(statuses)
+	}
 	if st.Job != "" {
 		return stateApplying, st.Job + " job running"
 	}
@@ -290,3 +293,42 @@ func (v *progressView) redraw(rows map[string]row) {
 }
 
 func activeState(s string) bool { return s == "active" || s == "reloading" || s == "activating" }
+
+// judgeInstances: a template's new set is in place on a host once every
+// instance there runs it (its RunsHash) and is healthy; one instance
+// failed or rolled back fails the host.
+func (e expectation) judgeInstances(statuses map[string]reconcile.Status) (state, detail string) {
+	var done, waiting, failed int
+	why := ""
+	rolled := false
+	for _, name := range slices.Sorted(mapsKeys(statuses)) {
+		st := statuses[name]
+		if !reconcile.IsInstance(name) || reconcile.TemplateOf(name) != e.unit {
+			continue
+		}
+		switch {
+		case st.Action == "held":
+			return stateHeld, name + ": " + strings.TrimPrefix(st.Error, "held: ")
+		case st.Action == "rolled-back" || st.Error != "" && st.Action != "rolling-back":
+			failed++
+			rolled = rolled || st.Action == "rolled-back"
+			if why == "" {
+				why = name + ": " + describeFailure(st)
+			}
+		case st.RunsHash == e.hash && st.Health == "healthy" && !st.Verifying && st.Job == "":
+			done++
+		default:
+			waiting++
+		}
+	}
+	detail = fmt.Sprintf("instances: %d done, %d waiting, %d failed", done, waiting, failed)
+	switch {
+	case failed > 0 && rolled:
+		return stateRolled, detail + "; " + why
+	case failed > 0:
+		return stateFailed, detail + "; " + why
+	case waiting > 0:
+		return stateApplying, detail
+	}
+	return stateHealthy, detail
+}

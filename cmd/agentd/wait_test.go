@@ -99,3 +99,37 @@ func TestFlagsFromEnvironment(t *testing.T) {
 		t.Fatalf("the flag did not win over the environment: %v", err)
 	}
 }
+
+// A template's --wait counts its instances: done only when each runs the
+// new template (RunsHash) and is healthy.
+func TestJudgeTemplateInstances(t *testing.T) {
+	h := reconcile.Hash([]byte("tmpl v2"))
+	e := expectation{key: "w@.service", unit: "w@.service", hash: h, state: reconcile.StatePresent}
+	tmpl := reconcile.Status{Unit: "w@.service", Hash: h, DesiredHash: h}
+	inst := func(runs, health string, extra func(*reconcile.Status)) reconcile.Status {
+		s := reconcile.Status{RunsHash: runs, Health: health, ActiveState: "active"}
+		if extra != nil {
+			extra(&s)
+		}
+		return s
+	}
+	tests := []struct {
+		name string
+		in   map[string]reconcile.Status
+		want string
+	}{
+		{"no instances: installed", map[string]reconcile.Status{"w@.service": tmpl}, stateHealthy},
+		{"all on the new set", map[string]reconcile.Status{"w@.service": tmpl, "w@1.service": inst(h, "healthy", nil), "w@2.service": inst(h, "healthy", nil)}, stateHealthy},
+		{"one still on the old set", map[string]reconcile.Status{"w@.service": tmpl, "w@1.service": inst(h, "healthy", nil), "w@2.service": inst("old", "healthy", nil)}, stateApplying},
+		{"one verifying", map[string]reconcile.Status{"w@.service": tmpl, "w@1.service": inst(h, "verifying", func(s *reconcile.Status) { s.Verifying = true })}, stateApplying},
+		{"one rolled back", map[string]reconcile.Status{"w@.service": tmpl, "w@1.service": inst("old", "", func(s *reconcile.Status) { s.Action, s.Error = "rolled-back", "exit 1; rolled back" })}, stateRolled},
+		{"rolling back is not final", map[string]reconcile.Status{"w@.service": tmpl, "w@1.service": inst(h, "", func(s *reconcile.Status) { s.Action, s.Error = "rolling-back", "exit 1" })}, stateApplying},
+		{"held", map[string]reconcile.Status{"w@.service": tmpl, "w@1.service": inst("old", "healthy", func(s *reconcile.Status) { s.Action, s.Error = "held", "held: h2 failed it" })}, stateHeld},
+		{"another template's instance is not counted", map[string]reconcile.Status{"w@.service": tmpl, "x@1.service": inst("old", "", nil)}, stateHealthy},
+	}
+	for _, tt := range tests {
+		if got, detail := e.judge(tt.in); got != tt.want {
+			t.Errorf("%s: %s (%s), want %s", tt.name, got, detail, tt.want)
+		}
+	}
+}

@@ -473,6 +473,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	// What the unit runs on once converged: its own files, and for an
 	// instance its template's (unless the template's change was rolled back).
 	effective := fileHashes(d.Files())
+	backToOld := false // an instance goes back to the template set that ran before a failure
 	p := d.Policy
 	if IsInstance(name) {
 		a.Instance = d.Instance
@@ -481,6 +482,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			if tr := cur.Records[t.Name]; tr.Failed == tkey || cur.Refused[t.Name].ContentKey == tkey {
 				if len(tr.Applied) > 0 {
 					maps.Copy(effective, tr.Applied)
+					backToOld = true
 				}
 			} else {
 				maps.Copy(effective, fileHashes(t.Files()))
@@ -516,7 +518,11 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		return planRefused(a, rec, st, cur)
 	}
 	if rec.Failed != "" && rec.Failed == a.ContentKey {
-		if rb, ok := planRollback(a, rec, managed, cur); ok {
+		if IsTemplate(name) {
+			if rb, ok := planTemplateRollback(a, rec, managed, cur); ok {
+				return rb
+			}
+		} else if rb, ok := planRollback(a, rec, managed, cur); ok {
 			return rb
 		}
 		return blocked(a, rec.FailReason+"; not retried until the registry content changes")
@@ -527,7 +533,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	// stale: the running unit is known to run other content than desired.
 	stale := len(rec.Applied) > 0 && applied != a.ContentKey || pending
 	// A halted rollout: another host of the group failed this version.
-	if h, ok := cur.Halts[SlotKey(name)]; ok && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
+	if h, ok := cur.Halts[SlotKey(name)]; ok && !backToOld && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
 		a = waiting(a, fmt.Sprintf("held: the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason))
 		a.Err, a.Effective = a.Reason, nil
 		return a
@@ -831,6 +837,41 @@ func planRollback(a Action, rec UnitRecord, managed []string, cur Current) (Acti
 		r.Adopt = true
 	}
 	r.Effective = rec.Previous
+	return r, true
+}
+
+// planTemplateRollback: an instance failed on this template set. The set
+// goes back on disk as it was (rec.Applied: the template file and drop-ins
+// the instances ran); files the failed set added go. The instances that had
+// moved are then restarted onto it by their own plans (they are stale). ok
+// is false when the disk already holds the old set.
+func planTemplateRollback(a Action, rec UnitRecord, managed []string, cur Current) (Action, bool) {
+	if len(rec.Applied) == 0 {
+		return a, false
+	}
+	r := a
+	r.Kind, r.Job, r.Enable, r.Disable, r.Adopt, r.Effective = KindRollback, JobNone, false, false, false, nil
+	r.Writes, r.Removes, r.Forget = nil, nil, nil
+	for _, p := range slices.Sorted(maps.Keys(rec.Applied)) {
+		h := rec.Applied[p]
+		if lf := cur.Files[p]; lf.Exists && lf.Hash == h {
+			continue
+		}
+		content, ok := cur.Blobs[h]
+		if !ok {
+			return blocked(a, fmt.Sprintf("%s; cannot roll back: the previous version of %s (%s) is not kept", rec.FailReason, p, short(h))), true
+		}
+		r.Writes = append(r.Writes, DesiredFile{Path: p, Content: content, Hash: h})
+	}
+	for _, p := range managed {
+		if _, keep := rec.Applied[p]; !keep && cur.Managed[p] != InstanceMarker {
+			r.Removes = append(r.Removes, p)
+		}
+	}
+	if !r.Changes() {
+		return a, false
+	}
+	r.Reason = rec.FailReason + "; rolling the template set back to " + short(headHash(a.Unit, rec.Applied)) + " (what the instances ran before)"
 	return r, true
 }
 

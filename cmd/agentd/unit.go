@@ -38,6 +38,7 @@ func (t *targetFlags) target() (registry.Target, error) {
 func newUnitCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "unit", Short: "Manage unit files in the registry"}
 	cmd.AddCommand(newUnitPutCmd(), newUnitRmCmd(), newUnitLsCmd(), newUnitCatCmd())
+	cmd.AddCommand(newUnitEditCmd())
 	return cmd
 }
 
@@ -59,6 +60,7 @@ func newUnitPutCmd() *cobra.Command {
 		timeout   time.Duration
 		asJSON    bool
 		instances []string
+		dryRun    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "put FILE... (--host H | --group G) [--wait]",
@@ -110,6 +112,9 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 				}
 				units[in] = nil
 			}
+			if dryRun {
+				return dryRunPut(cmd, &ef, tg, units, wait, asJSON)
+			}
 			ctx := cmd.Context()
 			reg, err := ef.dial(ctx)
 			if err != nil {
@@ -140,6 +145,7 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
 	cmd.Flags().StringArrayVar(&instances, "instance", nil, "run this template instance (empty key), e.g. web@1.service")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
 	return cmd
 }
 

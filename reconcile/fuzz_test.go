@@ -120,7 +120,10 @@ func FuzzClassify(f *testing.F) {
 		}
 		// A comment line appended to a file the parser reads, ending in a
 		// complete line, changes nothing in effect.
-		if _, err := unitOptions(old); err == nil && bytes.HasSuffix(old, []byte("\n")) && !endsEscaped(bytes.TrimRight(old, "\r\n")) {
+		// Only for files the agent lets through (CheckSyntax): garbage such
+		// as "[]" headers never reaches Classify, and go-systemd's parser
+		// reads it differently from systemd.
+		if _, err := unitOptions(old); err == nil && CheckSyntax(name, old) == nil && bytes.HasSuffix(old, []byte("\n")) && !endsEscaped(bytes.TrimRight(old, "\r\n")) {
 			withComment := append(bytes.Clone(old), "# a comment\n"...)
 			if k := Classify(name, o, []File{{Path: name, Content: withComment}}); k.Kind != ChangeCosmetic {
 				t.Fatalf("a comment appended to %q: %s (%s), want cosmetic", old, k.Kind, k.Reason())
@@ -167,7 +170,9 @@ func FuzzParsePolicy(f *testing.F) {
 		if !onChangeValues[p.OnChange] || p.HealthySec < 0 || p.MaxUnavailable < 0 {
 			t.Fatalf("ParsePolicy(%q) = %+v: a value the agent does not know", content, p)
 		}
-		if !hasSectionHeader(content, "X-Agentd") {
+		// The defaults, for a file the agent lets through (CheckSyntax: a
+		// line like "0[X-Agentd]" is refused before ParsePolicy runs).
+		if !hasSectionHeader(content, "X-Agentd") && CheckSyntax("x.service", content) == nil {
 			want := defaults
 			want.HasInstall, want.Enable = p.HasInstall, p.HasInstall
 			if p != want {

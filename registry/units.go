@@ -27,12 +27,16 @@ type Listed struct {
 // transaction and returns its revision. An empty value is allowed (a
 // template instance to run).
 //
+// The same transaction records the new version of each key in its history
+// and prunes it to the newest KeepVersions (see History); opts say who
+// stores it and may make the write conditional (IfModRevision).
+//
 // For a group, the same transaction deletes the group's halts (see Halt)
 // of the units it gives new content — a drop-in of the unit, its file or
 // its template's file with a hash other than the halted one — which
 // resumes their rollout. Putting the version that failed again leaves
 // its halt in place (delete it with etcdctl to retry that version).
-func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte) (int64, error) {
+func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opts ...WriteOption) (int64, error) {
 	if err := t.Validate(); err != nil {
 		return 0, fmt.Errorf("put: %w", err)
 	}
@@ -48,40 +52,48 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte) (in
 	if err := errors.Join(errs...); err != nil {
 		return 0, fmt.Errorf("put %s: %w", t, err)
 	}
+	o := newWriteOptions(opts)
 	root := c.targetUnits(t)
 	names := slices.Sorted(maps.Keys(units))
 	puts := make([]clientv3.Op, len(names))
 	for i, u := range names {
 		puts[i] = clientv3.OpPut(root+u, string(units[u]))
 	}
-	if t.Group == "" {
-		resp, err := c.cli.Txn(ctx).Then(puts...).Commit()
-		if err != nil {
-			return 0, fmt.Errorf("put %s (%s): %w", root, strings.Join(names, ", "), err)
-		}
-		return resp.Header.Revision, nil
-	}
-	for range 5 {
-		dels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool { return putClears(h, units) })
+	for range 10 {
+		st, err := c.readKeys(ctx, t, names)
 		if err != nil {
 			return 0, fmt.Errorf("put %s: %w", t, err)
 		}
-		resp, err := c.cli.Txn(ctx).If(guard).Then(append(puts, dels...)...).Commit()
+		ifs, hist, err := c.historyOps(t, names, units, false, st, o)
+		if err != nil {
+			return 0, fmt.Errorf("put %s: %w", t, err)
+		}
+		ops := append(slices.Clip(puts), hist...)
+		if t.Group != "" {
+			dels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool { return putClears(h, units) })
+			if err != nil {
+				return 0, fmt.Errorf("put %s: %w", t, err)
+			}
+			ifs, ops = append(ifs, guard), append(ops, dels...)
+		}
+		resp, err := c.cli.Txn(ctx).If(ifs...).Then(ops...).Commit()
 		if err != nil {
 			return 0, fmt.Errorf("put %s (%s): %w", root, strings.Join(names, ", "), err)
 		}
 		if resp.Succeeded {
 			return resp.Header.Revision, nil
 		}
+		// A key or a halt of the group was written in between: read again.
 	}
-	return 0, fmt.Errorf("put %s: the group's halts keep changing; nothing written, retry", t)
+	return 0, fmt.Errorf("put %s: its keys or the group's halts keep changing; nothing written, retry", t)
 }
 
 // Remove deletes units of t in one transaction. If any of them does not
 // exist nothing is removed and the error (wrapping ErrNotFound) names the
-// missing ones. For a group, the same transaction deletes the group's
+// missing ones. The same transaction records a removal in each key's
+// history (see Put and History). For a group, it also deletes the group's
 // halts of every unit whose content it removes a part of.
-func (c *Client) Remove(ctx context.Context, t Target, units []string) (int64, error) {
+func (c *Client) Remove(ctx context.Context, t Target, units []string, opts ...WriteOption) (int64, error) {
 	if err := t.Validate(); err != nil {
 		return 0, fmt.Errorf("remove: %w", err)
 	}
@@ -97,20 +109,36 @@ func (c *Client) Remove(ctx context.Context, t Target, units []string) (int64, e
 	if err := errors.Join(errs...); err != nil {
 		return 0, fmt.Errorf("remove from %s: %w", t, err)
 	}
+	o := newWriteOptions(opts)
 	names := slices.Clone(units)
 	slices.Sort(names)
 	names = slices.Compact(names)
 	root := c.targetUnits(t)
-	cmps := make([]clientv3.Cmp, len(names))
 	dels := make([]clientv3.Op, len(names))
-	gets := make([]clientv3.Op, len(names))
 	for i, u := range names {
-		cmps[i] = clientv3.Compare(clientv3.CreateRevision(root+u), ">", 0)
 		dels[i] = clientv3.OpDelete(root + u)
-		gets[i] = clientv3.OpGet(root+u, clientv3.WithCountOnly())
 	}
-	for range 5 {
-		ifs, ops := cmps, dels
+	for range 10 {
+		st, err := c.readKeys(ctx, t, names)
+		if err != nil {
+			return 0, fmt.Errorf("remove from %s: %w", t, err)
+		}
+		var missing []string
+		for _, u := range names {
+			if st[u].modRev == 0 {
+				missing = append(missing, u)
+			}
+		}
+		if len(missing) > 0 {
+			return 0, fmt.Errorf("remove from %s: %w: %s (nothing removed)", t, ErrNotFound, strings.Join(missing, ", "))
+		}
+		// The guards (each key's ModRevision as read, never 0 here) also
+		// say that every key still exists.
+		ifs, hist, err := c.historyOps(t, names, nil, true, st, o)
+		if err != nil {
+			return 0, fmt.Errorf("remove from %s: %w", t, err)
+		}
+		ops := append(slices.Clip(dels), hist...)
 		if t.Group != "" {
 			haltDels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool {
 				return slices.ContainsFunc(names, func(u string) bool { return partOf(u, h.Unit) })
@@ -118,27 +146,18 @@ func (c *Client) Remove(ctx context.Context, t Target, units []string) (int64, e
 			if err != nil {
 				return 0, fmt.Errorf("remove from %s: %w", t, err)
 			}
-			ifs, ops = append(slices.Clip(cmps), guard), append(slices.Clip(dels), haltDels...)
+			ifs, ops = append(ifs, guard), append(ops, haltDels...)
 		}
-		resp, err := c.cli.Txn(ctx).If(ifs...).Then(ops...).Else(gets...).Commit()
+		resp, err := c.cli.Txn(ctx).If(ifs...).Then(ops...).Commit()
 		if err != nil {
 			return 0, fmt.Errorf("remove %s (%s): %w", root, strings.Join(names, ", "), err)
 		}
 		if resp.Succeeded {
 			return resp.Header.Revision, nil
 		}
-		var missing []string
-		for i, r := range resp.Responses {
-			if r.GetResponseRange().GetCount() == 0 {
-				missing = append(missing, names[i])
-			}
-		}
-		if len(missing) > 0 {
-			return 0, fmt.Errorf("remove from %s: %w: %s (nothing removed)", t, ErrNotFound, strings.Join(missing, ", "))
-		}
-		// Every unit exists: a halt of the group was written in between.
+		// A key or a halt of the group was written in between: read again.
 	}
-	return 0, fmt.Errorf("remove from %s: the group's halts keep changing; nothing removed, retry", t)
+	return 0, fmt.Errorf("remove from %s: its keys or the group's halts keep changing; nothing removed, retry", t)
 }
 
 // List returns the unit keys of t, or of every host and group when t is

@@ -38,6 +38,7 @@ func (t *targetFlags) target() (registry.Target, error) {
 func newUnitCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "unit", Short: "Manage unit files in the registry"}
 	cmd.AddCommand(newUnitPutCmd(), newUnitRmCmd(), newUnitLsCmd(), newUnitCatCmd())
+	cmd.AddCommand(newUnitHistoryCmd(), newUnitRevertCmd())
 	cmd.AddCommand(newUnitEditCmd())
 	return cmd
 }
@@ -121,7 +122,7 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 				return err
 			}
 			defer reg.Close()
-			rev, err := reg.Put(ctx, tg, units)
+			rev, err := reg.Put(ctx, tg, units, writeOptions(cmd)...)
 			if err != nil {
 				return err
 			}
@@ -145,6 +146,7 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
 	cmd.Flags().StringArrayVar(&instances, "instance", nil, "run this template instance (empty key), e.g. web@1.service")
+	bindKeep(cmd)
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
 	return cmd
 }
@@ -172,7 +174,7 @@ func newUnitRmCmd() *cobra.Command {
 				return err
 			}
 			defer reg.Close()
-			rev, err := reg.Remove(ctx, tg, args)
+			rev, err := reg.Remove(ctx, tg, args, writeOptions(cmd)...)
 			if err != nil {
 				return err
 			}
@@ -197,6 +199,7 @@ func newUnitRmCmd() *cobra.Command {
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	tf.bind(cmd)
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every targeted host has removed the units")
+	bindKeep(cmd)
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
 	return cmd

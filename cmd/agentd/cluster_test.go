@@ -352,48 +352,6 @@ func dialRegistry(t *testing.T, endpoints []string, user, password string) *regi
 	return c
 }
 
-// startAgentOn starts e's agent in-process exactly as env.startAgent does,
-// but on every one of endpoints and with edit applied to its options
-// (credentials, lease TTL).
-func (e *env) startAgentOn(endpoints []string, edit func(o *runOptions)) *testAgent {
-	e.t.Helper()
-	groups := e.groups
-	if groups == nil {
-		groups = []string{"all"}
-	}
-	o := &runOptions{
-		host: e.host, groups: groups,
-		unitDir: e.h.UnitDir, stateDir: e.h.StateDir, debugSocket: filepath.Join(e.h.Dir, "agentd.sock"),
-		logLevel: "debug", leaseTTL: 5 * time.Second,
-		dialSystemd: e.agentDialer(),
-		logOut:      e.t.Output(),
-	}
-	if e.quiet {
-		o.logLevel = "warn"
-	}
-	o.etcd.endpoints = endpoints
-	o.etcd.prefix = registry.DefaultPrefix
-	o.etcd.timeout = 5 * time.Second
-	if edit != nil {
-		edit(o)
-	}
-	ready := make(chan *reconcile.Agent, 1)
-	o.ready = ready
-	ctx, cancel := context.WithCancel(context.Background())
-	ta := &testAgent{opts: o, cancel: cancel, done: make(chan error, 1)}
-	go func() { ta.done <- runAgent(ctx, o) }()
-	select {
-	case ta.agent = <-ready:
-	case err := <-ta.done:
-		e.t.Fatalf("agent exited at start: %v", err)
-	case <-time.After(20 * time.Second):
-		e.t.Fatal("agent did not start in 20s")
-	}
-	e.agent = ta
-	e.t.Cleanup(func() { ta.stop(e.t) })
-	return ta
-}
-
 // newClusterFleet is newFleet on a cluster: n hosts in groups web and all,
 // their agents (lease TTL ttl) and the CLI on every endpoint.
 func newClusterFleet(t *testing.T, c *etcdCluster, n int, ttl time.Duration) *fleet {

@@ -54,6 +54,14 @@ func newEnv(t testing.TB) *env {
 
 func (e *env) startAgent() *testAgent {
 	e.t.Helper()
+	return e.startAgentOn([]string{e.endpoint}, nil)
+}
+
+// startAgentOn starts e's agent in-process, with exactly the code `agentd
+// run` runs, on every one of endpoints and with edit (if any) applied to
+// its options (credentials, lease TTL, log output).
+func (e *env) startAgentOn(endpoints []string, edit func(o *runOptions)) *testAgent {
+	e.t.Helper()
 	groups := e.groups
 	if groups == nil {
 		groups = []string{"all"}
@@ -68,9 +76,12 @@ func (e *env) startAgent() *testAgent {
 	if e.quiet {
 		o.logLevel = "warn"
 	}
-	o.etcd.endpoints = []string{e.endpoint}
+	o.etcd.endpoints = endpoints
 	o.etcd.prefix = registry.DefaultPrefix
 	o.etcd.timeout = 5 * time.Second
+	if edit != nil {
+		edit(o)
+	}
 	ready := make(chan *reconcile.Agent, 1)
 	o.ready = ready
 	ctx, cancel := context.WithCancel(context.Background())

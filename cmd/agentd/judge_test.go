@@ -49,30 +49,7 @@ func (l *judgeLog) String() string {
 func judgeStartAgent(e *env) *judgeLog {
 	e.t.Helper()
 	logs := &judgeLog{}
-	o := &runOptions{
-		host: e.host, groups: []string{"all"},
-		unitDir: e.h.UnitDir, stateDir: e.h.StateDir, debugSocket: filepath.Join(e.h.Dir, "agentd.sock"),
-		logLevel: "debug", leaseTTL: 5 * time.Second,
-		dialSystemd: e.agentDialer(),
-		logOut:      io.MultiWriter(e.t.Output(), logs),
-	}
-	o.etcd.endpoints = []string{e.endpoint}
-	o.etcd.prefix = registry.DefaultPrefix
-	o.etcd.timeout = 5 * time.Second
-	ready := make(chan *reconcile.Agent, 1)
-	o.ready = ready
-	ctx, cancel := context.WithCancel(context.Background())
-	ta := &testAgent{opts: o, cancel: cancel, done: make(chan error, 1)}
-	go func() { ta.done <- runAgent(ctx, o) }()
-	select {
-	case ta.agent = <-ready:
-	case err := <-ta.done:
-		e.t.Fatalf("agent exited at start: %v", err)
-	case <-time.After(20 * time.Second):
-		e.t.Fatal("agent did not start in 20s")
-	}
-	e.agent = ta
-	e.t.Cleanup(func() { ta.stop(e.t) })
+	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) { o.logOut = io.MultiWriter(e.t.Output(), logs) })
 	return logs
 }
 

@@ -183,14 +183,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	}
 	// 7. Slots, level-triggered: queue for the ones needed now, give back
 	// the rest (after any halt this pass wrote).
-	cur.Jobs = map[string]InFlight{}
-	for u, j := range a.jobs.inflight {
-		cur.Jobs[u] = InFlight{Job: j.act.Job, ContentKey: j.act.ContentKey}
-	}
-	cur.Verifying = map[string]bool{}
-	for u := range a.verify {
-		cur.Verifying[u] = true
-	}
+	a.rememberInFlight(&cur)
 	a.syncSlots(ctx, SlotsNeeded(plan, cur))
 	return false, nil
 }

@@ -87,14 +87,7 @@ func (a *Agent) remember(cur *Current) {
 	cur.Started = a.mem.started
 	cur.Intent = Intent{Reload: a.mem.intent.Reload, Jobs: maps.Clone(a.mem.intent.Jobs)}
 	cur.Slots = a.slots.held()
-	cur.Verifying = map[string]bool{}
-	for u := range a.verify {
-		cur.Verifying[u] = true
-	}
-	cur.Jobs = map[string]InFlight{}
-	for u, j := range a.jobs.inflight {
-		cur.Jobs[u] = InFlight{Job: j.act.Job, ContentKey: j.act.ContentKey}
-	}
+	a.rememberInFlight(cur)
 	// Content of the versions units run and ran before, for classifying a
 	// change and for rolling back.
 	for _, rec := range cur.Records {
@@ -110,6 +103,19 @@ func (a *Agent) remember(cur *Current) {
 				}
 			}
 		}
+	}
+}
+
+// rememberInFlight fills in the jobs in flight and the units inside
+// HealthySec: they change between the plan and the end of its execution.
+func (a *Agent) rememberInFlight(cur *Current) {
+	cur.Verifying = map[string]bool{}
+	for u := range a.verify {
+		cur.Verifying[u] = true
+	}
+	cur.Jobs = map[string]InFlight{}
+	for u, j := range a.jobs.inflight {
+		cur.Jobs[u] = InFlight{Job: j.act.Job, ContentKey: j.act.ContentKey}
 	}
 }
 

@@ -231,3 +231,66 @@ func TestVerificationResumesAfterAgentRestart(t *testing.T) {
 		t.Fatalf("resuming verification touched the unit: %v", calls)
 	}
 }
+
+// failingStart is a systemd whose start of one unit leaves it failed and
+// returns only when the test releases it: a pass can then report while the
+// job's failure is visible in systemd but not yet taken by the loop.
+type failingStart struct {
+	*fakeSystemd
+	unit    string
+	failed  chan struct{}
+	release chan struct{}
+}
+
+func (f *failingStart) Start(ctx context.Context, u string) error {
+	if u != f.unit {
+		return f.fakeSystemd.Start(ctx, u)
+	}
+	f.rec("start " + u)
+	close(f.failed)
+	<-f.release
+	return context.DeadlineExceeded
+}
+
+func (f *failingStart) State(ctx context.Context, u string) (reconcile.UnitState, error) {
+	if u == f.unit {
+		select {
+		case <-f.failed:
+			return reconcile.UnitState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "exit-code"}, nil
+		default:
+		}
+	}
+	return f.fakeSystemd.State(ctx, u)
+}
+
+// A unit that failed while its job is still running has no verdict yet:
+// status must not say "failed" (an operator's --wait would return before
+// the rollback the loop is about to make).
+func TestNoFailureVerdictWhileJobRuns(t *testing.T) {
+	files, err := unitdir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unitdir.OpenManifest(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := &failingStart{fakeSystemd: &fakeSystemd{active: map[string]bool{}}, unit: "a.service",
+		failed: make(chan struct{}), release: make(chan struct{})}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+	a.SetSnapshot(snapshot("a.service"))
+	stop := runAgent(t, a)
+	defer stop()
+	defer close(sd.release)
+	<-sd.failed
+	if _, err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, sts := a.Statuses()
+	if len(sts) != 1 {
+		t.Fatalf("statuses = %+v", sts)
+	}
+	if s := sts[0]; s.Error != "" || s.Result != "running" || s.Job != "start" {
+		t.Fatalf("status while the start job runs = %+v, want a running job and no error", s)
+	}
+}

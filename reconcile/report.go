@@ -56,8 +56,11 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 			s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
 			s.UnitResult, s.MainPID = st.Result, st.MainPID
 			_, verifying := a.verify[name]
-			if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" && !verifying {
-				// (While verifying, the verdict comes with the next pass.)
+			_, running := a.jobs.inflight[name]
+			if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" && !verifying && !running {
+				// While a job runs or the unit is verifying, the verdict
+				// comes when the loop takes the job's result: a job that
+				// failed a moment ago is not yet rolled back.
 				s.Error = fmt.Sprintf("unit failed (%s)", ExitDetail(st))
 			}
 			s.Health = a.healthWord(name, st, act.ContentKey)

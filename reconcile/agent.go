@@ -143,6 +143,9 @@ type Agent struct {
 	jobs   jobs               // jobs in flight
 	verify map[string]*window // units inside HealthySec, loop-owned
 	slots  slotTable          // MaxUnavailable slots
+	cache  cache              // systemd's and the disk's view, re-read on change
+	pub    *publisher         // statuses out to the Reporter; nil without one
+	gen    uint64             // the publisher's generation of the last pass's statuses
 }
 
 // handoff is where other goroutines meet the loop.
@@ -150,6 +153,7 @@ type handoff struct {
 	mu       sync.Mutex
 	snap     *Snapshot
 	relevant map[string]bool // units the agent cares about, for filtering D-Bus signals
+	dirty    dirty           // what signals and fsnotify said changed since the last look
 	statuses []Status
 	revision int64
 }
@@ -193,7 +197,12 @@ func New(cfg Config) *Agent {
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = time.Second
 	}
+	var pub *publisher
+	if cfg.Reporter != nil {
+		pub = newPublisher(cfg.Reporter, cfg.Log)
+	}
 	return &Agent{
+		pub:  pub,
 		cfg:  cfg,
 		log:  cfg.Log,
 		poke: make(chan struct{}, 1),
@@ -211,6 +220,7 @@ func New(cfg Config) *Agent {
 		jobs:   newJobs(),
 		verify: map[string]*window{},
 		slots:  slotTable{slots: map[string]*slot{}},
+		cache:  newCache(),
 	}
 }
 
@@ -229,6 +239,12 @@ func (a *Agent) SetSnapshot(s Snapshot) {
 func (a *Agent) UnitChanged(unit string) {
 	a.hand.mu.Lock()
 	rel := unit == "" || a.hand.relevant[unit]
+	switch {
+	case unit == "":
+		a.hand.dirty.all = true
+	case rel:
+		a.hand.dirty.unit(unit)
+	}
 	a.hand.mu.Unlock()
 	if rel {
 		a.trigger()
@@ -236,8 +252,18 @@ func (a *Agent) UnitChanged(unit string) {
 }
 
 // FileChanged tells the agent something changed in the unit directory
-// (fsnotify): a managed file edited by hand is restored on the next pass.
-func (a *Agent) FileChanged(path string) { a.trigger() }
+// (fsnotify; path is relative to it, "" means anything may have): a managed
+// file edited by hand is restored on the next pass.
+func (a *Agent) FileChanged(path string) {
+	a.hand.mu.Lock()
+	if path == "" {
+		a.hand.dirty.all = true
+	} else {
+		a.hand.dirty.path(path)
+	}
+	a.hand.mu.Unlock()
+	a.trigger()
+}
 
 func (a *Agent) trigger() {
 	select {
@@ -253,11 +279,12 @@ func (a *Agent) Statuses() (revision int64, st []Status) {
 	return a.hand.revision, append([]Status(nil), a.hand.statuses...)
 }
 
-// DryRun computes the plan the next pass would execute, with the same code,
-// and changes nothing.
+// DryRun computes the plan Sync would execute, with the same code and from
+// everything read afresh, and changes nothing.
 func (a *Agent) DryRun(ctx context.Context) ([]Action, error) {
 	var plan []Action
 	err := a.do(ctx, func(ctx context.Context) error {
+		a.forgetAll()
 		desired, cur, err := a.observe(ctx)
 		if err != nil {
 			return err
@@ -268,14 +295,21 @@ func (a *Agent) DryRun(ctx context.Context) ([]Action, error) {
 	return plan, err
 }
 
-// Sync runs a pass now and returns the plan it executed.
+// Sync runs a pass now, from everything read afresh (what an operator asks
+// for), and returns the plan it executed once its statuses are published.
 func (a *Agent) Sync(ctx context.Context) ([]Action, error) {
 	var plan []Action
+	var gen uint64
 	err := a.do(ctx, func(ctx context.Context) error {
+		a.forgetAll()
 		var err error
 		plan, err = a.pass(ctx)
+		gen = a.gen
 		return err
 	})
+	if err == nil && a.pub != nil {
+		err = a.pub.published(ctx, gen)
+	}
 	return plan, err
 }
 
@@ -310,6 +344,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer retry.Stop()
 	defer a.slots.wg.Wait()
 	defer a.jobs.wg.Wait()
+	if a.pub != nil {
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() { a.pub.run(ctx) })
+	}
 	heartbeat := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer heartbeat.Stop()
 	wake := time.NewTimer(time.Hour) // the next HealthySec deadline
@@ -317,25 +356,32 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer wake.Stop()
 	backoff := time.Duration(0)
 	a.trigger()
+	hot := false // an event came in during the last pass
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-heartbeat.C:
-			a.cfg.Observer.Heartbeat()
-			continue
-		case req := <-a.reqs:
-			req(ctx)
-			continue
-		case r := <-a.jobs.done:
-			a.finish(ctx, r)
-			a.settle(ctx)
-		case <-a.poke:
-			a.settle(ctx)
-		case <-resync.C:
-		case <-retry.C:
-		case <-wake.C:
+		// An event that came in during the last pass has waited out a
+		// whole pass already: it gets no batch window.
+		if !hot {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-heartbeat.C:
+				a.cfg.Observer.Heartbeat()
+				continue
+			case req := <-a.reqs:
+				req(ctx)
+				continue
+			case r := <-a.jobs.done:
+				a.finish(ctx, r)
+				a.settle(ctx)
+			case <-a.poke:
+				a.settle(ctx)
+			case <-resync.C:
+				a.resyncCache(ctx)
+			case <-retry.C:
+			case <-wake.C:
+			}
 		}
+		hot = false
 		resync.Reset(jitter(a.cfg.ResyncInterval))
 		start := time.Now()
 		_, err := a.pass(ctx)
@@ -344,7 +390,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		if next, ok := a.nextHealthDeadline(); ok {
 			wake.Reset(time.Until(next) + 10*time.Millisecond)
 		}
+		select {
+		case <-a.poke:
+			hot = err == nil // a failed pass waits for its retry
+		default:
+		}
 		if err != nil && ctx.Err() == nil {
+			a.forgetAll() // the retry reads everything again
 			backoff = min(max(2*backoff, 250*time.Millisecond), 30*time.Second)
 			a.log.Warn("pass failed; retrying", "err", err, "retry_in", backoff)
 			retry.Reset(jitter(backoff))

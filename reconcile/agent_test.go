@@ -2,10 +2,12 @@ package reconcile_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -292,5 +294,76 @@ func TestNoFailureVerdictWhileJobRuns(t *testing.T) {
 	}
 	if s := sts[0]; s.Error != "" || s.Result != "running" || s.Job != "start" {
 		t.Fatalf("status while the start job runs = %+v, want a running job and no error", s)
+	}
+}
+
+// counting counts the reads that a pass costs: systemd state reads and
+// file reads.
+type counting struct {
+	*fakeSystemd
+	states atomic.Int64
+}
+
+func (c *counting) State(ctx context.Context, u string) (reconcile.UnitState, error) {
+	c.states.Add(1)
+	return c.fakeSystemd.State(ctx, u)
+}
+
+type countingFiles struct {
+	*unitdir.Dir
+	reads atomic.Int64
+}
+
+func (c *countingFiles) Read(p string) ([]byte, bool, error) {
+	c.reads.Add(1)
+	return c.Dir.Read(p)
+}
+
+// A change to one unit of many reads that unit, not the others: state comes
+// from the cache that signals, fsnotify and the loop's own actions keep.
+func TestPassReadsOnlyWhatChanged(t *testing.T) {
+	dir, err := unitdir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unitdir.OpenManifest(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := &counting{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}
+	files := &countingFiles{Dir: dir}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+	var names []string
+	for i := range 100 {
+		names = append(names, fmt.Sprintf("u%03d.service", i))
+	}
+	snap := snapshot(names...)
+	a.SetSnapshot(snap)
+	stop := runAgent(t, a)
+	defer stop()
+	waitCalls(t, sd.fakeSystemd, 101)
+
+	states, reads := sd.states.Load(), files.reads.Load()
+	snap.Revision++
+	snap.Entries[42].Value = []byte(unitA + "# changed\n")
+	a.SetSnapshot(snap)
+	waitCalls(t, sd.fakeSystemd, 102) // the daemon-reload (a comment: nothing to restart)
+	t.Logf("one change: %d state reads, %d file reads", sd.states.Load()-states, files.reads.Load()-reads)
+	if got := sd.states.Load() - states; got > 5 {
+		t.Errorf("one changed unit of 100 cost %d state reads", got)
+	}
+	if got := files.reads.Load() - reads; got > 5 {
+		t.Errorf("one changed unit of 100 cost %d file reads", got)
+	}
+	// A signal for one unit re-reads that one.
+	states = sd.states.Load()
+	a.UnitChanged("u007.service")
+	deadline := time.Now().Add(5 * time.Second)
+	for sd.states.Load() == states && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if got := sd.states.Load() - states; got != 1 {
+		t.Errorf("a signal for one unit cost %d state reads, want 1", got)
 	}
 }

@@ -148,6 +148,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 			a.log.Warn("record the finished daemon-reload in the state directory", "err", err)
 		}
 	}
+	a.afterExecute(plan, reload)
 	a.bookkeep(ctx, plan, failed)
 	if reload && !last {
 		return true, nil

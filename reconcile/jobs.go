@@ -144,6 +144,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		return
 	}
 	delete(a.jobs.inflight, r.unit)
+	delete(a.cache.states, r.unit) // the job changed it, maybe without a signal
 	act := run.act
 	if a.mem.intent.Jobs[r.unit] == act.ContentKey {
 		delete(a.mem.intent.Jobs, r.unit)

@@ -7,8 +7,10 @@ import (
 )
 
 // observe reads desired state (the last snapshot) and current state (disk,
-// manifest, D-Bus), plus what the loop remembers, into one Current.
+// manifest, D-Bus), plus what the loop remembers, into one Current. Disk and
+// D-Bus are read only where something changed since the last look (cache.go).
 func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, error) {
+	a.takeDirty()
 	a.hand.mu.Lock()
 	snap := a.hand.snap
 	a.hand.mu.Unlock()
@@ -47,15 +49,19 @@ func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, 
 		units[u] = true
 	}
 	for p := range paths {
-		b, exists, err := a.cfg.Files.Read(p)
-		lf := LocalFile{Exists: exists}
-		if err != nil {
-			lf.Err = err.Error()
-		} else if exists {
-			lf.Hash, lf.Content = Hash(b), b
-		}
+		lf := a.file(p)
 		cur.Files[p] = lf
 		a.noteDrift(p, cur.Managed[p], lf)
+	}
+	for p := range a.cache.files {
+		if !paths[p] {
+			delete(a.cache.files, p) // no longer watched for: would go stale
+		}
+	}
+	for u := range a.cache.states {
+		if !units[u] {
+			delete(a.cache.states, u) // signals are not forwarded for it any more
+		}
 	}
 	rel := map[string]bool{}
 	for u := range units {
@@ -115,7 +121,7 @@ func (a *Agent) rememberInFlight(cur *Current) {
 	}
 	cur.Jobs = map[string]InFlight{}
 	for u, j := range a.jobs.inflight {
-		cur.Jobs[u] = InFlight{Job: j.act.Job, ContentKey: j.act.ContentKey}
+		cur.Jobs[u] = InFlight{Job: j.act.Job, ContentKey: j.act.ContentKey, Rollback: j.act.Kind == KindRollback}
 	}
 }
 
@@ -125,10 +131,14 @@ func (a *Agent) state(ctx context.Context, unit string) (UnitState, error) {
 	if IsTemplate(unit) {
 		return UnitState{LoadState: "template", ActiveState: "inactive", SubState: "template"}, nil
 	}
+	if st, ok := a.cache.states[unit]; ok {
+		return st, nil
+	}
 	st, err := a.cfg.Systemd.State(ctx, unit)
 	if err != nil {
 		return st, fmt.Errorf("read state of %s: %w", unit, err)
 	}
+	a.cache.states[unit] = st
 	return st, nil
 }
 

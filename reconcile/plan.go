@@ -197,6 +197,7 @@ func (i Intent) Empty() bool { return !i.Reload && len(i.Jobs) == 0 }
 type InFlight struct {
 	Job        Job
 	ContentKey string
+	Rollback   bool // the job restores the version that ran before
 }
 
 // Current is everything Plan needs to know about the host.
@@ -518,6 +519,11 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		return planRefused(a, rec, st, cur)
 	}
 	if rec.Failed != "" && rec.Failed == a.ContentKey {
+		if j, ok := cur.Jobs[name]; ok && j.Rollback {
+			// The files are back; the disk differs from the registry until
+			// the content changes, which must not start the rollback again.
+			return waiting(a, "rollback "+j.Job.String()+" job in progress")
+		}
 		if IsTemplate(name) {
 			if rb, ok := planTemplateRollback(a, rec, managed, cur); ok {
 				return rb

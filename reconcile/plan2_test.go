@@ -518,6 +518,16 @@ func TestPlan2Transitions(t *testing.T) {
 			},
 			want: p2Want{kind: KindRollback, job: JobRestart, writes: map[string]string{p2Hello: h1}, removes: []string{p2Env}, own: OwnFile,
 				eff: map[string]string{p2Hello: h1}, checkEff: true}},
+		{name: "rollback job in flight: the files are back, it is not started again",
+			entries: []Entry{entry(p2Hello, p2V2)},
+			cur: func() Current {
+				c := p2Host(map[string]UnitState{p2Hello: failed}, p2Hello, svc)
+				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2V2), Previous: p2Files(p2Hello, svc), Failed: k2, FailReason: p2FailReason, FailedOp: "restart"}
+				c.Blobs = p2Blobs(svc, p2V2)
+				c.Jobs = map[string]InFlight{p2Hello: {Job: JobRestart, ContentKey: k2, Rollback: true}}
+				return c
+			},
+			want: p2Want{kind: KindWait, own: OwnFile, reasonLike: "rollback restart job in progress"}},
 		{name: "failed version already rolled back: blocked, no writes",
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {

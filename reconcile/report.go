@@ -8,15 +8,21 @@ import (
 	"time"
 )
 
-// report builds every unit's status from fresh state and publishes it.
+// report builds every unit's status and hands it to the publisher (which
+// writes to the registry only what changed, off the loop).
 func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, plan []Action) error {
 	managed := a.cfg.Manifest.Managed()
 	units := map[string]bool{}
 	for n := range desired {
 		units[n] = true
 	}
-	for p := range managed {
-		units[UnitOfPath(p)] = true
+	dropIns := map[string][]string{}
+	for p, h := range managed {
+		u := UnitOfPath(p)
+		units[u] = true
+		if p != u && h != InstanceMarker {
+			dropIns[u] = append(dropIns[u], p)
+		}
 	}
 	byUnit := map[string]Action{}
 	for _, act := range plan {
@@ -34,18 +40,16 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 			}
 		}
 		if managed[name] != InstanceMarker {
-			if b, exists, err := a.cfg.Files.Read(name); err == nil && exists {
-				s.Hash = Hash(b)
+			if lf := a.file(name); lf.Exists {
+				s.Hash = lf.Hash
 			}
 		}
-		for p, h := range managed {
-			if p != name && UnitOfPath(p) == name && h != InstanceMarker {
-				if b, exists, err := a.cfg.Files.Read(p); err == nil && exists {
-					if s.DropIns == nil {
-						s.DropIns = map[string]string{}
-					}
-					s.DropIns[p] = Hash(b)
+		for _, p := range dropIns[name] {
+			if lf := a.file(p); lf.Exists {
+				if s.DropIns == nil {
+					s.DropIns = map[string]string{}
 				}
+				s.DropIns[p] = lf.Hash
 			}
 		}
 		if ValidateUnitName(name) == nil {
@@ -120,11 +124,8 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 			delete(a.mem.last, u)
 		}
 	}
-	if a.cfg.Reporter == nil {
-		return nil
-	}
-	if err := a.cfg.Reporter.Report(ctx, out); err != nil {
-		return fmt.Errorf("report status: %w", err)
+	if a.pub != nil {
+		a.gen = a.pub.offer(out)
 	}
 	return nil
 }

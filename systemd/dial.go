@@ -4,28 +4,35 @@ import (
 	"context"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	godbus "github.com/godbus/dbus/v5"
 )
 
-// Dialer opens a new go-systemd connection. The context bounds the whole
-// lifetime of the connection, not just the dial: when it is cancelled the
-// connection closes (this is how go-systemd and godbus use it). Manager
-// therefore dials with contexts of its own and cancels them to abandon a
-// dial or drop a connection.
-type Dialer func(ctx context.Context) (*sddbus.Conn, error)
+// Dialer opens a bus connection, authenticated and introduced (Hello). The
+// context bounds the whole lifetime of the connection, not just the dial:
+// when it is cancelled the connection closes (this is how godbus uses it).
+// Manager therefore dials with contexts of its own and cancels them to
+// abandon a dial or drop a connection. It dials bus connections itself,
+// rather than go-systemd connections, so it learns at once when one closes
+// (godbus cancels the connection's Context) instead of polling.
+type Dialer func(ctx context.Context) (*godbus.Conn, error)
 
 // SystemDialer connects to the system manager through the system bus.
 func SystemDialer() Dialer {
-	return sddbus.NewSystemConnectionContext
+	return func(ctx context.Context) (*godbus.Conn, error) {
+		return hello(godbus.SystemBusPrivate(godbus.WithContext(ctx)))
+	}
 }
 
 // UserDialer connects to the user manager through the session bus found in
 // $DBUS_SESSION_BUS_ADDRESS (else /run/user/<uid>/bus).
 func UserDialer() Dialer {
-	return sddbus.NewUserConnectionContext
+	return func(ctx context.Context) (*godbus.Conn, error) {
+		return hello(godbus.SessionBusPrivate(godbus.WithContext(ctx)))
+	}
 }
 
 // AddressDialer connects through the message bus at addr, e.g.
@@ -34,30 +41,45 @@ func UserDialer() Dialer {
 // parallel can each talk to their own manager. addr must be a message bus
 // (it sends Hello), not a manager's private socket.
 func AddressDialer(addr string) Dialer {
-	return func(ctx context.Context) (*sddbus.Conn, error) {
-		return sddbus.NewConnection(func() (*godbus.Conn, error) {
-			conn, err := godbus.Dial(addr, godbus.WithContext(ctx))
-			if err != nil {
-				return nil, err
-			}
-			if err := conn.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
-				conn.Close()
-				return nil, err
-			}
-			if err := conn.Hello(); err != nil {
-				conn.Close()
-				return nil, err
-			}
-			return conn, nil
-		})
+	return func(ctx context.Context) (*godbus.Conn, error) {
+		return hello(godbus.Dial(addr, godbus.WithContext(ctx)))
 	}
 }
 
+// hello authenticates as the current uid (EXTERNAL, no user name lookup)
+// and introduces the connection to the bus.
+func hello(conn *godbus.Conn, err error) (*godbus.Conn, error) {
+	if err != nil {
+		return nil, err
+	}
+	if err := conn.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if err := conn.Hello(); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// Connect opens a go-systemd connection through d, for callers that want
+// go-systemd's API directly (tests, tools). ctx bounds its lifetime.
+func Connect(ctx context.Context, d Dialer) (*sddbus.Conn, error) {
+	c, err := dialConn(ctx, ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	return c.Conn, nil
+}
+
 // conn is a go-systemd connection with the cancel func of the context it
-// was dialed with.
+// was dialed with, and a channel closed as soon as either of its two bus
+// connections (calls, signals) closes.
 type conn struct {
 	*sddbus.Conn
 	cancel context.CancelFunc
+	closed <-chan struct{}
 }
 
 func (c *conn) close() {
@@ -72,13 +94,21 @@ const dialTimeout = 15 * time.Second
 // closed. It stops waiting when ctx is done, abandoning the dial.
 func dialConn(ctx, parent context.Context, dial Dialer) (*conn, error) {
 	cctx, cancel := context.WithCancel(parent)
+	closed := make(chan struct{})
+	var once sync.Once
 	type result struct {
 		c   *sddbus.Conn
 		err error
 	}
 	ch := make(chan result, 1)
 	go func() {
-		c, err := dial(cctx)
+		c, err := sddbus.NewConnection(func() (*godbus.Conn, error) {
+			b, err := dial(cctx)
+			if err == nil {
+				context.AfterFunc(b.Context(), func() { once.Do(func() { close(closed) }) })
+			}
+			return b, err
+		})
 		ch <- result{c, err}
 	}()
 	select {
@@ -87,7 +117,7 @@ func dialConn(ctx, parent context.Context, dial Dialer) (*conn, error) {
 			cancel()
 			return nil, r.err
 		}
-		return &conn{Conn: r.c, cancel: cancel}, nil
+		return &conn{Conn: r.c, cancel: cancel, closed: closed}, nil
 	case <-ctx.Done():
 		// Cancelling cctx closes whatever the dial has opened or will open,
 		// which also ends the dial goroutine.

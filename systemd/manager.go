@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -247,9 +248,7 @@ func (m *Manager) job(ctx context.Context, op, unit string, enqueue jobFunc) err
 		defer timer.Stop()
 		timeoutC = timer.C
 	}
-	// The result signal never comes if the connection drops: look now and then.
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
+	// The result signal never comes if the connection drops.
 	for {
 		select {
 		case res := <-ch:
@@ -268,10 +267,7 @@ func (m *Manager) job(ctx context.Context, op, unit string, enqueue jobFunc) err
 			return fmt.Errorf("%s %s: %w", op, unit, ErrClosed)
 		case <-timeoutC:
 			return fmt.Errorf("%s %s: %w after %s", op, unit, ErrJobTimeout, m.JobTimeout)
-		case <-tick.C:
-			if c.Connected() {
-				continue
-			}
+		case <-c.closed:
 			select {
 			case res := <-ch:
 				return m.jobResult(ctx, c, op, unit, res)
@@ -354,6 +350,32 @@ func (m *Manager) State(ctx context.Context, unit string) (reconcile.UnitState, 
 	}
 	return s, nil
 }
+
+// Summaries lists the load, active and sub state of many units in one call
+// (ListUnitsByNames): the reconcile loop's periodic resync compares them with
+// what it holds instead of reading every unit in full.
+func (m *Manager) Summaries(ctx context.Context, units []string) (map[string]reconcile.UnitSummary, error) {
+	out := make(map[string]reconcile.UnitSummary, len(units))
+	for chunk := range slices.Chunk(units, summaryChunk) {
+		var list []sddbus.UnitStatus
+		_, err := m.call(ctx, func(c *sddbus.Conn) error {
+			var err error
+			list, err = c.ListUnitsByNamesContext(ctx, chunk)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list units: %w", err)
+		}
+		for _, u := range list {
+			out[u.Name] = reconcile.UnitSummary{LoadState: u.LoadState, ActiveState: u.ActiveState, SubState: u.SubState}
+		}
+	}
+	return out, nil
+}
+
+// summaryChunk bounds one ListUnitsByNames call's message (D-Bus messages
+// are limited to 128 MiB; a few hundred bytes per unit).
+const summaryChunk = 4096
 
 func readState(ctx context.Context, c *sddbus.Conn, unit string) (reconcile.UnitState, error) {
 	var s reconcile.UnitState

@@ -11,9 +11,6 @@ import (
 )
 
 const (
-	// watchPoll is how often Watch checks that its connection is still up:
-	// go-systemd gives no notice when the bus closes.
-	watchPoll       = 250 * time.Millisecond
 	watchBackoffMin = 100 * time.Millisecond
 	watchBackoffMax = 10 * time.Second
 	// watchBuffer absorbs bursts. When it overflows go-systemd drops updates
@@ -117,8 +114,6 @@ func (w *watcher) run(ctx context.Context) (subscribed bool, err error) {
 	// on any change of a unit (a job queued, a timestamp) systemd re-sends
 	// all of its emits-change properties, these two included.
 	seen := make(map[string]unitStates)
-	tick := time.NewTicker(watchPoll)
-	defer tick.Stop()
 	for {
 		select {
 		case u := <-updates:
@@ -128,10 +123,8 @@ func (w *watcher) run(ctx context.Context) (subscribed bool, err error) {
 			w.m.log.Warn("systemd watch dropped updates; resyncing", "err", err)
 			clear(seen)
 			w.onChange("")
-		case <-tick.C:
-			if !c.Connected() {
-				return true, errors.New("connection closed")
-			}
+		case <-c.closed:
+			return true, errors.New("connection closed")
 		case <-ctx.Done():
 			return true, ctx.Err()
 		}

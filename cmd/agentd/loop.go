@@ -35,6 +35,20 @@ func (l loopSystemd) State(ctx context.Context, unit string) (reconcile.UnitStat
 	return st, err
 }
 
+// Summaries passes the resync's one-call listing through, where the
+// systemd underneath has it.
+func (l loopSystemd) Summaries(ctx context.Context, units []string) (map[string]reconcile.UnitSummary, error) {
+	s, ok := l.Systemd.(reconcile.Summarizer)
+	if !ok {
+		return nil, errors.New("unit summaries not supported")
+	}
+	sum, err := s.Summaries(ctx, units)
+	if ctx.Err() == nil {
+		l.met.SetSystemdConnected(err == nil)
+	}
+	return sum, err
+}
+
 // pauseAt is a test-only fault, switched on by the hidden flag
 // --test-pause-at: when a pass reaches that point it writes
 // <stateDir>/paused-at-<point> and blocks until the agent shuts down, so a

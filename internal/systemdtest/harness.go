@@ -282,7 +282,7 @@ func (h *Harness) rawConn(ctx context.Context) (*godbus.Conn, error) {
 // systemd.Dialer, ctx bounds the connection's lifetime: cancelling it closes
 // the connection. The caller closes the connection.
 func (h *Harness) Dial(ctx context.Context) (*sddbus.Conn, error) {
-	return systemd.AddressDialer(h.BusAddress)(ctx)
+	return systemd.Connect(ctx, systemd.AddressDialer(h.BusAddress))
 }
 
 // Log returns the manager's log (manager.log) and the output of its units

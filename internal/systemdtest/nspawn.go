@@ -299,7 +299,7 @@ func (c *Container) WriteFile(t testing.TB, path string, data []byte, perm os.Fi
 // system bus. PIDs it reports are the container's. ctx bounds the
 // connection's lifetime; the caller closes it.
 func (c *Container) Dial(ctx context.Context) (*sddbus.Conn, error) {
-	return systemd.AddressDialer(c.BusAddress)(ctx)
+	return systemd.Connect(ctx, systemd.AddressDialer(c.BusAddress))
 }
 
 // Close powers the container off: it closes the script's stdin, which

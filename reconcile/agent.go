@@ -111,8 +111,9 @@ type Config struct {
 	// Host is this agent's host name (for halt records).
 	Host string
 
-	// HeartbeatInterval is how often the loop calls Observer.Heartbeat
-	// (default 1s); set it below half the watchdog interval.
+	// HeartbeatInterval is how often the idle loop calls Observer.Heartbeat
+	// (it also calls it after every pass); set it below half the watchdog
+	// interval. 0: only after passes — no timer wakes an idle agent.
 	HeartbeatInterval time.Duration
 
 	// BatchWindow is how long the loop waits for more changes after one
@@ -193,9 +194,6 @@ func New(cfg Config) *Agent {
 	}
 	if cfg.Observer == nil {
 		cfg.Observer = NopObserver{}
-	}
-	if cfg.HeartbeatInterval <= 0 {
-		cfg.HeartbeatInterval = time.Second
 	}
 	var pub *publisher
 	if cfg.Reporter != nil {
@@ -349,8 +347,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer wg.Wait()
 		wg.Go(func() { a.pub.run(ctx) })
 	}
-	heartbeat := time.NewTicker(a.cfg.HeartbeatInterval)
-	defer heartbeat.Stop()
+	var heartbeat <-chan time.Time // none: no watchdog to feed
+	if a.cfg.HeartbeatInterval > 0 {
+		t := time.NewTicker(a.cfg.HeartbeatInterval)
+		defer t.Stop()
+		heartbeat = t.C
+	}
 	wake := time.NewTimer(time.Hour) // the next HealthySec deadline
 	wake.Stop()
 	defer wake.Stop()
@@ -364,7 +366,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-heartbeat.C:
+			case <-heartbeat:
 				a.cfg.Observer.Heartbeat()
 				continue
 			case req := <-a.reqs:

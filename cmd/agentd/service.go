@@ -78,8 +78,14 @@ func newService(log *slog.Logger) *service {
 	return s
 }
 
-// heartbeatInterval is reconcile.Config.HeartbeatInterval.
-func (s *service) heartbeatInterval() time.Duration { return s.tick }
+// heartbeatInterval is reconcile.Config.HeartbeatInterval: none without a
+// watchdog, so an idle agent has no timer of its own to wake it.
+func (s *service) heartbeatInterval() time.Duration {
+	if s.watchdog == 0 {
+		return 0
+	}
+	return s.tick
+}
 
 // setStatus sends STATUS=text if it differs from the last one sent.
 func (s *service) setStatus(text string) {
@@ -90,6 +96,12 @@ func (s *service) setStatus(text string) {
 	if changed {
 		s.notify("STATUS=" + text)
 	}
+}
+
+func (s *service) isReady() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ready
 }
 
 // Heartbeat is called by the loop every tick while idle and after every pass.
@@ -212,6 +224,17 @@ func (s *service) run(ctx context.Context) {
 		case <-t.C:
 		}
 		ok, silent := s.alive()
+		if s.watchdog == 0 {
+			// No heartbeat to judge the loop by: only the start timeout
+			// is extended, until READY; then nothing is owed.
+			ok = true
+			if s.isReady() {
+				t.Stop()
+				<-ctx.Done()
+				s.notify("STOPPING=1\nSTATUS=stopping")
+				return
+			}
+		}
 		s.mu.Lock()
 		ready, logStall, logRecovery := s.ready, !ok && !s.stalled, ok && s.stalled
 		s.stalled = !ok

@@ -207,6 +207,42 @@ func TestServiceRun(t *testing.T) {
 	})
 }
 
+// Without a watchdog, run extends the start timeout until READY and then
+// has nothing to do: no timer wakes the idle agent. Fake time (synctest).
+func TestServiceRunWithoutWatchdogGoesQuiet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := &notes{}
+		s := &service{
+			notify: n.send, log: slog.New(slog.DiscardHandler),
+			tick: 10 * time.Millisecond, now: time.Now, waits: map[int]time.Time{},
+		}
+		if d := s.heartbeatInterval(); d != 0 {
+			t.Fatalf("heartbeat interval without a watchdog = %s, want none", d)
+		}
+		s.beat = time.Now()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { s.run(ctx); close(done) }()
+		time.Sleep(35 * time.Millisecond) // no beats: the loop may wait for the registry
+		if got := n.count("EXTEND_TIMEOUT_USEC=40000"); got != 3 {
+			t.Fatalf("before READY: %d extensions in 35ms, want 3: %q", got, n.all())
+		}
+		s.Reported(1, nil)
+		s.Pass(0, nil)
+		time.Sleep(20 * time.Millisecond)
+		before := len(n.all())
+		time.Sleep(time.Hour)
+		if got := len(n.all()); got != before {
+			t.Fatalf("%d messages after READY in an idle hour: %q", got-before, n.all()[before:])
+		}
+		cancel()
+		<-done
+		if all := n.all(); all[len(all)-1] != "STOPPING=1\nSTATUS=stopping" {
+			t.Fatalf("last message %q", all[len(all)-1])
+		}
+	})
+}
+
 type lockedWriter struct {
 	w  *bytes.Buffer
 	mu *sync.Mutex

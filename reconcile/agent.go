@@ -42,8 +42,9 @@ type Manifest interface {
 	Claim(files map[string]string, in Intent) error
 	Forget(path string) error
 	Units() map[string]UnitRecord
-	// SetUnits stores records in one write; an empty record deletes.
-	SetUnits(recs map[string]UnitRecord) error
+	// SetUnits stores records and the intent in one write; an empty record
+	// deletes.
+	SetUnits(recs map[string]UnitRecord, in Intent) error
 	Intent() Intent
 	SetIntent(in Intent) error
 	PutBlob(hash string, content []byte) error
@@ -146,7 +147,14 @@ type Agent struct {
 	slots  slotTable          // MaxUnavailable slots
 	cache  cache              // systemd's and the disk's view, re-read on change
 	pub    *publisher         // statuses out to the Reporter; nil without one
-	gen    uint64             // the publisher's generation of the last pass's statuses
+	// desired is Desire of the last snapshot, made again only when the
+	// snapshot changes, and then only for the values that changed.
+	desired struct {
+		snap  *Snapshot
+		units map[string]*DesiredUnit
+		cache desireCache
+	}
+	gen uint64 // the publisher's generation of the last pass's statuses
 }
 
 // handoff is where other goroutines meet the loop.
@@ -359,6 +367,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	backoff := time.Duration(0)
 	a.trigger()
 	hot := false // an event came in during the last pass
+	var lastEnd time.Time
 	for {
 		// An event that came in during the last pass has waited out a
 		// whole pass already: it gets no batch window.
@@ -374,9 +383,9 @@ func (a *Agent) Run(ctx context.Context) error {
 				continue
 			case r := <-a.jobs.done:
 				a.finish(ctx, r)
-				a.settle(ctx)
+				a.settleAfter(ctx, lastEnd)
 			case <-a.poke:
-				a.settle(ctx)
+				a.settleAfter(ctx, lastEnd)
 			case <-resync.C:
 				a.resyncCache(ctx)
 			case <-retry.C:
@@ -387,7 +396,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		resync.Reset(jitter(a.cfg.ResyncInterval))
 		start := time.Now()
 		_, err := a.pass(ctx)
-		a.cfg.Observer.Pass(time.Since(start), err)
+		lastEnd = time.Now()
+		a.cfg.Observer.Pass(lastEnd.Sub(start), err)
 		a.cfg.Observer.Heartbeat()
 		if next, ok := a.nextHealthDeadline(); ok {
 			wake.Reset(time.Until(next) + 10*time.Millisecond)
@@ -406,6 +416,17 @@ func (a *Agent) Run(ctx context.Context) error {
 			backoff = 0
 		}
 	}
+}
+
+// settleAfter starts the pass at once when the loop was quiet for a
+// BatchWindow before this event: a lone change pays no batching delay (the
+// registry already let a transaction settle). Otherwise events are coming
+// in a stream, and it settles.
+func (a *Agent) settleAfter(ctx context.Context, lastEnd time.Time) {
+	if time.Since(lastEnd) >= a.cfg.BatchWindow {
+		return
+	}
+	a.settle(ctx)
 }
 
 // settle waits until no poke or job result arrived for BatchWindow (at

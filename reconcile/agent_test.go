@@ -216,7 +216,7 @@ func TestVerificationResumesAfterAgentRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Set("a.service", h)
-	m.SetUnits(map[string]reconcile.UnitRecord{"a.service": {Applied: map[string]string{"a.service": h}, Good: map[string]string{"a.service": "older"}}})
+	m.SetUnits(map[string]reconcile.UnitRecord{"a.service": {Applied: map[string]string{"a.service": h}, Good: map[string]string{"a.service": "older"}}}, reconcile.Intent{})
 	sd := &fakeSystemd{active: map[string]bool{"a.service": true}}
 	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
 	a.SetSnapshot(reconcile.Snapshot{Entries: []reconcile.Entry{{Unit: "a.service", Value: content}}})

@@ -52,6 +52,54 @@ func (u *DesiredUnit) Hash() string {
 // it validates every key and value, lets a host key override group keys,
 // and blocks a unit that two groups define differently. Pure.
 func Desire(s Snapshot) map[string]*DesiredUnit {
+	var c desireCache
+	return c.desire(s)
+}
+
+// desireCache makes Desire cost what changed between two snapshots: the
+// validation and policy parsing of a value (most of Desire's work) is kept
+// for the values of the last snapshot and reused when they come again. The
+// result is the same as Desire's. Loop-owned.
+type desireCache struct {
+	values, lastValues     map[string]valueCheck  // unit name, NUL, value -> verdict
+	policies, lastPolicies map[string]policyParse // policy source -> parsed
+}
+
+type valueCheck struct {
+	hash string
+	err  error
+}
+
+type policyParse struct {
+	p   Policy
+	err error
+}
+
+func (c *desireCache) check(unit string, value []byte) (string, error) {
+	k := unit + "\x00" + string(value)
+	v, ok := c.lastValues[k]
+	if !ok {
+		v = valueCheck{hash: Hash(value), err: validateValue(unit, value)}
+	}
+	c.values[k] = v
+	return v.hash, v.err
+}
+
+func (c *desireCache) policy(src []byte) (Policy, error) {
+	v, ok := c.lastPolicies[string(src)]
+	if !ok {
+		v.p, v.err = ParsePolicy(src)
+	}
+	c.policies[string(src)] = v
+	return v.p, v.err
+}
+
+func (c *desireCache) desire(s Snapshot) map[string]*DesiredUnit {
+	// What this call uses becomes the cache: values no longer in the
+	// registry are forgotten.
+	c.lastValues, c.values = c.values, map[string]valueCheck{}
+	c.lastPolicies, c.policies = c.policies, map[string]policyParse{}
+	defer func() { c.lastValues, c.lastPolicies = nil, nil }()
 	type cand struct {
 		e    Entry
 		path string
@@ -121,11 +169,12 @@ func Desire(s Snapshot) map[string]*DesiredUnit {
 			block(u, fmt.Errorf("%s: empty value (only a template instance such as foo@1.service may be empty)", path))
 			continue
 		}
-		if err := validateValue(u.Name, e.Value); err != nil {
+		hash, err := c.check(u.Name, e.Value)
+		if err != nil {
 			block(u, fmt.Errorf("%s: %w", path, err))
 			continue
 		}
-		f := DesiredFile{Path: path, Content: e.Value, Hash: Hash(e.Value), Source: source}
+		f := DesiredFile{Path: path, Content: e.Value, Hash: hash, Source: source}
 		if path == u.Name {
 			u.File = &f
 		} else {
@@ -147,7 +196,7 @@ func Desire(s Snapshot) map[string]*DesiredUnit {
 				src = append(src, '\n')
 			}
 		}
-		p, err := ParsePolicy(src)
+		p, err := c.policy(src)
 		if err != nil {
 			u.Err = err
 			continue

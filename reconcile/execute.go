@@ -143,10 +143,9 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 			// The intent keeps Reload: the next pass reloads first.
 			return false, fmt.Errorf("daemon-reload: %w", err)
 		}
+		// Recorded with the pass's records (persist): a crash before that
+		// costs one more daemon-reload at the next start, nothing else.
 		a.mem.intent.Reload = false
-		if err := a.cfg.Manifest.SetIntent(a.mem.intent); err != nil {
-			a.log.Warn("record the finished daemon-reload in the state directory", "err", err)
-		}
 	}
 	a.afterExecute(plan, reload)
 	a.bookkeep(ctx, plan, failed)

@@ -17,7 +17,11 @@ func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, 
 	if snap == nil {
 		return nil, Current{}, ErrNoRegistry
 	}
-	desired := Desire(*snap)
+	if snap != a.desired.snap {
+		a.desired.units = a.desired.cache.desire(*snap)
+		a.desired.snap = snap
+	}
+	desired := a.desired.units
 	cur := Current{
 		Files:   map[string]LocalFile{},
 		Managed: a.cfg.Manifest.Managed(),

@@ -238,6 +238,14 @@ type Refusal struct {
 
 // KeyOf is a stable identity for a set of files (path -> hash).
 func KeyOf(files map[string]string) string {
+	switch len(files) {
+	case 0:
+		return ""
+	case 1: // most units: no sort, one allocation (it runs per unit per pass)
+		for p, h := range files {
+			return p + "=" + h + ";"
+		}
+	}
 	var b strings.Builder
 	for _, p := range slices.Sorted(maps.Keys(files)) {
 		b.WriteString(p)

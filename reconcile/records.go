@@ -19,17 +19,16 @@ func (a *Agent) persist() {
 			changed[u] = UnitRecord{}
 		}
 	}
+	if len(changed) == 0 && intentEqual(a.cfg.Manifest.Intent(), a.mem.intent) {
+		return
+	}
+	if err := a.cfg.Manifest.SetUnits(changed, a.mem.intent); err != nil {
+		a.log.Error("save unit records", "err", err)
+		return
+	}
 	if len(changed) > 0 {
-		if err := a.cfg.Manifest.SetUnits(changed); err != nil {
-			a.log.Error("save unit records", "err", err)
-		}
 		if err := a.cfg.Manifest.GC(); err != nil {
 			a.log.Warn("clean state directory", "err", err)
-		}
-	}
-	if !intentEqual(a.cfg.Manifest.Intent(), a.mem.intent) {
-		if err := a.cfg.Manifest.SetIntent(a.mem.intent); err != nil {
-			a.log.Error("save intent", "err", err)
 		}
 	}
 }

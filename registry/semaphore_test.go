@@ -359,7 +359,10 @@ func TestSemaphoreHolderDies(t *testing.T) {
 		e := StartTestEtcd(t)
 		other := NewTestClient(t, e.Endpoint())
 		ca := NewTestClient(t, e.Endpoint())
-		const ttl = 2 * time.Second
+		// The lease outlives the cut by TTL less the age of its last
+		// keep-alive (sent every TTL/3): 5 s keeps "not yet" true for the
+		// first second even when a loaded machine delays keep-alives.
+		const ttl = 5 * time.Second
 		a, err := ca.Join(ctxT(t), member("a", "m-a"), ttl)
 		if err != nil {
 			t.Fatal(err)
@@ -373,7 +376,7 @@ func TestSemaphoreHolderDies(t *testing.T) {
 		// SIGKILL: the connection goes, nothing is revoked.
 		start := time.Now()
 		ca.cli.Close()
-		notYet(t, waitB, ttl/4, "b while a's lease is still valid")
+		notYet(t, waitB, time.Second, "b while a's lease is still valid")
 		r := waitAcquired(t, waitB, ttl+3*time.Second, "b")
 		took := r.at.Sub(start)
 		t.Logf("b got the slot %s after a's connection was cut (lease TTL %s)", took.Round(time.Millisecond), ttl)

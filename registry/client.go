@@ -119,9 +119,11 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:            cfg.Endpoints,
 		DialTimeout:          timeout,
+		// Pings only while a stream is open (an agent always has its watch
+		// and lease keep-alive): etcd's server refuses pings on an idle
+		// connection by default and closes it ("too_many_pings").
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
-		PermitWithoutStream:  true,
 		TLS:                  sec.TLS,
 		Username:             sec.Username,
 		Password:             sec.Password,

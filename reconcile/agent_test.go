@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -365,5 +366,76 @@ func TestPassReadsOnlyWhatChanged(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if got := sd.states.Load() - states; got != 1 {
 		t.Errorf("a signal for one unit cost %d state reads, want 1", got)
+	}
+}
+
+// restartGate fails the first restart (a bad change) and holds the second
+// (the rollback) until released.
+type restartGate struct {
+	*fakeSystemd
+	n       atomic.Int32
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (g *restartGate) Restart(ctx context.Context, u string) error {
+	g.rec("restart " + u)
+	switch g.n.Add(1) {
+	case 1:
+		return errors.New("job failed")
+	case 2:
+		close(g.held)
+		<-g.release
+	}
+	return nil
+}
+
+// While the rollback's restart runs, status says rolling back (the old
+// version is not running yet); rolled back once it is done.
+func TestRollbackInFlightIsNotRolledBack(t *testing.T) {
+	files, err := unitdir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unitdir.OpenManifest(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := &restartGate{fakeSystemd: &fakeSystemd{active: map[string]bool{}}, held: make(chan struct{}), release: make(chan struct{})}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+	snap := snapshot("a.service")
+	a.SetSnapshot(snap)
+	stop := runAgent(t, a)
+	defer stop()
+	var once sync.Once
+	release := func() { once.Do(func() { close(sd.release) }) }
+	defer release()                 // before stop: the loop waits for its jobs
+	waitCalls(t, sd.fakeSystemd, 2) // reload, start
+	snap.Revision++
+	snap.Entries[0].Value = []byte("[Service]\nExecStart=/bin/sleep 2\n[X-Agentd]\nHealthySec=0\n")
+	a.SetSnapshot(snap)
+	select {
+	case <-sd.held:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("no rollback restart: %v", sd.Calls())
+	}
+	if _, err := a.DryRun(context.Background()); err != nil { // a pass of the loop has run since
+		t.Fatal(err)
+	}
+	_, sts := a.Statuses()
+	if len(sts) != 1 || sts[0].Action != "rolling-back" || sts[0].Job != "restart" {
+		t.Fatalf("status during the rollback job = %+v", sts)
+	}
+	release()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, sts = a.Statuses()
+		if len(sts) == 1 && sts[0].Action == "rolled-back" && sts[0].Job == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status after the rollback job = %+v", sts)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -11,8 +11,11 @@ import (
 // publisher hands statuses to the Reporter off the loop, so the next change
 // never waits for an etcd round trip. The newest statuses win: a pass that
 // ends while an older set is being published replaces whatever is still
-// waiting. A failed publish is retried with backoff until newer statuses or
-// success; only then does the publisher sleep again (no timer while idle).
+// waiting. Statuses with a job still running wait up to coalesceJob for the
+// job's result first: most restarts take milliseconds, and one write per
+// change instead of two halves etcd's work for a fleet-wide rollout. A
+// failed publish is retried with backoff until newer statuses or success;
+// only then does the publisher sleep again (no timer while idle).
 type publisher struct {
 	r   Reporter
 	log *slog.Logger
@@ -80,11 +83,21 @@ func (p *publisher) run(ctx context.Context) {
 		case <-p.wake:
 		case <-retry.C:
 		}
-		p.mu.Lock()
-		st, gen := p.pending, p.offered
-		p.mu.Unlock()
+		st, gen := p.take()
 		if gen == p.doneGen() {
 			continue
+		}
+		if !failing && jobRunning(st) {
+			t := time.NewTimer(coalesceJob)
+			select {
+			case <-p.wake:
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return
+			}
+			t.Stop()
+			st, gen = p.take()
 		}
 		if err := p.r.Report(ctx, st); err != nil {
 			if ctx.Err() != nil {
@@ -115,6 +128,24 @@ func (p *publisher) settled(f func()) {
 	close(p.changed)
 	p.changed = make(chan struct{})
 	p.mu.Unlock()
+}
+
+// coalesceJob is how long statuses showing a running job wait for newer ones.
+const coalesceJob = 100 * time.Millisecond
+
+func jobRunning(st []Status) bool {
+	for _, s := range st {
+		if s.Job != "" {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *publisher) take() ([]Status, uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pending, p.offered
 }
 
 func (p *publisher) doneGen() uint64 {

@@ -94,6 +94,9 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 		}
 		if j, ok := a.jobs.inflight[name]; ok {
 			s.Action, s.Result = j.act.Kind.String(), "running"
+			if j.act.Kind == KindRollback {
+				s.Action = "rolling-back" // rolled back once the job is done
+			}
 		} else if act.Kind == KindWait {
 			s.Action, s.Result = "wait", "waiting"
 			if act.NeedSlot {

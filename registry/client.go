@@ -117,8 +117,8 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            cfg.Endpoints,
-		DialTimeout:          timeout,
+		Endpoints:   cfg.Endpoints,
+		DialTimeout: timeout,
 		// Pings only while a stream is open (an agent always has its watch
 		// and lease keep-alive): etcd's server refuses pings on an idle
 		// connection by default and closes it ("too_many_pings").

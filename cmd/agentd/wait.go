@@ -163,7 +163,7 @@ func (e expectation) judge(statuses map[string]reconcile.Status) (state, detail 
 	case "rolling-back":
 		return stateApplying, "rolling back: " + st.Error
 	case "rolled-back":
-		if st.Error != "" {
+		if st.Error != "" && st.Job == "" {
 			return stateRolled, st.Error
 		}
 	}

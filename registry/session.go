@@ -16,7 +16,6 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 // maxTxnOps keeps Report's transactions well under etcd's default limit of
@@ -37,7 +36,7 @@ type Session struct {
 	ttl    int // seconds
 
 	mu   sync.Mutex
-	sess *concurrency.Session // nil when lost and not yet re-created
+	sess *leaseKeeper // nil when lost and not yet re-created
 	want map[string]reconcile.Status
 	// published is what etcd holds under this host's status prefix, by
 	// unit: nil map = not read yet; a zero entry = a key of unknown content
@@ -99,11 +98,7 @@ func (s *Session) establishLocked(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("join %s: grant lease: %w", s.member.Host, err)
 	}
-	sess, err := concurrency.NewSession(c.cli, concurrency.WithLease(g.ID), concurrency.WithTTL(s.ttl))
-	if err != nil {
-		c.revokeQuietly(g.ID)
-		return fmt.Errorf("join %s: keep lease alive: %w", s.member.Host, err)
-	}
+	sess := keepLease(c.cli, g.ID, s.ttl)
 	if err := c.claim(rctx, s.member, g.ID); err != nil {
 		sess.Orphan()
 		c.revokeQuietly(g.ID)

@@ -1,3 +1,8 @@
+// The runtime's periodic GOMAXPROCS re-check wakes an idle agent once a
+// second; the agent never needs more than it started with.
+//
+//go:debug updatemaxprocs=0
+
 // Command agentd redeploys systemd units in place across a fleet: `agentd run`
 // is the per-machine agent; the other subcommands are its clients.
 //

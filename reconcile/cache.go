@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"strings"
+	"time"
 )
 
 // A pass must cost what changed, not what the host runs: with 1,000 managed
@@ -14,8 +15,8 @@ import (
 //   - systemd's signals (UnitChanged, from the Watch subscription),
 //   - fsnotify (FileChanged),
 //   - the loop's own actions (files written, the daemon-reload, jobs),
-//   - a unit inside HealthySec or with a job in flight (always re-read:
-//     their state is what is being judged),
+//   - a job's end, and the end of a unit's HealthySec (the verdict is
+//     judged on a fresh read),
 //   - and the periodic resync, which catches a missed event: it re-hashes
 //     every file and compares every unit's load/active/sub state in one
 //     call (Summarizer) — or forgets everything when systemd cannot do that.
@@ -84,12 +85,17 @@ func (a *Agent) takeDirty() {
 	for p := range d.paths {
 		a.forgetPath(p)
 	}
-	// What is being judged is always read fresh.
-	for u := range a.verify {
-		delete(a.cache.states, u)
-	}
-	for u := range a.jobs.inflight {
-		delete(a.cache.states, u)
+	// A unit inside HealthySec is read again when its window ends: the
+	// verdict rests on what systemd says then. Before that its signals say
+	// when it changed (every change health looks at — a restart, an exit, a
+	// new Result — moves ActiveState or SubState), and a finished job
+	// forgets its unit (finish). Reading every judged unit on every pass
+	// made the first sync of 1,000 units cost seconds of D-Bus decoding.
+	now := time.Now()
+	for u, w := range a.verify {
+		if !now.Before(w.deadline()) {
+			delete(a.cache.states, u)
+		}
 	}
 }
 

@@ -114,13 +114,21 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 			}
 		}
 	}
+	wrote := false
 	for _, act := range plan {
 		if failed[act.Unit] || (!act.Changes() && len(act.Forget) == 0) {
 			continue
 		}
+		wrote = true
 		if err := a.writeFiles(act); err != nil {
 			failed[act.Unit] = true
 			a.record(act, "failed", err)
+		}
+	}
+	if wrote {
+		// The renames reach the disk before systemd reads the files.
+		if err := a.flushWrites(); err != nil {
+			return false, err
 		}
 	}
 	// 4. Enables: symlinks only, the reload below picks them up.
@@ -251,12 +259,16 @@ func (a *Agent) bookkeep(ctx context.Context, plan []Action, failed map[string]b
 }
 
 func (a *Agent) writeFiles(act Action) error {
+	write := a.cfg.Files.Write
+	if b, ok := a.cfg.Files.(batchWriter); ok {
+		write = b.WriteBatched
+	}
 	for _, w := range act.Writes {
 		// Kept by hash for classification and rollback of later changes.
 		if err := a.cfg.Manifest.PutBlob(w.Hash, w.Content); err != nil {
 			return err
 		}
-		if err := a.cfg.Files.Write(w.Path, w.Content); err != nil {
+		if err := write(w.Path, w.Content); err != nil {
 			return err
 		}
 	}
@@ -272,6 +284,33 @@ func (a *Agent) writeFiles(act Action) error {
 		if err := a.cfg.Manifest.Forget(p); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// batchWriter is an optional capability of Files: a write whose directory
+// fsync waits for Flush, so a batch of files costs one fsync per directory
+// rather than one per file (unitdir.Dir).
+type batchWriter interface {
+	WriteBatched(path string, content []byte) error
+	Flush() error
+}
+
+// flusher is an optional capability of the Manifest: blobs put since the
+// last Flush are durable once it returns.
+type flusher interface{ Flush() error }
+
+// flushWrites makes the pass's file writes and blobs durable.
+func (a *Agent) flushWrites() error {
+	var errs []error
+	if b, ok := a.cfg.Files.(batchWriter); ok {
+		errs = append(errs, b.Flush())
+	}
+	if f, ok := a.cfg.Manifest.(flusher); ok {
+		errs = append(errs, f.Flush())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sync the unit and state directories: %w", err)
 	}
 	return nil
 }

@@ -179,14 +179,18 @@ func (m *Manifest) SetUnits(recs map[string]reconcile.UnitRecord, in reconcile.I
 
 const blobDir = "blobs"
 
-// PutBlob keeps content under its hash (idempotent, atomic).
+// PutBlob keeps content under its hash (idempotent, atomic). The blob is
+// durable once Flush returns.
 func (m *Manifest) PutBlob(hash string, content []byte) error {
 	p := blobDir + "/" + hash
-	if _, exists, err := m.dir.Read(p); err == nil && exists {
+	if fi, err := m.dir.root.Lstat(p); err == nil && fi.Mode().IsRegular() && fi.Size() == int64(len(content)) {
 		return nil
 	}
-	return m.dir.Write(p, content)
+	return m.dir.WriteBatched(p, content)
 }
+
+// Flush makes the blobs put so far durable.
+func (m *Manifest) Flush() error { return m.dir.Flush() }
 
 // Blob returns content kept by PutBlob.
 func (m *Manifest) Blob(hash string) ([]byte, bool) {

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -33,6 +34,9 @@ type Dir struct {
 	path     string
 	fileMode os.FileMode // of every file Write makes: 0644, or 0600 for a private Dir
 	dirMode  os.FileMode // of the subdirectories Write makes: 0755, or 0700
+
+	mu       sync.Mutex
+	unsynced map[string]bool // directories with renames WriteBatched left for Flush
 }
 
 // Open creates the directory if needed (0755) and roots all access in it.
@@ -170,6 +174,51 @@ func (d *Dir) Read(rel string) (content []byte, exists bool, err error) {
 // opened with OpenPrivate), creating its parent directory (one level, for
 // drop-in directories and blobs) when missing.
 func (d *Dir) Write(rel string, content []byte) error {
+	if err := d.write(rel, content); err != nil {
+		return err
+	}
+	if err := d.syncDir(path.Dir(rel)); err != nil {
+		return fmt.Errorf("write %s: %w", rel, err)
+	}
+	return nil
+}
+
+// WriteBatched is Write without the directory fsync: the file's content is
+// on disk before the rename, as with Write (a crash leaves the old or the
+// new file, whole), but the rename itself is durable only after Flush. A
+// batch of n files then costs n+1 fsyncs instead of 2n: with 1,000 new
+// units, the directory fsyncs were most of the first sync.
+func (d *Dir) WriteBatched(rel string, content []byte) error {
+	if err := d.write(rel, content); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	if d.unsynced == nil {
+		d.unsynced = map[string]bool{}
+	}
+	d.unsynced[path.Dir(rel)] = true
+	d.mu.Unlock()
+	return nil
+}
+
+// Flush makes the renames of every WriteBatched so far durable: one fsync
+// per directory written into.
+func (d *Dir) Flush() error {
+	d.mu.Lock()
+	dirs := d.unsynced
+	d.unsynced = nil
+	d.mu.Unlock()
+	var errs []error
+	for dir := range dirs {
+		if err := d.syncDir(dir); err != nil {
+			errs = append(errs, fmt.Errorf("sync %s: %w", dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// write is Write up to and including the rename.
+func (d *Dir) write(rel string, content []byte) error {
 	if err := checkRel(rel); err != nil {
 		return err
 	}
@@ -189,9 +238,6 @@ func (d *Dir) Write(rel string, content []byte) error {
 	}
 	if err := renameTemp(d.root, tmp, rel); err != nil {
 		return d.failedWrite(rel, err)
-	}
-	if err := d.syncDir(dir); err != nil {
-		return fmt.Errorf("write %s: %w", rel, err)
 	}
 	return nil
 }
@@ -344,8 +390,11 @@ func (d *Dir) syncDir(dir string) error {
 		return err
 	}
 	defer f.Close()
-	return f.Sync()
+	return fsyncDir(f)
 }
+
+// fsyncDir is (*os.File).Sync; tests count the directory fsyncs with it.
+var fsyncDir = (*os.File).Sync
 
 func randSuffix() string {
 	var b [6]byte

@@ -315,3 +315,57 @@ func TestFailedWriteLeavesNoTempFile(t *testing.T) {
 		t.Fatalf("left in the drop-in dir: %q", names)
 	}
 }
+
+// A batch of writes costs one directory fsync per directory, at Flush; the
+// files are in place (whole) before it.
+func TestWriteBatchedSyncsEachDirectoryOnce(t *testing.T) {
+	root := t.TempDir()
+	d, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	var synced []string
+	fsyncDir = func(f *os.File) error {
+		synced = append(synced, filepath.Base(f.Name()))
+		return f.Sync()
+	}
+	defer func() { fsyncDir = (*os.File).Sync }()
+
+	files := []string{"a.service", "b.service", "c.service", "a.service.d/x.conf", "a.service.d/y.conf"}
+	for _, p := range files {
+		if err := d.WriteBatched(p, []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(synced) != 0 {
+		t.Fatalf("directory fsyncs before Flush: %v", synced)
+	}
+	for _, p := range files {
+		if b, ok, err := d.Read(p); err != nil || !ok || string(b) != p {
+			t.Fatalf("read %s before Flush: %q %v %v", p, b, ok, err)
+		}
+	}
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(synced)
+	if want := []string{".", "a.service.d"}; !slices.Equal(synced, want) {
+		t.Fatalf("Flush synced %v, want each directory once: %v", synced, want)
+	}
+	synced = nil
+	if err := d.Flush(); err != nil || len(synced) != 0 {
+		t.Fatalf("second Flush synced %v (%v), want nothing", synced, err)
+	}
+	if err := d.Write("d.service", nil); err != nil || len(synced) != 1 {
+		t.Fatalf("Write synced %v (%v), want its directory once", synced, err)
+	}
+	for _, dir := range []string{root, filepath.Join(root, "a.service.d")} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if isTemp(e.Name()) {
+				t.Fatalf("temp file left: %s", e.Name())
+			}
+		}
+	}
+}

@@ -58,6 +58,9 @@ type Client struct {
 	// testAfterRead, when set (tests only), runs in Watch between the
 	// full read and the start of the watch.
 	testAfterRead func()
+	// settleDelay is settleDelay (watch.go); tests make it long to show
+	// that a transaction lands without waiting it out.
+	settleDelay time.Duration
 }
 
 // Option adjusts a Client built by New.
@@ -95,6 +98,7 @@ func New(cli *clientv3.Client, prefix string, opts ...Option) *Client {
 		resyncInterval: defaultResyncInterval,
 		requestTimeout: defaultRequestTimeout,
 		lockProbe:      defaultLockProbe,
+		settleDelay:    settleDelay,
 	}
 	for _, o := range opts {
 		o(c)

@@ -358,3 +358,37 @@ func TestWatchSurvivesEtcdRestart(t *testing.T) {
 	c.Close()
 	closeEtcd()
 }
+
+// A transaction over several watched prefixes lands as one snapshot as soon
+// as every watcher has shown its revision (etcd's progress notification),
+// not after a fixed wait: with the wait made an hour long, snapshots still
+// come, one per transaction.
+func TestWatchSettlesOnProgressNotify(t *testing.T) {
+	t.Parallel()
+	_, c := newTest(t)
+	c.settleDelay = time.Hour
+	r, _ := runWatch(t, c, "h1", []string{"web", "all"})
+	r.waitFor(t, "initial snapshot", 5*time.Second, func(reconcile.Snapshot) bool { return true })
+	// etcd answers a progress request only once every watcher of the
+	// stream has caught up: the watchers are created one after another
+	// after the snapshot, and one created behind the store's revision
+	// catches up within etcd's 100 ms sync interval.
+	time.Sleep(300 * time.Millisecond)
+
+	n := len(r.all())
+	if _, err := c.cli.Txn(ctxT(t)).Then(
+		clientv3.OpPut("/agentd/hosts/h1/units/x.service", "X"),
+		clientv3.OpPut("/agentd/groups/web/units/y.service", "Y"),
+		clientv3.OpPut("/agentd/groups/all/units/z.service", "Z"),
+	).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor(t, "three-prefix txn", 5*time.Second, func(s reconcile.Snapshot) bool {
+		return has(s, "host:x.service=X", "group:web:y.service=Y", "group:all:z.service=Z")
+	})
+	mustPut(t, c, Target{Group: "web"}, "y.service", "Y2")
+	r.waitFor(t, "one-prefix put", 5*time.Second, func(s reconcile.Snapshot) bool { return has(s, "group:web:y.service=Y2") })
+	if got := len(r.all()) - n; got != 2 {
+		t.Errorf("two transactions produced %d callbacks, want 2:%s", got, describe(r.all()[n:]))
+	}
+}

@@ -17,10 +17,16 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// settleDelay is how long Watch keeps collecting watch responses after the
-// first one before it hands out a snapshot. A transaction that touches
+// settleDelay bounds how long Watch keeps collecting watch responses after
+// the first one before it hands out a snapshot. A transaction that touches
 // several watched prefixes (host and group keys) arrives on separate
-// watchers; this window lets it land as one snapshot.
+// watchers, and must land as one snapshot (one pass, one restart). Watch
+// does not wait this long as a rule: it asks etcd for a progress
+// notification right after the first event, and etcd queues that behind
+// every event of the revisions before it on the same stream; once each
+// watcher has shown that revision the transaction is complete. The bound
+// holds when etcd does not answer (it ignores the request while any watcher
+// of the stream is still catching up, and etcd before 3.4 never answers).
 const settleDelay = 10 * time.Millisecond
 
 // a watch that lived this long is considered healthy: its failure restarts
@@ -193,6 +199,7 @@ func (w *unitWatch) read(ctx context.Context) (unitState, int64, error) {
 }
 
 type watchItem struct {
+	from   int // index in prefixes
 	resp   clientv3.WatchResponse
 	closed bool
 }
@@ -208,7 +215,7 @@ func (w *unitWatch) watch(ctx context.Context, state unitState, rev int64, onSna
 		wg.Wait()
 	}()
 	merged := make(chan watchItem)
-	for _, p := range w.prefixes {
+	for i, p := range w.prefixes {
 		ch := w.c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 		wg.Go(func() {
 			defer func() {
@@ -217,7 +224,7 @@ func (w *unitWatch) watch(ctx context.Context, state unitState, rev int64, onSna
 			}()
 			for resp := range ch {
 				select {
-				case merged <- watchItem{resp: resp}:
+				case merged <- watchItem{from: i, resp: resp}:
 				case <-wctx.Done():
 					return
 				}
@@ -247,24 +254,53 @@ func (w *unitWatch) watch(ctx context.Context, state unitState, rev int64, onSna
 		if !changed {
 			continue
 		}
-		settle := time.NewTimer(settleDelay)
-	collect:
-		for {
-			select {
-			case <-ctx.Done():
-				settle.Stop()
-				return ctx.Err()
-			case it = <-merged:
-				if _, err := w.apply(state, &rev, it); err != nil {
-					settle.Stop()
-					return err
-				}
-			case <-settle.C:
-				break collect
-			}
+		if err := w.settle(ctx, wctx, state, &rev, it.from, merged); err != nil {
+			return err
 		}
 		onSnapshot(state.snapshot(rev))
 	}
+}
+
+// settle collects the rest of the transactions up to *rev: it returns once
+// every prefix's watcher has delivered a response at *rev or later (an
+// event, or the progress notification it asks for), or after settleDelay.
+// first is the prefix whose event started it.
+func (w *unitWatch) settle(ctx, wctx context.Context, state unitState, rev *int64, first int, merged <-chan watchItem) error {
+	if len(w.prefixes) == 1 {
+		return nil
+	}
+	timer := time.NewTimer(w.c.settleDelay)
+	defer timer.Stop()
+	target := *rev
+	seen := make([]bool, len(w.prefixes))
+	seen[first] = true
+	left := len(w.prefixes) - 1
+	// A failed request only costs the wait: the timer ends it.
+	_ = w.c.cli.RequestProgress(wctx)
+	for left > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+			return nil
+		case it := <-merged:
+			if _, err := w.apply(state, rev, it); err != nil {
+				return err
+			}
+			if *rev > target {
+				// Another transaction began meanwhile: wait for it too.
+				target = *rev
+				clear(seen)
+				left = len(w.prefixes)
+				_ = w.c.cli.RequestProgress(wctx)
+			}
+			if !seen[it.from] && it.resp.Header.Revision >= target {
+				seen[it.from] = true
+				left--
+			}
+		}
+	}
+	return nil
 }
 
 // apply folds one watch response into state. It reports whether any key

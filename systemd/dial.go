@@ -73,6 +73,27 @@ func Connect(ctx context.Context, d Dialer) (*sddbus.Conn, error) {
 	return c.Conn, nil
 }
 
+// dialBus dials one bus connection that lives until parent is done or it
+// is closed. It stops waiting when ctx is done, abandoning the dial.
+func dialBus(ctx, parent context.Context, dial Dialer) (*godbus.Conn, error) {
+	type result struct {
+		c   *godbus.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		c, err := dial(parent)
+		ch <- result{c, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.c, r.err
+	case <-ctx.Done():
+		// The caller cancels parent, which closes whatever the dial opens.
+		return nil, ctx.Err()
+	}
+}
+
 // conn is a go-systemd connection with the cancel func of the context it
 // was dialed with, and a channel closed as soon as either of its two bus
 // connections (calls, signals) closes.

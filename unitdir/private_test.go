@@ -36,10 +36,10 @@ func TestPrivateModesUnderUmask0(t *testing.T) {
 	}
 	m.Close()
 	for p, want := range map[string]os.FileMode{
-		state:                                0o700,
-		filepath.Join(state, "managed.json"): 0o600,
-		filepath.Join(state, "blobs"):        0o700,
-		filepath.Join(state, "blobs", "h1"):  0o600,
+		state:                               0o700,
+		filepath.Join(state, journalFile):   0o600,
+		filepath.Join(state, "blobs"):       0o700,
+		filepath.Join(state, "blobs", "h1"): 0o600,
 	} {
 		if got := mode(t, p); got != want {
 			t.Errorf("%s: mode %04o, want %04o", p, got, want)

@@ -3,6 +3,7 @@ package unitdir
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/agentd/agentd/reconcile"
 )
 
 func TestWriteIsAtomicReplace(t *testing.T) {
@@ -367,5 +370,104 @@ func TestWriteBatchedSyncsEachDirectoryOnce(t *testing.T) {
 				t.Fatalf("temp file left: %s", e.Name())
 			}
 		}
+	}
+}
+
+// A change is written to the journal, the size of the change; past
+// compactAfter entries the manifest is written whole and the journal goes.
+// Whatever the mix on disk, a reopen sees the newest state, and a journal
+// older than the manifest (left by a crash after a compaction) is ignored.
+func TestManifestJournal(t *testing.T) {
+	dir := t.TempDir()
+	m, err := OpenManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reopen := func() *Manifest {
+		t.Helper()
+		m2, err := OpenManifest(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m2.Close() })
+		return m2
+	}
+	exists := func(name string) bool {
+		_, err := os.Stat(filepath.Join(dir, name))
+		return err == nil
+	}
+	rec := func(h string) reconcile.UnitRecord {
+		return reconcile.UnitRecord{Applied: map[string]string{"a.service": h}, Own: reconcile.OwnFile}
+	}
+	in := reconcile.Intent{Reload: true, Jobs: map[string]string{"a.service": "k1"}}
+	if err := m.Claim(map[string]string{"a.service": "h1"}, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.SetUnits(map[string]reconcile.UnitRecord{"a.service": rec("h1")}, reconcile.Intent{}); err != nil {
+		t.Fatal(err)
+	}
+	if exists(manifestFile) || !exists(journalFile) {
+		t.Fatalf("after two small changes: manifest written %v, journal %v; want only the journal", exists(manifestFile), exists(journalFile))
+	}
+	r := reopen()
+	if got := r.Managed(); got["a.service"] != "h1" || len(got) != 1 {
+		t.Fatalf("files from the journal = %v", got)
+	}
+	if got := r.Units()["a.service"]; got.Applied["a.service"] != "h1" {
+		t.Fatalf("record from the journal = %+v", got)
+	}
+	if !r.Intent().Empty() {
+		t.Fatalf("intent = %+v, want the newest (empty)", r.Intent())
+	}
+	stale, err := os.ReadFile(filepath.Join(dir, journalFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Enough entries to compact.
+	files := map[string]string{}
+	for i := range compactAfter {
+		files[fmt.Sprintf("u%03d.service", i)] = "h"
+	}
+	if err := m.Claim(files, in); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(manifestFile) || exists(journalFile) {
+		t.Fatalf("after %d entries: manifest written %v, journal %v; want the manifest only", compactAfter+2, exists(manifestFile), exists(journalFile))
+	}
+	if err := m.Forget("u000.service"); err != nil {
+		t.Fatal(err)
+	}
+	r = reopen()
+	if got := r.Managed(); len(got) != compactAfter || got["a.service"] != "h1" || got["u000.service"] != "" {
+		t.Fatalf("after compaction and a forget: %d files (a.service=%q, u000.service=%q)", len(got), got["a.service"], got["u000.service"])
+	}
+	if got := r.Intent(); !got.Reload || got.Jobs["a.service"] != "k1" {
+		t.Fatalf("intent after compaction = %+v", got)
+	}
+
+	// A crash after a compaction, before the journal was removed: the
+	// old journal (lower sequence) must not win over the manifest.
+	if err := m.Forget("a.service"); err != nil { // the stale journal still has it
+		t.Fatal(err)
+	}
+	more := map[string]string{}
+	for i := range compactAfter + 1 {
+		more[fmt.Sprintf("v%03d.service", i)] = "h"
+	}
+	if err := m.Claim(more, reconcile.Intent{}); err != nil { // compacts again
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, journalFile), stale, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = reopen()
+	if got := r.Managed(); len(got) != 2*compactAfter || got["a.service"] != "" || !r.Intent().Empty() {
+		t.Fatalf("a stale journal was applied: %d files, intent %+v", len(got), r.Intent())
+	}
+
+	os.WriteFile(filepath.Join(dir, journalFile), []byte("{not json"), 0o600)
+	if _, err := OpenManifest(dir); err == nil || !strings.Contains(err.Error(), journalFile) {
+		t.Fatalf("corrupt journal: %v", err)
 	}
 }

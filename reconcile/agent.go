@@ -234,6 +234,7 @@ func New(cfg Config) *Agent {
 // Until the first call the agent touches nothing: with the registry unknown,
 // the units on disk stay exactly as they are.
 func (a *Agent) SetSnapshot(s Snapshot) {
+	a.log.Debug("registry snapshot", "revision", s.Revision)
 	a.hand.mu.Lock()
 	a.hand.snap = &s
 	a.hand.mu.Unlock()

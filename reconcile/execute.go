@@ -24,7 +24,9 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	var applyErr error
 	for round := 0; round < maxRounds; round++ {
 		a.drainResults(ctx)
+		tr := time.Now()
 		d, cur, err := a.observe(ctx)
+		tObserved := time.Now()
 		if errors.Is(err, ErrNoRegistry) {
 			return nil, nil // nothing known yet: touch nothing
 		}
@@ -38,7 +40,9 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 			first = plan
 			a.resumeVerification(plan, cur)
 		}
+		tPlanned := time.Now()
 		more, err := a.execute(ctx, plan, cur, round == maxRounds-1)
+		a.log.Debug("round", "n", round, "observe", tObserved.Sub(tr), "plan", tPlanned.Sub(tObserved), "execute", time.Since(tPlanned))
 		if err != nil || !more {
 			applyErr = err
 			break
@@ -147,10 +151,12 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	if reload {
 		a.pause(ctx, "files-written")
 		a.log.Debug("daemon-reload", "why", why)
+		began := time.Now()
 		if err := a.cfg.Systemd.Reload(ctx); err != nil {
 			// The intent keeps Reload: the next pass reloads first.
 			return false, fmt.Errorf("daemon-reload: %w", err)
 		}
+		a.log.Debug("daemon-reload done", "took", time.Since(began))
 		// Recorded with the pass's records (persist): a crash before that
 		// costs one more daemon-reload at the next start, nothing else.
 		a.mem.intent.Reload = false

@@ -73,7 +73,7 @@ func (e *env) startAgentOn(endpoints []string, edit func(o *runOptions)) *testAg
 		dialSystemd: e.agentDialer(),
 		logOut:      e.t.Output(),
 	}
-	if e.quiet {
+	if e.quiet && os.Getenv("AGENTD_BENCH_DEBUG") == "" {
 		o.logLevel = "warn"
 	}
 	o.etcd.endpoints = endpoints

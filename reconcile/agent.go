@@ -162,7 +162,16 @@ type handoff struct {
 	mu       sync.Mutex
 	snap     *Snapshot
 	relevant map[string]bool // units the agent cares about, for filtering D-Bus signals
-	dirty    dirty           // what signals and fsnotify said changed since the last look
+	// jobbing holds the units with a job of the agent's in flight: their
+	// signals are not passed on. Nothing is decided about such a unit
+	// until its job ends, and the job's end brings a fresh read (finish);
+	// re-reading it on each of its signals while 1,000 units started kept
+	// systemd answering GetAll instead of running the jobs.
+	jobbing map[string]bool
+	// muted counts the signals not passed on per unit, so finish knows
+	// whether the state read after the job is still the newest.
+	muted    map[string]int
+	dirty    dirty // what signals and fsnotify said changed since the last look
 	statuses []Status
 	revision int64
 }
@@ -245,6 +254,14 @@ func (a *Agent) SetSnapshot(s Snapshot) {
 // anything may have changed, e.g. after a D-Bus reconnect).
 func (a *Agent) UnitChanged(unit string) {
 	a.hand.mu.Lock()
+	if a.hand.jobbing[unit] {
+		if a.hand.muted == nil {
+			a.hand.muted = map[string]int{}
+		}
+		a.hand.muted[unit]++
+		a.hand.mu.Unlock()
+		return
+	}
 	rel := unit == "" || a.hand.relevant[unit]
 	switch {
 	case unit == "":

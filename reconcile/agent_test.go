@@ -439,3 +439,84 @@ func TestRollbackInFlightIsNotRolledBack(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// startGate holds every start until released.
+type startGate struct {
+	*counting
+	release chan struct{}
+}
+
+func (g *startGate) Start(ctx context.Context, u string) error {
+	g.rec("start " + u)
+	<-g.release
+	return nil
+}
+
+// The signals of a unit whose job is in flight cost no state read: nothing
+// is decided about it until the job ends, and then the state read right
+// after the job is what the loop plans from. A new registry snapshot reads
+// such a unit afresh (something new may be wanted of it).
+func TestSignalsOfAUnitWithAJobInFlightAreMuted(t *testing.T) {
+	dir, err := unitdir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unitdir.OpenManifest(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := &startGate{counting: &counting{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}, release: make(chan struct{})}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: dir, Manifest: m})
+	snap := snapshot("a.service")
+	a.SetSnapshot(snap)
+	stop := runAgent(t, a)
+	defer stop()
+	var once sync.Once
+	release := func() { once.Do(func() { close(sd.release) }) }
+	defer release()
+	waitCalls(t, sd.fakeSystemd, 2) // reload, start (held)
+
+	// The loop's passes are over once its statuses are of snap's revision
+	// and nothing moved for a while.
+	settled := func() int64 {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			if rev, _ := a.Statuses(); rev == snap.Revision || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+		return sd.states.Load()
+	}
+	before := settled()
+	for range 20 {
+		a.UnitChanged("a.service")
+	}
+	if got := settled() - before; got != 0 {
+		t.Errorf("20 signals of a unit whose start runs cost %d state reads, want 0", got)
+	}
+
+	snap.Revision++
+	a.SetSnapshot(snap) // same content, a new snapshot
+	if got := settled() - before; got != 1 {
+		t.Errorf("a new snapshot with muted signals cost %d state reads, want 1", got)
+	}
+
+	before = settled()
+	release()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, sts := a.Statuses()
+		if len(sts) == 1 && sts[0].Job == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job never ended: %+v", sts)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := settled() - before; got != 1 {
+		t.Errorf("the job's end cost %d state reads, want 1 (the one right after it)", got)
+	}
+}

@@ -37,6 +37,8 @@ type jobResult struct {
 	// baseline its health is judged against (NRestarts, timestamps).
 	base  UnitState
 	ended time.Time
+	fresh bool // base was read
+	muted int  // the unit's muted signals before base was read
 }
 
 // jobMargin is added to a unit's own timeouts: systemd ends the job by
@@ -86,6 +88,12 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 	a.jobs.seq++
 	run := &jobRun{id: a.jobs.seq, act: act}
 	a.jobs.inflight[act.Unit] = run
+	a.hand.mu.Lock()
+	if a.hand.jobbing == nil {
+		a.hand.jobbing = map[string]bool{}
+	}
+	a.hand.jobbing[act.Unit] = true
+	a.hand.mu.Unlock()
 	// A new job supersedes the verification of what the unit ran: that
 	// version is not judged by what the new job does to the unit.
 	delete(a.verify, act.Unit)
@@ -105,9 +113,13 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 		if ctx.Err() != nil {
 			return // shutting down: judge nothing
 		}
+		a.hand.mu.Lock()
+		r.muted = a.hand.muted[act.Unit]
+		a.hand.mu.Unlock()
 		sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-		r.base, _ = a.cfg.Systemd.State(sctx, act.Unit)
+		base, err := a.cfg.Systemd.State(sctx, act.Unit)
 		scancel()
+		r.base, r.fresh = base, err == nil
 		select {
 		case a.jobs.done <- r:
 		case <-ctx.Done():
@@ -144,7 +156,19 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		return
 	}
 	delete(a.jobs.inflight, r.unit)
-	delete(a.cache.states, r.unit) // the job changed it, maybe without a signal
+	a.hand.mu.Lock()
+	fresh := r.fresh && a.hand.muted[r.unit] == r.muted // no signal since the read
+	delete(a.hand.jobbing, r.unit)
+	delete(a.hand.muted, r.unit)
+	a.hand.mu.Unlock()
+	// The job changed the unit, and its signals were not passed on: what
+	// was read right after the job ended is the state to plan from, unless
+	// a signal came after that read.
+	if fresh {
+		a.cache.states[r.unit] = r.base
+	} else {
+		delete(a.cache.states, r.unit)
+	}
 	act := run.act
 	if a.mem.intent.Jobs[r.unit] == act.ContentKey {
 		delete(a.mem.intent.Jobs, r.unit)

@@ -20,6 +20,15 @@ func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, 
 	if snap != a.desired.snap {
 		a.desired.units = a.desired.cache.desire(*snap)
 		a.desired.snap = snap
+		// Something new may be wanted of a unit whose job is in flight (a
+		// removal stops a hung start): plan it from what it is now.
+		a.hand.mu.Lock()
+		for u, n := range a.hand.muted {
+			if n > 0 {
+				delete(a.cache.states, u)
+			}
+		}
+		a.hand.mu.Unlock()
 	}
 	desired := a.desired.units
 	cur := Current{
@@ -66,6 +75,9 @@ func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, 
 		if !units[u] {
 			delete(a.cache.states, u) // signals are not forwarded for it any more
 		}
+	}
+	if err := a.prefetch(ctx, units); err != nil {
+		return nil, Current{}, err
 	}
 	rel := map[string]bool{}
 	for u := range units {

@@ -123,7 +123,7 @@ type Config struct {
 	// MaxBatchDelay caps that wait under a steady stream of changes.
 	MaxBatchDelay time.Duration // default 500ms
 	// ResyncInterval is the safety-net full pass, jittered ±10%.
-	ResyncInterval time.Duration // default 1m
+	ResyncInterval time.Duration // default 5m
 
 	// Pause, when set, is called at named points of a pass ("files-written":
 	// files are on disk, the daemon-reload not done; "reloaded": reloaded,
@@ -207,7 +207,7 @@ func New(cfg Config) *Agent {
 		cfg.MaxBatchDelay = 500 * time.Millisecond
 	}
 	if cfg.ResyncInterval <= 0 {
-		cfg.ResyncInterval = time.Minute
+		cfg.ResyncInterval = 5 * time.Minute
 	}
 	if cfg.Observer == nil {
 		cfg.Observer = NopObserver{}

@@ -5,19 +5,19 @@ import (
 	"errors"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// leaseKeeper keeps one lease alive with a single keep-alive request every
-// third of its TTL, and closes Done when the lease is gone: revoked,
-// expired, or no keep-alive got through before its deadline.
+// leaseKeeper keeps one lease alive with one keep-alive request every third
+// of its TTL, on a stream it keeps open, and closes Done when the lease is
+// gone: revoked, expired, or no keep-alive got through before its deadline.
 //
 // It replaces concurrency.Session (the client's KeepAlive) because the
 // client's lessor runs two 500 ms loops for as long as any lease is kept:
 // measured, four of an idle agent's ~20 wake-ups per second came from
-// them, and each woke several threads. One request per TTL/3 is all a
-// lease needs.
+// them, and each woke several threads. The stream stays open as the
+// lessor's did, so etcd sees one stream per agent, not one per renewal.
 type leaseKeeper struct {
 	id     clientv3.LeaseID
 	done   chan struct{}
@@ -43,10 +43,15 @@ func (k *leaseKeeper) Done() <-chan struct{} { return k.done }
 // after its TTL unless someone revokes it.
 func (k *leaseKeeper) Orphan() { k.cancel() }
 
+// errLeaseGone is a keep-alive answered with TTL 0: revoked or expired.
+var errLeaseGone = errors.New("lease not found")
+
 func (k *leaseKeeper) run(ctx context.Context, cli *clientv3.Client, ttl time.Duration) {
 	defer close(k.done)
 	interval := max(ttl/3, 100*time.Millisecond)
 	deadline := time.Now().Add(ttl) // the lease was granted just before
+	s := &keepAliveStream{cli: cli}
+	defer s.close()
 	t := time.NewTimer(interval)
 	defer t.Stop()
 	for fails := 0; ; {
@@ -60,22 +65,62 @@ func (k *leaseKeeper) run(ctx context.Context, cli *clientv3.Client, ttl time.Du
 			return // expired while no keep-alive got through
 		}
 		// One try may take until the next is due, never past the deadline.
-		tctx, cancel := context.WithTimeout(ctx, min(deadline.Sub(sent), interval))
-		resp, err := cli.KeepAliveOnce(tctx, k.id)
-		cancel()
+		newTTL, err := s.renew(ctx, k.id, min(deadline.Sub(sent), interval))
 		switch {
 		case err == nil:
 			fails = 0
-			deadline = sent.Add(time.Duration(resp.TTL) * time.Second)
+			deadline = sent.Add(time.Duration(newTTL) * time.Second)
 			t.Reset(interval)
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			return // revoked or expired on the server
-		case ctx.Err() != nil:
+		case errors.Is(err, errLeaseGone), ctx.Err() != nil:
 			return
 		default:
-			// etcd unreachable: keep trying, quickly, until the deadline.
+			// etcd unreachable or the stream broken: a new stream, quickly,
+			// until the deadline.
+			s.close()
 			t.Reset(min(backoffDelay(fails), time.Until(deadline)))
 			fails++
 		}
 	}
+}
+
+// keepAliveStream is a LeaseKeepAlive stream opened on first use.
+type keepAliveStream struct {
+	cli    *clientv3.Client
+	stream pb.Lease_LeaseKeepAliveClient
+	cancel context.CancelFunc
+}
+
+// renew sends one keep-alive for id and waits up to timeout for its answer:
+// the lease's new TTL in seconds.
+func (s *keepAliveStream) renew(ctx context.Context, id clientv3.LeaseID, timeout time.Duration) (int64, error) {
+	if s.stream == nil {
+		sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		stream, err := pb.NewLeaseClient(s.cli.ActiveConnection()).LeaseKeepAlive(sctx)
+		if err != nil {
+			cancel()
+			return 0, err
+		}
+		s.stream, s.cancel = stream, cancel
+	}
+	// An answer that does not come in time ends the stream: Recv returns.
+	stop := time.AfterFunc(timeout, s.cancel)
+	defer stop.Stop()
+	if err := s.stream.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)}); err != nil {
+		return 0, err
+	}
+	resp, err := s.stream.Recv()
+	if err != nil {
+		return 0, err
+	}
+	if resp.TTL <= 0 {
+		return 0, errLeaseGone
+	}
+	return resp.TTL, nil
+}
+
+func (s *keepAliveStream) close() {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	s.stream, s.cancel = nil, nil
 }

@@ -349,7 +349,7 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		Reporter:          reporter,
 		Coordinator:       sessionCoordinator{reporter},
 		Log:               log,
-		Observer:          multiObserver{svc, met},
+		Observer:          multiObserver{svc, met, memoryReturner{}},
 		HeartbeatInterval: svc.heartbeatInterval(),
 		Pause:             pauseAt(o.pauseAt, o.stateDir, log),
 	})

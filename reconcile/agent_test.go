@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -518,5 +520,56 @@ func TestSignalsOfAUnitWithAJobInFlightAreMuted(t *testing.T) {
 	}
 	if got := settled() - before; got != 1 {
 		t.Errorf("the job's end cost %d state reads, want 1 (the one right after it)", got)
+	}
+}
+
+// The content a change overwrites is kept (by hash, in the state directory)
+// before the file is overwritten: a rollback needs it. Normally the pass
+// that wrote it kept it at its end; when the agent died before that, the
+// next change keeps it from the file itself.
+func TestOverwrittenContentIsKept(t *testing.T) {
+	files, err := unitdir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	m, err := unitdir.OpenManifest(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd := &fakeSystemd{active: map[string]bool{}}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+	snap := snapshot("a.service")
+	a.SetSnapshot(snap)
+	stop := runAgent(t, a)
+	defer stop()
+	waitCalls(t, sd, 2) // reload, start
+	v1 := reconcile.Hash([]byte(unitA))
+	waitBlob := func(h string) bool {
+		deadline := time.Now().Add(5 * time.Second)
+		for time.Now().Before(deadline) {
+			if _, ok := m.Blob(h); ok {
+				return true
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return false
+	}
+	if !waitBlob(v1) {
+		t.Fatal("the installed version was never kept")
+	}
+	// As if the agent had died before the end of that pass.
+	if err := os.Remove(filepath.Join(state, "blobs", v1)); err != nil {
+		t.Fatal(err)
+	}
+	v2 := "[Service]\nExecStart=/bin/sleep 2\n[X-Agentd]\nHealthySec=0\n" // a restart: v1 is what a rollback puts back
+	snap.Revision++
+	snap.Entries[0].Value = []byte(v2)
+	a.SetSnapshot(snap)
+	if !waitBlob(reconcile.Hash([]byte(v2))) {
+		t.Fatal("the new version was never kept")
+	}
+	if b, ok := m.Blob(v1); !ok || string(b) != unitA {
+		t.Fatalf("the overwritten version was not kept before the overwrite: %q %v", b, ok)
 	}
 }

@@ -48,6 +48,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 			break
 		}
 	}
+	a.keepBlobs()
 	a.persist()
 	t1 := time.Now()
 	reportErr := a.report(ctx, desired, plan)
@@ -270,13 +271,20 @@ func (a *Agent) writeFiles(act Action) error {
 		write = b.WriteBatched
 	}
 	for _, w := range act.Writes {
-		// Kept by hash for classification and rollback of later changes.
-		if err := a.cfg.Manifest.PutBlob(w.Hash, w.Content); err != nil {
-			return err
+		// What the file holds now is what a rollback of this change puts
+		// back: normally kept since the pass that wrote it (keepBlobs),
+		// unless the agent died before that pass ended.
+		if old, ok := a.cache.files[w.Path]; ok && old.Exists && old.Hash != w.Hash {
+			if _, kept := a.cfg.Manifest.Blob(old.Hash); !kept {
+				if err := a.cfg.Manifest.PutBlob(old.Hash, old.Content); err != nil {
+					return err
+				}
+			}
 		}
 		if err := write(w.Path, w.Content); err != nil {
 			return err
 		}
+		a.blobs = append(a.blobs, w)
 	}
 	for _, p := range act.Removes {
 		if err := a.cfg.Files.Remove(p); err != nil {
@@ -292,6 +300,31 @@ func (a *Agent) writeFiles(act Action) error {
 		}
 	}
 	return nil
+}
+
+// keepBlobs keeps the content of the files this pass wrote by hash, for
+// classifying and rolling back later changes. It runs at the end of the
+// pass, after the jobs began: the new content is on disk (in the unit
+// file itself) until a later pass overwrites it, and that pass makes sure
+// its blob exists first (writeFiles). Before, two more fsyncs stood
+// between every put and its restart.
+func (a *Agent) keepBlobs() {
+	if len(a.blobs) == 0 {
+		return
+	}
+	var errs []error
+	for _, w := range a.blobs {
+		errs = append(errs, a.cfg.Manifest.PutBlob(w.Hash, w.Content))
+	}
+	if f, ok := a.cfg.Manifest.(flusher); ok {
+		errs = append(errs, f.Flush())
+	}
+	a.blobs = a.blobs[:0]
+	if err := errors.Join(errs...); err != nil {
+		// Only a rollback of a later change needs them; writeFiles
+		// tries again from the file itself before it overwrites it.
+		a.log.Warn("keep unit file versions in the state directory", "err", err)
+	}
 }
 
 // batchWriter is an optional capability of Files: a write whose directory
@@ -313,7 +346,7 @@ func (a *Agent) flushWrites() error {
 		errs = append(errs, b.Flush())
 	}
 	if f, ok := a.cfg.Manifest.(flusher); ok {
-		errs = append(errs, f.Flush())
+		errs = append(errs, f.Flush()) // a blob writeFiles kept
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sync the unit and state directories: %w", err)

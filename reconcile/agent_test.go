@@ -77,17 +77,26 @@ func (f *fakeSystemd) Calls() []string {
 
 func newAgent(t *testing.T) (*reconcile.Agent, *fakeSystemd, *unitdir.Dir) {
 	t.Helper()
+	files, m, _ := testDirs(t)
+	sd := &fakeSystemd{active: map[string]bool{}}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, Log: nil})
+	return a, sd, files
+}
+
+// testDirs opens a unit directory and a state directory in temp dirs; the
+// state directory's path comes back too.
+func testDirs(t *testing.T) (*unitdir.Dir, *unitdir.Manifest, string) {
+	t.Helper()
 	files, err := unitdir.Open(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := unitdir.OpenManifest(t.TempDir())
+	state := t.TempDir()
+	m, err := unitdir.OpenManifest(state)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sd := &fakeSystemd{active: map[string]bool{}}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, Log: nil})
-	return a, sd, files
+	return files, m, state
 }
 
 const unitA = "[Service]\nExecStart=/bin/sleep 1\n[X-Agentd]\nHealthySec=0\n"
@@ -272,14 +281,7 @@ func (f *failingStart) State(ctx context.Context, u string) (reconcile.UnitState
 // status must not say "failed" (an operator's --wait would return before
 // the rollback the loop is about to make).
 func TestNoFailureVerdictWhileJobRuns(t *testing.T) {
-	files, err := unitdir.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := unitdir.OpenManifest(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	files, m, _ := testDirs(t)
 	sd := &failingStart{fakeSystemd: &fakeSystemd{active: map[string]bool{}}, unit: "a.service",
 		failed: make(chan struct{}), release: make(chan struct{})}
 	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
@@ -325,14 +327,7 @@ func (c *countingFiles) Read(p string) ([]byte, bool, error) {
 // A change to one unit of many reads that unit, not the others: state comes
 // from the cache that signals, fsnotify and the loop's own actions keep.
 func TestPassReadsOnlyWhatChanged(t *testing.T) {
-	dir, err := unitdir.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := unitdir.OpenManifest(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, m, _ := testDirs(t)
 	sd := &counting{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}
 	files := &countingFiles{Dir: dir}
 	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
@@ -395,14 +390,7 @@ func (g *restartGate) Restart(ctx context.Context, u string) error {
 // While the rollback's restart runs, status says rolling back (the old
 // version is not running yet); rolled back once it is done.
 func TestRollbackInFlightIsNotRolledBack(t *testing.T) {
-	files, err := unitdir.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := unitdir.OpenManifest(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	files, m, _ := testDirs(t)
 	sd := &restartGate{fakeSystemd: &fakeSystemd{active: map[string]bool{}}, held: make(chan struct{}), release: make(chan struct{})}
 	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
 	snap := snapshot("a.service")
@@ -459,14 +447,7 @@ func (g *startGate) Start(ctx context.Context, u string) error {
 // after the job is what the loop plans from. A new registry snapshot reads
 // such a unit afresh (something new may be wanted of it).
 func TestSignalsOfAUnitWithAJobInFlightAreMuted(t *testing.T) {
-	dir, err := unitdir.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := unitdir.OpenManifest(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, m, _ := testDirs(t)
 	sd := &startGate{counting: &counting{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}, release: make(chan struct{})}
 	a := reconcile.New(reconcile.Config{Systemd: sd, Files: dir, Manifest: m})
 	snap := snapshot("a.service")
@@ -528,15 +509,7 @@ func TestSignalsOfAUnitWithAJobInFlightAreMuted(t *testing.T) {
 // that wrote it kept it at its end; when the agent died before that, the
 // next change keeps it from the file itself.
 func TestOverwrittenContentIsKept(t *testing.T) {
-	files, err := unitdir.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	state := t.TempDir()
-	m, err := unitdir.OpenManifest(state)
-	if err != nil {
-		t.Fatal(err)
-	}
+	files, m, state := testDirs(t)
 	sd := &fakeSystemd{active: map[string]bool{}}
 	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
 	snap := snapshot("a.service")

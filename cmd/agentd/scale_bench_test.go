@@ -63,11 +63,11 @@ import (
 // joining at once during setup, default 64). It raises RLIMIT_NOFILE
 // (about 5 descriptors per agent here, one connection per agent in etcd).
 func BenchmarkScale(b *testing.B) {
-	sizes := scaleEnvInts(b, "AGENTD_BENCH_AGENTS", []int{100, 500, 1000, 2000, 5000})
+	sizes := benchInts(b, "AGENTD_BENCH_AGENTS", []int{100, 500, 1000, 2000, 5000})
 	cfg := scaleConfig{
-		rounds:       scaleEnvInts(b, "AGENTD_BENCH_ROUNDS", []int{3})[0],
-		idle:         scaleEnvDuration(b, "AGENTD_BENCH_IDLE", 10*time.Second),
-		joinParallel: scaleEnvInts(b, "AGENTD_BENCH_JOIN_PARALLEL", []int{64})[0],
+		rounds:       benchInt(b, "AGENTD_BENCH_ROUNDS", 3),
+		idle:         benchDuration(b, "AGENTD_BENCH_IDLE", 10*time.Second),
+		joinParallel: benchInt(b, "AGENTD_BENCH_JOIN_PARALLEL", 64),
 		floorRounds:  5,
 	}
 	scaleRaiseNoFile(b, uint64(8*slices.Max(sizes)+4096))
@@ -1098,32 +1098,4 @@ func scaleRaiseNoFile(tb testing.TB, want uint64) {
 		}
 		tb.Logf("RLIMIT_NOFILE %d (wanted %d): larger sizes may run out of descriptors", lim.Max, want)
 	}
-}
-
-func scaleEnvInts(tb testing.TB, name string, def []int) []int {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	var out []int
-	for s := range strings.SplitSeq(v, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n <= 0 {
-			tb.Fatalf("%s=%q: want positive integers, comma-separated", name, v)
-		}
-		out = append(out, n)
-	}
-	return out
-}
-
-func scaleEnvDuration(tb testing.TB, name string, def time.Duration) time.Duration {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d < 0 {
-		tb.Fatalf("%s=%q: want a duration such as 10s", name, v)
-	}
-	return d
 }

@@ -146,8 +146,11 @@ type Agent struct {
 	verify map[string]*window // units inside HealthySec, loop-owned
 	slots  slotTable          // MaxUnavailable slots
 	cache  cache              // systemd's and the disk's view, re-read on change
-	blobs  []DesiredFile      // files written this pass, kept by hash at its end
-	pub    *publisher         // statuses out to the Reporter; nil without one
+	blobs  struct {
+		written []DesiredFile     // files written this pass, kept by hash at its end
+		kept    map[string][]byte // versions read back from the state directory, by hash
+	}
+	pub *publisher // statuses out to the Reporter; nil without one
 	// desired is Desire of the last snapshot, made again only when the
 	// snapshot changes, and then only for the values that changed.
 	desired struct {

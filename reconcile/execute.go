@@ -284,7 +284,7 @@ func (a *Agent) writeFiles(act Action) error {
 		if err := write(w.Path, w.Content); err != nil {
 			return err
 		}
-		a.blobs = append(a.blobs, w)
+		a.blobs.written = append(a.blobs.written, w)
 	}
 	for _, p := range act.Removes {
 		if err := a.cfg.Files.Remove(p); err != nil {
@@ -309,17 +309,17 @@ func (a *Agent) writeFiles(act Action) error {
 // its blob exists first (writeFiles). Before, two more fsyncs stood
 // between every put and its restart.
 func (a *Agent) keepBlobs() {
-	if len(a.blobs) == 0 {
+	if len(a.blobs.written) == 0 {
 		return
 	}
 	var errs []error
-	for _, w := range a.blobs {
+	for _, w := range a.blobs.written {
 		errs = append(errs, a.cfg.Manifest.PutBlob(w.Hash, w.Content))
 	}
 	if f, ok := a.cfg.Manifest.(flusher); ok {
 		errs = append(errs, f.Flush())
 	}
-	a.blobs = a.blobs[:0]
+	a.blobs.written = a.blobs.written[:0]
 	if err := errors.Join(errs...); err != nil {
 		// Only a rollback of a later change needs them; writeFiles
 		// tries again from the file itself before it overwrites it.

@@ -111,7 +111,11 @@ func (a *Agent) remember(cur *Current) {
 	cur.Slots = a.slots.held()
 	a.rememberInFlight(cur)
 	// Content of the versions units run and ran before, for classifying a
-	// change and for rolling back.
+	// change and for rolling back: from the file when it still holds it,
+	// else from the state directory — read once and kept while a record
+	// refers to it (every pass re-read every unit's previous version).
+	kept := a.blobs.kept
+	a.blobs.kept = map[string][]byte{}
 	for _, rec := range cur.Records {
 		for _, m := range []map[string]string{rec.Applied, rec.Previous} {
 			for p, h := range m {
@@ -120,8 +124,10 @@ func (a *Agent) remember(cur *Current) {
 				}
 				if lf := cur.Files[p]; lf.Hash == h {
 					cur.Blobs[h] = lf.Content
+				} else if b, ok := kept[h]; ok {
+					cur.Blobs[h], a.blobs.kept[h] = b, b
 				} else if b, ok := a.cfg.Manifest.Blob(h); ok {
-					cur.Blobs[h] = b
+					cur.Blobs[h], a.blobs.kept[h] = b, b
 				}
 			}
 		}

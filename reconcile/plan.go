@@ -584,7 +584,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			}
 		case d.Instance && !isManaged[name]:
 			a.Kind, a.Job, a.Reason = KindStart, JobStart, "new instance of "+TemplateOf(name)
-		case !st.Ran && st.LoadState == "loaded" && cur.Started[name] != a.ContentKey:
+		case !st.Ran && st.LoadState == "loaded" && cur.Started[name] != a.ContentKey && !ranToCompletion(st, rec, a.ContentKey):
 			// Not run since the manager started (a boot, or the agent was
 			// away): start it. A unit that ran and stopped or failed is left
 			// as it is — an operator's stop is respected, and a crash is
@@ -1117,4 +1117,13 @@ func short(h string) string {
 		return h[:12]
 	}
 	return h
+}
+
+// ranToCompletion: a Type=oneshot unit without RemainAfterExit= whose
+// current content the agent already saw run to completion (its record's
+// good version). Such a unit goes back to inactive, and systemd may unload
+// it and forget that it ran (Ran false): started again, it would run its
+// job a second time on every restart of the agent.
+func ranToCompletion(st UnitState, rec UnitRecord, key string) bool {
+	return st.Type == "oneshot" && !st.RemainAfterExit && len(rec.Good) > 0 && KeyOf(rec.Good) == key
 }

@@ -199,6 +199,31 @@ func TestPlan2Transitions(t *testing.T) {
 			},
 			want: p2Want{kind: KindWait, own: OwnFile, reasonLike: "stop job in progress"}},
 
+		// A oneshot that ran to completion and was unloaded by systemd
+		// (Ran false again) is not run a second time when the agent restarts.
+		{name: "oneshot without RemainAfterExit, seen run to completion, forgotten by systemd: left alone",
+			entries: []Entry{entry(p2Hello, svc)},
+			cur: func() Current {
+				c := p2Host(map[string]UnitState{p2Hello: p2St(fresh, func(s *UnitState) { s.Type = "oneshot" })}, p2Hello, svc)
+				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile}
+				return c
+			},
+			want: p2Want{kind: KindNone, own: OwnFile}},
+		{name: "oneshot with RemainAfterExit not run since the manager started: started",
+			entries: []Entry{entry(p2Hello, svc)},
+			cur: func() Current {
+				c := p2Host(map[string]UnitState{p2Hello: p2St(fresh, func(s *UnitState) { s.Type, s.RemainAfterExit = "oneshot", true })}, p2Hello, svc)
+				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile}
+				return c
+			},
+			want: p2Want{kind: KindStart, job: JobStart, own: OwnFile, reasonLike: "not started since the manager started"}},
+		{name: "oneshot never seen to complete, not run since the manager started: started",
+			entries: []Entry{entry(p2Hello, svc)},
+			cur: func() Current {
+				return p2Host(map[string]UnitState{p2Hello: p2St(fresh, func(s *UnitState) { s.Type = "oneshot" })}, p2Hello, svc)
+			},
+			want: p2Want{kind: KindStart, job: JobStart, own: OwnFile, reasonLike: "not started since the manager started"}},
+
 		// Drop-ins on a unit agentd did not install.
 		{name: "foreign drop-in new, unit inactive and never run: written, not started", unit: p2Own,
 			entries: []Entry{entry(p2OwnD, p2DropEnv)},

@@ -226,41 +226,39 @@ func (m *Manifest) change(files map[string]string, recs map[string]reconcile.Uni
 	}
 	maps.Copy(jf, files)
 	maps.Copy(ju, recs)
-	nextFiles, nextUnits := m.files, m.units
-	if len(files) > 0 {
-		nextFiles = maps.Clone(m.files)
-		applyFiles(nextFiles, files)
-	}
-	if len(recs) > 0 {
-		nextUnits = maps.Clone(m.units)
-		applyUnits(nextUnits, recs)
-	}
 	seq := m.seq + 1
 	if len(jf)+len(ju) > compactAfter {
+		// The whole manifest as it will be, on copies: the write may fail.
+		nextFiles, nextUnits := maps.Clone(m.files), maps.Clone(m.units)
+		applyFiles(nextFiles, files)
+		applyUnits(nextUnits, recs)
 		if err := m.saveAll(seq, nextFiles, nextUnits, in); err != nil {
 			return err
 		}
-		// An old journal left by a failed removal is ignored at load:
-		// its sequence number is lower.
+		m.files, m.units, m.intent = nextFiles, nextUnits, cloneIntent(in)
+		m.seq, m.jFiles, m.jUnits = seq, nil, nil
+		// A journal left by a failed removal is ignored at load (its
+		// sequence number is lower) and replaced by the next change's.
 		if err := m.dir.Remove(journalFile); err != nil {
 			return fmt.Errorf("save manifest: %w", err)
 		}
-		jf, ju = nil, nil
-	} else {
-		jj := journalJSON{Seq: seq, Files: jf, Units: ju}
-		if !in.Empty() {
-			jj.Intent = &in
-		}
-		b, err := json.Marshal(jj)
-		if err != nil {
-			return err
-		}
-		if err := m.dir.Write(journalFile, append(b, '\n')); err != nil {
-			return fmt.Errorf("save manifest journal: %w", err)
-		}
+		return nil
 	}
-	m.seq, m.jFiles, m.jUnits = seq, jf, ju
-	m.files, m.units, m.intent = nextFiles, nextUnits, cloneIntent(in)
+	jj := journalJSON{Seq: seq, Files: jf, Units: ju}
+	if !in.Empty() {
+		jj.Intent = &in
+	}
+	b, err := json.Marshal(jj)
+	if err != nil {
+		return err
+	}
+	if err := m.dir.Write(journalFile, append(b, '\n')); err != nil {
+		return fmt.Errorf("save manifest journal: %w", err)
+	}
+	// In place: Managed and Units hand out copies, never these maps.
+	applyFiles(m.files, files)
+	applyUnits(m.units, recs)
+	m.seq, m.jFiles, m.jUnits, m.intent = seq, jf, ju, cloneIntent(in)
 	return nil
 }
 

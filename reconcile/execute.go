@@ -274,11 +274,10 @@ func (a *Agent) writeFiles(act Action) error {
 		// What the file holds now is what a rollback of this change puts
 		// back: normally kept since the pass that wrote it (keepBlobs),
 		// unless the agent died before that pass ended.
+		// (PutBlob only looks when it is there already.)
 		if old, ok := a.cache.files[w.Path]; ok && old.Exists && old.Hash != w.Hash {
-			if _, kept := a.cfg.Manifest.Blob(old.Hash); !kept {
-				if err := a.cfg.Manifest.PutBlob(old.Hash, old.Content); err != nil {
-					return err
-				}
+			if err := a.cfg.Manifest.PutBlob(old.Hash, old.Content); err != nil {
+				return err
 			}
 		}
 		if err := write(w.Path, w.Content); err != nil {

@@ -125,8 +125,12 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		DialTimeout: timeout,
 		// Pings only while a stream is open (an agent always has its watch
 		// and lease keep-alive): etcd's server refuses pings on an idle
-		// connection by default and closes it ("too_many_pings").
-		DialKeepAliveTime:    10 * time.Second,
+		// connection by default and closes it ("too_many_pings"). The
+		// lease keep-alive (every 7.5 s by default) already reads from
+		// the connection, so this check pings only when that stalls; it
+		// still wakes the process each time it looks: not more often
+		// than the lease's TTL.
+		DialKeepAliveTime:    15 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
 		TLS:                  sec.TLS,
 		Username:             sec.Username,

@@ -360,7 +360,7 @@ func TestSemaphoreHolderDies(t *testing.T) {
 		other := NewTestClient(t, e.Endpoint())
 		ca := NewTestClient(t, e.Endpoint())
 		// The lease outlives the cut by TTL less the age of its last
-		// keep-alive (sent every TTL/3): 5 s keeps "not yet" true for the
+		// keep-alive (sent every TTL/2): 5 s keeps "not yet" true for the
 		// first second even when a loaded machine delays keep-alives.
 		const ttl = 5 * time.Second
 		a, err := ca.Join(ctxT(t), member("a", "m-a"), ttl)

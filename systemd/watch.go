@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unique"
 
 	godbus "github.com/godbus/dbus/v5"
 )
@@ -158,10 +159,12 @@ func (w *watcher) forward(seen map[string]unitStates, sig *godbus.Signal) {
 	old, known := seen[unit]
 	now := old
 	if aok {
-		now.active, _ = av.Value().(string)
+		v, _ := av.Value().(string)
+		now.active = unique.Make(v).Value() // not a slice of the message's buffer (see word)
 	}
 	if sok {
-		now.sub, _ = sv.Value().(string)
+		v, _ := sv.Value().(string)
+		now.sub = unique.Make(v).Value()
 	}
 	if known && now == old {
 		return

@@ -342,6 +342,8 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		sys = wedgeSystemd{Systemd: sys, file: o.wedgeFile, log: log}
 	}
 	reporter := &sessionReporter{svc: svc, met: met}
+	mem := &memoryReturner{}
+	defer mem.Stop()
 	agent := reconcile.New(reconcile.Config{
 		Systemd:           loopSystemd{Systemd: sys, met: met},
 		Files:             files,
@@ -349,7 +351,7 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		Reporter:          reporter,
 		Coordinator:       sessionCoordinator{reporter},
 		Log:               log,
-		Observer:          multiObserver{svc, met, memoryReturner{}},
+		Observer:          multiObserver{svc, met, mem},
 		HeartbeatInterval: svc.heartbeatInterval(),
 		Pause:             pauseAt(o.pauseAt, o.stateDir, log),
 	})

@@ -40,14 +40,77 @@ type UnitSummary struct {
 	LoadState, ActiveState, SubState string
 }
 
+// FileStateSkipper is an optional capability of Systemd: a unit's state
+// without UnitFileState, which costs systemd a look at the unit file and
+// the symlinks to it on the first read after every daemon-reload (measured
+// with 1,000 unit files: 3.4–5.0 ms per unit, against 1.0–1.9 ms for the
+// rest of the state). See needsFileState for when the loop does without.
+type FileStateSkipper interface {
+	StateSkippingFileState(ctx context.Context, unit string) (UnitState, error)
+}
+
 // cache is the loop's memory of systemd's and the disk's view. Loop-owned.
 type cache struct {
 	states map[string]UnitState
 	files  map[string]LocalFile
+	// fileStates is the UnitFileState last read per unit. Unlike states
+	// it outlives a unit's changes (a unit's enablement changes only by an
+	// enable or disable, or with an [Install] section it reads again); it
+	// is forgotten for a unit the loop enabled or disabled, and for all at
+	// the resync.
+	fileStates map[string]string
 }
 
 func newCache() cache {
-	return cache{states: map[string]UnitState{}, files: map[string]LocalFile{}}
+	return cache{states: map[string]UnitState{}, files: map[string]LocalFile{}, fileStates: map[string]string{}}
+}
+
+// needsFileState says whether a read of unit's state must ask systemd for
+// its UnitFileState, or the last one read (last; "" when none) stands in
+// for it. The planner looks at UnitFileState only for a unit file the agent
+// installed: to enable it when its [Install] section asks (planEnable), and
+// to disable it when it is enabled and should not be (planEnable,
+// planRemove). So a fresh one is needed when none was read yet, when the
+// unit was last seen enabled, or when the desired file has an [Install]
+// section; not for templates and instances, nor for a unit without [Install]
+// last seen static or disabled — only someone else's enable could change
+// that, and the resync reads it again. Pure.
+//
+// A unit systemd had not loaded before (none read) is read in full anyway:
+// the individual reads pay off only where systemd had the unit loaded
+// before the daemon-reload (measured, bursts of 100 changed units: 1.52–1.69×
+// the batch floor with full reads, 1.45–1.49× without UnitFileState; the
+// first sync of 100 new units: 1.50–1.86× full, 1.95–2.20× without).
+func needsFileState(unit string, d *DesiredUnit, last string) bool {
+	if last == "" {
+		return true
+	}
+	if IsTemplate(unit) || IsInstance(unit) {
+		return false
+	}
+	return last == "enabled" || (d != nil && d.File != nil && d.Policy.HasInstall)
+}
+
+// stateReader returns how to read unit's state now: in full, or without
+// UnitFileState (the last one read stands in for it). It runs on the loop's
+// goroutine; what it returns may run on any.
+func (a *Agent) stateReader(unit string) func(context.Context) (UnitState, error) {
+	skipper, ok := a.cfg.Systemd.(FileStateSkipper)
+	last := a.cache.fileStates[unit]
+	if !ok || needsFileState(unit, a.desired.units[unit], last) {
+		return func(ctx context.Context) (UnitState, error) { return a.cfg.Systemd.State(ctx, unit) }
+	}
+	return func(ctx context.Context) (UnitState, error) {
+		st, err := skipper.StateSkippingFileState(ctx, unit)
+		st.UnitFileState = last
+		return st, err
+	}
+}
+
+// keepState caches a unit's state read from systemd.
+func (a *Agent) keepState(unit string, st UnitState) {
+	a.cache.states[unit] = st
+	a.cache.fileStates[unit] = st.UnitFileState
 }
 
 // dirty is what other goroutines learned may have changed, handed to the
@@ -170,6 +233,7 @@ func (a *Agent) file(p string) LocalFile {
 // (all of them when systemd cannot summarize).
 func (a *Agent) resyncCache(ctx context.Context) {
 	a.cache.files = map[string]LocalFile{}
+	a.cache.fileStates = map[string]string{}
 	sum, ok := a.cfg.Systemd.(Summarizer)
 	if !ok || len(a.cache.states) == 0 {
 		a.cache.states = map[string]UnitState{}
@@ -207,6 +271,9 @@ func (a *Agent) resyncCache(ctx context.Context) {
 func (a *Agent) afterExecute(plan []Action, reloaded bool) {
 	for _, act := range plan {
 		touched := act.Enable || act.Disable || act.ResetFailed
+		if act.Enable || act.Disable {
+			delete(a.cache.fileStates, act.Unit)
+		}
 		for _, w := range act.Writes {
 			a.forgetPath(w.Path)
 			touched = true
@@ -257,8 +324,8 @@ func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
 			rest := need[:0]
 			for _, u := range need {
 				if s, ok := got[u]; ok && s.LoadState == "not-found" {
-					a.cache.states[u] = UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState,
-						LoadError: "Unit " + u + " not found."}
+					a.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState,
+						LoadError: "Unit " + u + " not found."})
 					continue
 				}
 				rest = append(rest, u)
@@ -268,12 +335,16 @@ func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
 	}
 	states := make([]UnitState, len(need))
 	errs := make([]error, len(need))
+	readers := make([]func(context.Context) (UnitState, error), len(need))
+	for i, u := range need {
+		readers[i] = a.stateReader(u)
+	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for range min(readWorkers, len(need)) {
 		wg.Go(func() {
 			for i := int(next.Add(1) - 1); i < len(need); i = int(next.Add(1) - 1) {
-				states[i], errs[i] = a.cfg.Systemd.State(ctx, need[i])
+				states[i], errs[i] = readers[i](ctx)
 			}
 		})
 	}
@@ -282,7 +353,7 @@ func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
 		if errs[i] != nil {
 			return fmt.Errorf("read state of %s: %w", u, errs[i])
 		}
-		a.cache.states[u] = states[i]
+		a.keepState(u, states[i])
 	}
 	return nil
 }

@@ -99,6 +99,7 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 	delete(a.verify, act.Unit)
 	deadline := JobDeadline(act.Job, st)
 	a.log.Debug("job started", "unit", act.Unit, "job", act.Job.String(), "deadline", deadline)
+	read := a.stateReader(act.Unit)
 	a.jobs.wg.Go(func() {
 		jctx, cancel := ctx, context.CancelFunc(func() {})
 		if deadline > 0 {
@@ -117,7 +118,7 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 		r.muted = a.hand.muted[act.Unit]
 		a.hand.mu.Unlock()
 		sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-		base, err := a.cfg.Systemd.State(sctx, act.Unit)
+		base, err := read(sctx)
 		scancel()
 		r.base, r.fresh = base, err == nil
 		select {
@@ -165,7 +166,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	// was read right after the job ended is the state to plan from, unless
 	// a signal came after that read.
 	if fresh {
-		a.cache.states[r.unit] = r.base
+		a.keepState(r.unit, r.base)
 	} else {
 		delete(a.cache.states, r.unit)
 	}

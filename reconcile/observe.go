@@ -76,6 +76,11 @@ func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, 
 			delete(a.cache.states, u) // signals are not forwarded for it any more
 		}
 	}
+	for u := range a.cache.fileStates {
+		if !units[u] {
+			delete(a.cache.fileStates, u)
+		}
+	}
 	if err := a.prefetch(ctx, units); err != nil {
 		return nil, Current{}, err
 	}
@@ -156,11 +161,11 @@ func (a *Agent) state(ctx context.Context, unit string) (UnitState, error) {
 	if st, ok := a.cache.states[unit]; ok {
 		return st, nil
 	}
-	st, err := a.cfg.Systemd.State(ctx, unit)
+	st, err := a.stateReader(unit)(ctx)
 	if err != nil {
 		return st, fmt.Errorf("read state of %s: %w", unit, err)
 	}
-	a.cache.states[unit] = st
+	a.keepState(unit, st)
 	return st, nil
 }
 

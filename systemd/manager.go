@@ -340,10 +340,24 @@ func (m *Manager) Disable(ctx context.Context, units ...string) error {
 // State reads what systemd says about unit now. A unit that does not exist
 // has LoadState "not-found"; that is not an error.
 func (m *Manager) State(ctx context.Context, unit string) (reconcile.UnitState, error) {
+	return m.state(ctx, unit, true)
+}
+
+// StateSkippingFileState is State without UnitFileState (left empty).
+// systemd works UnitFileState out from the unit file and the symlinks to it
+// on the first read after every daemon-reload: measured with 1,000 unit
+// files, a GetAll of the Unit interface then cost 3.4–5.0 ms per unit and
+// the properties read one by one (pipelined) 1.0–1.9 ms; after that first
+// read both cost ~1 ms.
+func (m *Manager) StateSkippingFileState(ctx context.Context, unit string) (reconcile.UnitState, error) {
+	return m.state(ctx, unit, false)
+}
+
+func (m *Manager) state(ctx context.Context, unit string, fileState bool) (reconcile.UnitState, error) {
 	var s reconcile.UnitState
 	_, err := m.call(ctx, func(c *sddbus.Conn) error {
 		var err error
-		s, err = readState(ctx, c, unit)
+		s, err = readState(ctx, c, unit, fileState)
 		return err
 	})
 	if err != nil {
@@ -378,10 +392,23 @@ func (m *Manager) Summaries(ctx context.Context, units []string) (map[string]rec
 // are limited to 128 MiB; a few hundred bytes per unit).
 const summaryChunk = 4096
 
-func readState(ctx context.Context, c *sddbus.Conn, unit string) (reconcile.UnitState, error) {
+// unitProps are the Unit interface's properties readState uses, but
+// UnitFileState.
+var unitProps = []string{"LoadState", "LoadError", "ActiveState", "SubState", "CanReload", "NeedDaemonReload",
+	"ActiveEnterTimestampMonotonic", "ActiveExitTimestampMonotonic",
+	"InactiveEnterTimestampMonotonic", "InactiveExitTimestampMonotonic"}
+
+func readState(ctx context.Context, c *sddbus.Conn, unit string, fileState bool) (reconcile.UnitState, error) {
 	var s reconcile.UnitState
-	// One GetAll on org.freedesktop.systemd1.Unit ...
-	props, err := c.GetUnitPropertiesContext(ctx, unit)
+	// One GetAll on org.freedesktop.systemd1.Unit (or its properties one by
+	// one, all in flight at once, to leave out UnitFileState) ...
+	var props map[string]any
+	var err error
+	if fileState {
+		props, err = c.GetUnitPropertiesContext(ctx, unit)
+	} else {
+		props, err = unitProperties(ctx, c, unit, unitProps)
+	}
 	if err != nil {
 		return s, err
 	}
@@ -435,6 +462,35 @@ func readState(ctx context.Context, c *sddbus.Conn, unit string) (reconcile.Unit
 	}
 	// Timer, Path, Automount: no job timeout (0).
 	return s, nil
+}
+
+// unitProperties gets the named properties of unit's Unit interface, each
+// with a call of its own, all of them in flight at once.
+func unitProperties(ctx context.Context, c *sddbus.Conn, unit string, names []string) (map[string]any, error) {
+	values := make([]any, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() {
+			p, err := c.GetUnitPropertyContext(ctx, unit, name)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			values[i] = p.Value.Value()
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err // the first: they share a cause
+		}
+	}
+	props := make(map[string]any, len(names))
+	for i, name := range names {
+		props[name] = values[i]
+	}
+	return props, nil
 }
 
 // prop returns props[name] when it holds a T, else T's zero value.

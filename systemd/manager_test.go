@@ -450,6 +450,7 @@ func TestState(t *testing.T) {
 					defer stop(t, m, tc.unit)
 				}
 				got := state(t, m, tc.unit)
+				sameWithoutFileState(t, m, tc.unit, got)
 				if tc.mainPID != (got.MainPID != 0) {
 					t.Errorf("MainPID = %d, want a MainPID: %v", got.MainPID, tc.mainPID)
 				}
@@ -464,6 +465,18 @@ func TestState(t *testing.T) {
 					t.Errorf("State =\n %+v\nwant\n %+v", got, tc.want)
 				}
 			})
+		}
+	})
+
+	t.Run("SkippingFileStateNotLoaded", func(t *testing.T) {
+		writeUnit(t, h, "bad.service", "[Service]\nType=bogus\n")
+		reload(t, m)
+		for _, u := range []string{"nosuch.service", "bad.service"} {
+			full := state(t, m, u)
+			if full.LoadState == "loaded" || full.LoadError == "" {
+				t.Fatalf("%s: %+v, want not loaded, with a LoadError", u, full)
+			}
+			sameWithoutFileState(t, m, u, full)
 		}
 	})
 
@@ -661,6 +674,20 @@ func notifyHelper() {
 		os.Exit(1)
 	}
 	time.Sleep(time.Hour)
+}
+
+// sameWithoutFileState checks that StateSkippingFileState reads what State
+// read (full, just before) but UnitFileState.
+func sameWithoutFileState(t *testing.T, m *systemd.Manager, unit string, full reconcile.UnitState) {
+	t.Helper()
+	skip, err := m.StateSkippingFileState(testContext(t), unit)
+	if err != nil {
+		t.Fatalf("StateSkippingFileState(%s): %v", unit, err)
+	}
+	full.UnitFileState = ""
+	if skip != full {
+		t.Errorf("StateSkippingFileState(%s) =\n %+v\nState without UnitFileState\n %+v", unit, skip, full)
+	}
 }
 
 func testContext(t *testing.T) context.Context {

@@ -35,6 +35,20 @@ func (l loopSystemd) State(ctx context.Context, unit string) (reconcile.UnitStat
 	return st, err
 }
 
+// StateSkippingFileState passes the cheaper read through, where the systemd
+// underneath has it (the wedge fault has not: it reads in full, and wedges).
+func (l loopSystemd) StateSkippingFileState(ctx context.Context, unit string) (reconcile.UnitState, error) {
+	s, ok := l.Systemd.(reconcile.FileStateSkipper)
+	if !ok {
+		return l.State(ctx, unit)
+	}
+	st, err := s.StateSkippingFileState(ctx, unit)
+	if ctx.Err() == nil {
+		l.met.SetSystemdConnected(err == nil)
+	}
+	return st, err
+}
+
 // Summaries passes the resync's one-call listing through, where the
 // systemd underneath has it.
 func (l loopSystemd) Summaries(ctx context.Context, units []string) (map[string]reconcile.UnitSummary, error) {

@@ -30,6 +30,12 @@ type DesiredUnit struct {
 
 // Files returns the unit's files sorted by path.
 func (u *DesiredUnit) Files() []DesiredFile {
+	if len(u.DropIns) == 0 { // most units; it runs per unit per pass
+		if u.File == nil {
+			return nil
+		}
+		return []DesiredFile{*u.File}
+	}
 	var fs []DesiredFile
 	if u.File != nil {
 		fs = append(fs, *u.File)

@@ -139,14 +139,18 @@ func (a *Agent) healthWord(name string, st UnitState, want string) string {
 		return "verifying"
 	}
 	rec := a.mem.records[name]
-	if len(rec.Applied) == 0 || IsTemplate(name) || (want != "" && KeyOf(rec.Applied) != want) {
+	if len(rec.Applied) == 0 || IsTemplate(name) {
 		return "" // no verdict on the version it should run yet
 	}
-	if rec.Failed != "" && rec.Failed == KeyOf(rec.Applied) {
+	applied := KeyOf(rec.Applied)
+	if want != "" && applied != want {
+		return ""
+	}
+	if rec.Failed != "" && rec.Failed == applied {
 		return "unhealthy"
 	}
 	ranToCompletion := st.Type == "oneshot" && st.ActiveState == "inactive" && st.Result == "success"
-	if KeyOf(rec.Good) == KeyOf(rec.Applied) && (st.Active() || ranToCompletion) {
+	if maps.Equal(rec.Good, rec.Applied) && (st.Active() || ranToCompletion) {
 		return "healthy"
 	}
 	return ""

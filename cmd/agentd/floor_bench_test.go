@@ -623,11 +623,11 @@ func buildAgentBinary(tb testing.TB) string {
 // startAgentProcess runs `agentd run --user` against h's bus and the etcd
 // at endpoint, with production timings (lease TTL, resync) and warnings
 // logged only.
-func startAgentProcess(tb testing.TB, bin string, h *systemdtest.Harness, endpoint, host string) *proc {
+func startAgentProcess(tb testing.TB, bin string, h *systemdtest.Harness, endpoint, host string, extra ...string) *proc {
 	tb.Helper()
-	args := []string{"run", "--user", "--host", host, "--etcd-endpoints", endpoint,
+	args := append([]string{"run", "--user", "--host", host, "--etcd-endpoints", endpoint,
 		"--unit-dir", h.UnitDir, "--state-dir", h.StateDir, "--debug-socket", filepath.Join(h.Dir, "agentd.sock"),
-		"--log-level", "warn"}
+		"--log-level", "warn"}, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = childEnv("DBUS_SESSION_BUS_ADDRESS="+h.BusAddress, "GOTRACEBACK=all")
 	cmd.Stdout, cmd.Stderr = tb.Output(), tb.Output()

@@ -408,7 +408,9 @@ func benchBurst(b *testing.B, n int) {
 //
 // Targets (reported): idle CPU ≤ 0.1 ms per second at 1 and 1,000 units;
 // RSS ≤ 40 MiB at 1,000 units; first sync of 1,000 units within 1.5× the
-// batch floor. AGENTD_BENCH_STRACE=1 adds `strace -f -c` of the idle agent
+// batch floor. AGENTD_BENCH_LEASE_TTL (e.g. 30s) runs the agent with that
+// --lease-ttl (the renewal is the idle agent's one network call, every half
+// of it). AGENTD_BENCH_STRACE=1 adds `strace -f -c` of the idle agent
 // for 10 s after the window; AGENTD_BENCH_DUMP=1 ends the agent with
 // SIGQUIT (goroutine dump in the output).
 //
@@ -427,7 +429,11 @@ func benchIdle(b *testing.B, bin string, n int) {
 	c := newPerfCell(b)
 	units := perfUnits(n)
 	ag, fl := c.newSys("agentd", "h1"), c.newSys("floor", "floor")
-	agent := startAgentProcess(b, bin, ag.h, c.endpoint, ag.host)
+	var extra []string
+	if ttl := os.Getenv("AGENTD_BENCH_LEASE_TTL"); ttl != "" {
+		extra = append(extra, "--lease-ttl", ttl)
+	}
+	agent := startAgentProcess(b, bin, ag.h, c.endpoint, ag.host, extra...)
 	ag.agent = true
 	c.waitMember(ag.host)
 	floor := startFloorProcess(b, c.floorConfig(fl, true))

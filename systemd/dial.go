@@ -99,6 +99,7 @@ func dialBus(ctx, parent context.Context, dial Dialer) (*godbus.Conn, error) {
 // connections (calls, signals) closes.
 type conn struct {
 	*sddbus.Conn
+	bus    *godbus.Conn // the bus connection of go-systemd's calls, for calls it has no method for
 	cancel context.CancelFunc
 	closed <-chan struct{}
 }
@@ -122,9 +123,13 @@ func dialConn(ctx, parent context.Context, dial Dialer) (*conn, error) {
 		err error
 	}
 	ch := make(chan result, 1)
+	var bus *godbus.Conn // written before ch is, read after
 	go func() {
 		c, err := sddbus.NewConnection(func() (*godbus.Conn, error) {
 			b, err := dial(cctx)
+			if err == nil && bus == nil {
+				bus = b // go-systemd dials its call connection first (any would do for a call)
+			}
 			if err == nil {
 				context.AfterFunc(b.Context(), func() { once.Do(func() { close(closed) }) })
 			}
@@ -138,7 +143,7 @@ func dialConn(ctx, parent context.Context, dial Dialer) (*conn, error) {
 			cancel()
 			return nil, r.err
 		}
-		return &conn{Conn: r.c, cancel: cancel, closed: closed}, nil
+		return &conn{Conn: r.c, bus: bus, cancel: cancel, closed: closed}, nil
 	case <-ctx.Done():
 		// Cancelling cctx closes whatever the dial has opened or will open,
 		// which also ends the dial goroutine.

@@ -170,11 +170,16 @@ func (m *Manager) conn(ctx context.Context) (*conn, error) {
 // call runs f on the call connection. When f fails because the connection
 // dropped under it, call redials once and runs f again.
 func (m *Manager) call(ctx context.Context, f func(*sddbus.Conn) error) (*conn, error) {
+	return m.callConn(ctx, func(c *conn) error { return f(c.Conn) })
+}
+
+// callConn is call for f that needs the bus connection too.
+func (m *Manager) callConn(ctx context.Context, f func(*conn) error) (*conn, error) {
 	c, err := m.conn(ctx)
 	if err != nil {
 		return nil, err
 	}
-	err = f(c.Conn)
+	err = f(c)
 	if err == nil || c.Connected() || ctx.Err() != nil {
 		return c, err
 	}
@@ -182,7 +187,7 @@ func (m *Manager) call(ctx context.Context, f func(*sddbus.Conn) error) (*conn, 
 	if err2 != nil {
 		return nil, errors.Join(err, err2)
 	}
-	return c, f(c.Conn)
+	return c, f(c)
 }
 
 // Reload makes systemd re-read all unit files (daemon-reload). It returns
@@ -355,7 +360,7 @@ func (m *Manager) StateSkippingFileState(ctx context.Context, unit string) (reco
 
 func (m *Manager) state(ctx context.Context, unit string, fileState bool) (reconcile.UnitState, error) {
 	var s reconcile.UnitState
-	_, err := m.call(ctx, func(c *sddbus.Conn) error {
+	_, err := m.callConn(ctx, func(c *conn) error {
 		var err error
 		s, err = readState(ctx, c, unit, fileState)
 		return err
@@ -398,7 +403,7 @@ var unitProps = []string{"LoadState", "LoadError", "ActiveState", "SubState", "C
 	"ActiveEnterTimestampMonotonic", "ActiveExitTimestampMonotonic",
 	"InactiveEnterTimestampMonotonic", "InactiveExitTimestampMonotonic"}
 
-func readState(ctx context.Context, c *sddbus.Conn, unit string, fileState bool) (reconcile.UnitState, error) {
+func readState(ctx context.Context, c *conn, unit string, fileState bool) (reconcile.UnitState, error) {
 	var s reconcile.UnitState
 	// One GetAll on org.freedesktop.systemd1.Unit (or its properties one by
 	// one, all in flight at once, to leave out UnitFileState) ...
@@ -407,7 +412,7 @@ func readState(ctx context.Context, c *sddbus.Conn, unit string, fileState bool)
 	if fileState {
 		props, err = c.GetUnitPropertiesContext(ctx, unit)
 	} else {
-		props, err = unitProperties(ctx, c, unit, unitProps)
+		props, err = unitProperties(ctx, c.bus, unit, unitProps)
 	}
 	if err != nil {
 		return s, err
@@ -465,30 +470,26 @@ func readState(ctx context.Context, c *sddbus.Conn, unit string, fileState bool)
 }
 
 // unitProperties gets the named properties of unit's Unit interface, each
-// with a call of its own, all of them in flight at once.
-func unitProperties(ctx context.Context, c *sddbus.Conn, unit string, names []string) (map[string]any, error) {
-	values := make([]any, len(names))
-	errs := make([]error, len(names))
-	var wg sync.WaitGroup
+// with a call of its own, all of them in flight at once (asynchronous
+// calls: a goroutine per call made 10,000 of them when 1,000 jobs ended
+// together, and 157 MiB of peak RSS).
+func unitProperties(ctx context.Context, bus *godbus.Conn, unit string, names []string) (map[string]any, error) {
+	obj := bus.Object("org.freedesktop.systemd1", godbus.ObjectPath(unitPathPrefix+sddbus.PathBusEscape(unit)))
+	done := make(chan *godbus.Call, len(names))
+	calls := make([]*godbus.Call, len(names))
 	for i, name := range names {
-		wg.Go(func() {
-			p, err := c.GetUnitPropertyContext(ctx, unit, name)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			values[i] = p.Value.Value()
-		})
+		calls[i] = obj.GoWithContext(ctx, "org.freedesktop.DBus.Properties.Get", 0, done, "org.freedesktop.systemd1.Unit", name)
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err // the first: they share a cause
-		}
+	for range calls {
+		<-done // each call ends, with its reply, an error, or ctx's
 	}
 	props := make(map[string]any, len(names))
-	for i, name := range names {
-		props[name] = values[i]
+	for i, c := range calls {
+		var v godbus.Variant
+		if err := c.Store(&v); err != nil {
+			return nil, err // the first: they share a cause
+		}
+		props[names[i]] = v.Value()
 	}
 	return props, nil
 }

@@ -500,14 +500,18 @@ func prop[T any](props map[string]any, name string) T {
 	return v
 }
 
-// word returns props[name] when it is a string, as a canonical copy. godbus
-// decodes a message's strings into shared 4 KiB buffers: a state kept in
-// the loop's cache pinned two of them per unit (8 MiB of an idle agent's
-// 16 MiB heap at 1,000 units). The values are a few dozen words
-// ("active", "running", "exit-code"), so one copy of each serves all units.
+// word returns props[name] when it is a string, as a canonical copy.
 func word(props map[string]any, name string) string {
-	return unique.Make(prop[string](props, name)).Value()
+	return canonical(prop[string](props, name))
 }
+
+// canonical is the one shared copy of a string decoded from D-Bus that is
+// kept. godbus decodes a message's strings into shared 4 KiB buffers: a
+// state kept in the loop's cache pinned two of them per unit (8 MiB of an
+// idle agent's 16 MiB heap at 1,000 units). The values are a few dozen
+// words ("active", "running", "exit-code"), so one copy of each serves all
+// units.
+func canonical(s string) string { return unique.Make(s).Value() }
 
 // typeInterface names the D-Bus interface, below org.freedesktop.systemd1,
 // of the unit's type when that type has a Result property; "" otherwise.

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unique"
 
 	godbus "github.com/godbus/dbus/v5"
 )
@@ -160,11 +159,11 @@ func (w *watcher) forward(seen map[string]unitStates, sig *godbus.Signal) {
 	now := old
 	if aok {
 		v, _ := av.Value().(string)
-		now.active = unique.Make(v).Value() // not a slice of the message's buffer (see word)
+		now.active = canonical(v)
 	}
 	if sok {
 		v, _ := sv.Value().(string)
-		now.sub = unique.Make(v).Value()
+		now.sub = canonical(v)
 	}
 	if known && now == old {
 		return

@@ -27,11 +27,17 @@ type loopSystemd struct {
 	met *metrics.Metrics
 }
 
-func (l loopSystemd) State(ctx context.Context, unit string) (reconcile.UnitState, error) {
-	st, err := l.Systemd.State(ctx, unit)
+// noteConnected records whether a read reached systemd; a read cut short by
+// ctx says nothing either way.
+func (l loopSystemd) noteConnected(ctx context.Context, err error) {
 	if ctx.Err() == nil {
 		l.met.SetSystemdConnected(err == nil)
 	}
+}
+
+func (l loopSystemd) State(ctx context.Context, unit string) (reconcile.UnitState, error) {
+	st, err := l.Systemd.State(ctx, unit)
+	l.noteConnected(ctx, err)
 	return st, err
 }
 
@@ -43,9 +49,7 @@ func (l loopSystemd) StateSkippingFileState(ctx context.Context, unit string) (r
 		return l.State(ctx, unit)
 	}
 	st, err := s.StateSkippingFileState(ctx, unit)
-	if ctx.Err() == nil {
-		l.met.SetSystemdConnected(err == nil)
-	}
+	l.noteConnected(ctx, err)
 	return st, err
 }
 
@@ -57,9 +61,7 @@ func (l loopSystemd) Summaries(ctx context.Context, units []string) (map[string]
 		return nil, errors.New("unit summaries not supported")
 	}
 	sum, err := s.Summaries(ctx, units)
-	if ctx.Err() == nil {
-		l.met.SetSystemdConnected(err == nil)
-	}
+	l.noteConnected(ctx, err)
 	return sum, err
 }
 

@@ -248,12 +248,8 @@ func (m *Manifest) change(files map[string]string, recs map[string]reconcile.Uni
 	if !in.Empty() {
 		jj.Intent = &in
 	}
-	b, err := json.Marshal(jj)
-	if err != nil {
+	if err := m.writeJSON(journalFile, jj, "save manifest journal"); err != nil {
 		return err
-	}
-	if err := m.dir.Write(journalFile, append(b, '\n')); err != nil {
-		return fmt.Errorf("save manifest journal: %w", err)
 	}
 	// In place: Managed and Units hand out copies, never these maps.
 	applyFiles(m.files, files)
@@ -332,12 +328,18 @@ func (m *Manifest) saveAll(seq int64, files map[string]string, units map[string]
 	if !in.Empty() {
 		mj.Intent = &in
 	}
-	b, err := json.Marshal(mj)
+	return m.writeJSON(manifestFile, mj, "save manifest")
+}
+
+// writeJSON writes v as JSON to name in the state directory, atomically;
+// what names the write in its error.
+func (m *Manifest) writeJSON(name string, v any, what string) error {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	if err := m.dir.Write(manifestFile, append(b, '\n')); err != nil {
-		return fmt.Errorf("save manifest: %w", err)
+	if err := m.dir.Write(name, append(b, '\n')); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }

@@ -128,8 +128,8 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		// connection by default and closes it ("too_many_pings"). The
 		// lease keep-alive (every 7.5 s by default) already reads from
 		// the connection, so this check pings only when that stalls; it
-		// still wakes the process each time it looks: not more often
-		// than the lease's TTL.
+		// still wakes the process each time it looks, so it looks every
+		// 15 s (the default lease TTL), not every 10.
 		DialKeepAliveTime:    15 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
 		TLS:                  sec.TLS,

@@ -125,6 +125,12 @@ type Config struct {
 	// ResyncInterval is the safety-net full pass, jittered ±10%.
 	ResyncInterval time.Duration // default 5m
 
+	// CheckFocus, for tests, plans every unit beside each pass that looks
+	// at only some of them, and panics when a unit it left out would have
+	// been planned differently (see focus.go). It makes every pass cost
+	// what a full one does.
+	CheckFocus bool
+
 	// Pause, when set, is called at named points of a pass ("files-written":
 	// files are on disk, the daemon-reload not done; "reloaded": reloaded,
 	// no job started). Crash tests block there and kill the agent.
@@ -146,7 +152,10 @@ type Agent struct {
 	verify map[string]*window // units inside HealthySec, loop-owned
 	slots  slotTable          // MaxUnavailable slots
 	cache  cache              // systemd's and the disk's view, re-read on change
-	blobs  struct {
+	focus  focus              // which units a pass looks at, and their last actions and statuses
+	// managed is the loop's copy of the manifest's owned paths.
+	managed managedIndex
+	blobs   struct {
 		written []DesiredFile     // files written this pass, kept by hash at its end
 		kept    map[string][]byte // versions read back from the state directory, by hash
 	}
@@ -184,6 +193,7 @@ type handoff struct {
 // are persisted in the state directory; the rest lives as long as the process.
 type memory struct {
 	records   map[string]UnitRecord
+	saved     map[string]UnitRecord // the records as last persisted
 	intent    Intent
 	refused   map[string]Refusal
 	started   map[string]string // unit -> content key last started (see Current.Started)
@@ -229,6 +239,7 @@ func New(cfg Config) *Agent {
 		hand: handoff{relevant: map[string]bool{}},
 		mem: memory{
 			records:   cfg.Manifest.Units(),
+			saved:     cfg.Manifest.Units(),
 			intent:    cfg.Manifest.Intent(),
 			refused:   map[string]Refusal{},
 			started:   map[string]string{},
@@ -236,10 +247,12 @@ func New(cfg Config) *Agent {
 			drifted:   map[string]string{},
 			enableErr: map[string]string{},
 		},
-		jobs:   newJobs(),
-		verify: map[string]*window{},
-		slots:  slotTable{slots: map[string]*slot{}},
-		cache:  newCache(),
+		jobs:    newJobs(),
+		verify:  map[string]*window{},
+		slots:   slotTable{slots: map[string]*slot{}},
+		cache:   newCache(),
+		focus:   newFocus(),
+		managed: newManagedIndex(cfg.Manifest.Managed()),
 	}
 }
 
@@ -313,11 +326,12 @@ func (a *Agent) DryRun(ctx context.Context) ([]Action, error) {
 	var plan []Action
 	err := a.do(ctx, func(ctx context.Context) error {
 		a.forgetAll()
-		desired, cur, err := a.observe(ctx)
+		desired, _, _, cur, err := a.observe(ctx)
 		if err != nil {
 			return err
 		}
 		plan = Plan(desired, cur)
+		a.focus.all = true // nothing was kept of this plan: the next pass plans every unit
 		return nil
 	})
 	return plan, err

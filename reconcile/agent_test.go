@@ -79,7 +79,7 @@ func newAgent(t *testing.T) (*reconcile.Agent, *fakeSystemd, *unitdir.Dir) {
 	t.Helper()
 	files, m, _ := testDirs(t)
 	sd := &fakeSystemd{active: map[string]bool{}}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, Log: nil})
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
 	return a, sd, files
 }
 
@@ -230,7 +230,7 @@ func TestVerificationResumesAfterAgentRestart(t *testing.T) {
 	m.Set("a.service", h)
 	m.SetUnits(map[string]reconcile.UnitRecord{"a.service": {Applied: map[string]string{"a.service": h}, Good: map[string]string{"a.service": "older"}}}, reconcile.Intent{})
 	sd := &fakeSystemd{active: map[string]bool{"a.service": true}}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
 	a.SetSnapshot(reconcile.Snapshot{Entries: []reconcile.Entry{{Unit: "a.service", Value: content}}})
 	stop := runAgent(t, a)
 	defer stop()
@@ -284,7 +284,7 @@ func TestNoFailureVerdictWhileJobRuns(t *testing.T) {
 	files, m, _ := testDirs(t)
 	sd := &failingStart{fakeSystemd: &fakeSystemd{active: map[string]bool{}}, unit: "a.service",
 		failed: make(chan struct{}), release: make(chan struct{})}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
 	a.SetSnapshot(snapshot("a.service"))
 	stop := runAgent(t, a)
 	defer stop()
@@ -330,7 +330,7 @@ func TestPassReadsOnlyWhatChanged(t *testing.T) {
 	dir, m, _ := testDirs(t)
 	sd := &counting{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}
 	files := &countingFiles{Dir: dir}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
 	var names []string
 	for i := range 100 {
 		names = append(names, fmt.Sprintf("u%03d.service", i))
@@ -392,7 +392,7 @@ func (g *restartGate) Restart(ctx context.Context, u string) error {
 func TestRollbackInFlightIsNotRolledBack(t *testing.T) {
 	files, m, _ := testDirs(t)
 	sd := &restartGate{fakeSystemd: &fakeSystemd{active: map[string]bool{}}, held: make(chan struct{}), release: make(chan struct{})}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
 	snap := snapshot("a.service")
 	a.SetSnapshot(snap)
 	stop := runAgent(t, a)
@@ -449,7 +449,7 @@ func (g *startGate) Start(ctx context.Context, u string) error {
 func TestSignalsOfAUnitWithAJobInFlightAreMuted(t *testing.T) {
 	dir, m, _ := testDirs(t)
 	sd := &startGate{counting: &counting{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}, release: make(chan struct{})}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: dir, Manifest: m})
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: dir, Manifest: m, CheckFocus: true})
 	snap := snapshot("a.service")
 	a.SetSnapshot(snap)
 	stop := runAgent(t, a)
@@ -511,7 +511,7 @@ func TestSignalsOfAUnitWithAJobInFlightAreMuted(t *testing.T) {
 func TestOverwrittenContentIsKept(t *testing.T) {
 	files, m, state := testDirs(t)
 	sd := &fakeSystemd{active: map[string]bool{}}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
 	snap := snapshot("a.service")
 	a.SetSnapshot(snap)
 	stop := runAgent(t, a)
@@ -544,5 +544,49 @@ func TestOverwrittenContentIsKept(t *testing.T) {
 	}
 	if b, ok := m.Blob(v1); !ok || string(b) != unitA {
 		t.Fatalf("the overwritten version was not kept before the overwrite: %q %v", b, ok)
+	}
+}
+
+// A pass looks only at the units something touched (focus.go), but what it
+// leaves out must not go stale: a unit stopped behind the agent's back shows
+// as stopped once its signal came, and the others keep their statuses.
+func TestSignalRefreshesOnlyItsUnitsStatus(t *testing.T) {
+	a, sd, _ := newAgent(t)
+	names := []string{"a.service", "b.service", "c.service"}
+	a.SetSnapshot(snapshot(names...))
+	stop := runAgent(t, a)
+	defer stop()
+	waitCalls(t, sd, 4) // daemon-reload, three starts
+	statusOf := func(u string) reconcile.Status {
+		_, st := a.Statuses()
+		for _, s := range st {
+			if s.Unit == u {
+				return s
+			}
+		}
+		t.Fatalf("no status for %s in %+v", u, st)
+		return reconcile.Status{}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for statusOf("b.service").ActiveState != "active" && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	before := statusOf("a.service")
+
+	sd.mu.Lock()
+	sd.active["b.service"] = false // an operator's systemctl stop
+	sd.mu.Unlock()
+	a.UnitChanged("b.service")
+	for statusOf("b.service").ActiveState != "inactive" && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := statusOf("b.service"); got.ActiveState != "inactive" {
+		t.Fatalf("b.service stopped behind the agent's back: status %+v", got)
+	}
+	if got := statusOf("a.service"); !got.UpdatedAt.Equal(before.UpdatedAt) || got.ActiveState != "active" {
+		t.Errorf("a.service was not touched but its status was built again: before %+v, after %+v", before, got)
+	}
+	if calls := sd.Calls(); len(calls) != 4 {
+		t.Errorf("an operator's stop was undone or acted on: %v", calls)
 	}
 }

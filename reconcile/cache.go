@@ -113,6 +113,13 @@ func (a *Agent) keepState(unit string, st UnitState) {
 	a.cache.fileStates[unit] = st.UnitFileState
 }
 
+// dropState forgets a unit's state: it is read again, and the unit planned
+// again, at the next round.
+func (a *Agent) dropState(unit string) {
+	delete(a.cache.states, unit)
+	a.touch(unit)
+}
+
 // dirty is what other goroutines learned may have changed, handed to the
 // loop under handoff.mu and applied at the start of the next observation.
 type dirty struct {
@@ -160,22 +167,25 @@ func (a *Agent) takeDirty() {
 	now := time.Now()
 	for u, w := range a.verify {
 		if !now.Before(w.deadline()) {
-			delete(a.cache.states, u)
+			a.dropState(u)
 		}
 	}
 }
 
-func (a *Agent) forgetAll() { a.cache = newCache() }
+// forgetAll forgets everything read, and makes the next round look at
+// every unit.
+func (a *Agent) forgetAll() {
+	a.cache = newCache()
+	a.focus.all = true
+}
 
 // forgetUnit drops a unit's state; for a template (its file or a drop-in of
 // it changed) every instance's too.
 func (a *Agent) forgetUnit(u string) {
-	delete(a.cache.states, u)
+	a.dropState(u)
 	if IsTemplate(u) {
-		for n := range a.cache.states {
-			if IsInstance(n) && TemplateOf(n) == u {
-				delete(a.cache.states, n)
-			}
+		for _, n := range a.focus.instances[u] {
+			a.dropState(n)
 		}
 	}
 }
@@ -228,10 +238,11 @@ func (a *Agent) file(p string) LocalFile {
 	return lf
 }
 
-// resyncCache is the periodic safety net: every file is read again, and
-// every unit whose summary differs from what the cache holds is forgotten
-// (all of them when systemd cannot summarize).
+// resyncCache is the periodic safety net: every file is read again, every
+// unit whose summary differs from what the cache holds is forgotten (all of
+// them when systemd cannot summarize), and every unit is planned again.
 func (a *Agent) resyncCache(ctx context.Context) {
+	a.focus.all = true
 	a.cache.files = map[string]LocalFile{}
 	a.cache.fileStates = map[string]string{}
 	sum, ok := a.cfg.Systemd.(Summarizer)
@@ -256,7 +267,7 @@ func (a *Agent) resyncCache(ctx context.Context) {
 		st := a.cache.states[u]
 		s, ok := got[u]
 		if !ok || s.LoadState != st.LoadState || s.ActiveState != st.ActiveState || s.SubState != st.SubState {
-			delete(a.cache.states, u)
+			a.dropState(u)
 			stale++
 		}
 	}
@@ -291,7 +302,7 @@ func (a *Agent) afterExecute(plan []Action, reloaded bool) {
 		// too: its NeedDaemonReload flips.
 		for u, st := range a.cache.states {
 			if st.NeedDaemonReload {
-				delete(a.cache.states, u)
+				a.dropState(u)
 			}
 		}
 	}

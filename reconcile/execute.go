@@ -19,30 +19,40 @@ const maxRounds = 3
 // decided.
 func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	t0 := time.Now()
-	var first, plan []Action
-	var desired map[string]*DesiredUnit
+	var first []Action
 	var applyErr error
+	a.focus.reported = map[string]bool{}
 	for round := 0; round < maxRounds; round++ {
 		a.drainResults(ctx)
 		tr := time.Now()
-		d, cur, err := a.observe(ctx)
+		desired, units, look, cur, err := a.observe(ctx)
 		tObserved := time.Now()
 		if errors.Is(err, ErrNoRegistry) {
 			return nil, nil // nothing known yet: touch nothing
 		}
 		if err != nil {
+			a.focus.all = true // what this round took to look at was not looked at
 			return nil, err
 		}
 		a.judge(ctx, cur)
-		a.remember(&cur)
-		desired, plan = d, Plan(d, cur)
+		a.remember(&cur, look)
+		plan := Plan(desired, cur)
+		a.planned(units, plan)
+		if a.cfg.CheckFocus && units != nil {
+			all := a.everyUnit()
+			full, err := a.current(ctx, all)
+			if err != nil {
+				return nil, err
+			}
+			a.checkFocus(a.desired.units, units, full)
+		}
 		if round == 0 {
 			first = plan
 			a.resumeVerification(plan, cur)
 		}
 		tPlanned := time.Now()
 		more, err := a.execute(ctx, plan, cur, round == maxRounds-1)
-		a.log.Debug("round", "n", round, "observe", tObserved.Sub(tr), "plan", tPlanned.Sub(tObserved), "execute", time.Since(tPlanned))
+		a.log.Debug("round", "n", round, "units", len(look), "observe", tObserved.Sub(tr), "plan", tPlanned.Sub(tObserved), "execute", time.Since(tPlanned))
 		if err != nil || !more {
 			applyErr = err
 			break
@@ -51,8 +61,8 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	a.keepBlobs()
 	a.persist()
 	t1 := time.Now()
-	reportErr := a.report(ctx, desired, plan)
-	a.log.Debug("pass", "units", len(plan), "apply", t1.Sub(t0), "report", time.Since(t1))
+	reportErr := a.report(ctx)
+	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
 	return first, errors.Join(applyErr, reportErr)
 }
 
@@ -96,6 +106,9 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 			return false, fmt.Errorf("record intent in the state directory: %w", err)
 		}
 		a.mem.intent = intent
+		for p, h := range claims {
+			a.managed.set(p, h)
+		}
 	}
 
 	// 2. Disables see the [Install] of the file on disk now.
@@ -190,6 +203,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 				a.record(act, "failed", err)
 				continue
 			}
+			a.managed.set(act.Unit, InstanceMarker)
 		}
 		if act.Job == JobStart || act.Job == JobRestart {
 			a.mem.started[act.Unit] = act.ContentKey
@@ -292,11 +306,13 @@ func (a *Agent) writeFiles(act Action) error {
 		if err := a.cfg.Manifest.Forget(p); err != nil {
 			return err
 		}
+		a.managed.forget(p)
 	}
 	for _, p := range act.Forget {
 		if err := a.cfg.Manifest.Forget(p); err != nil {
 			return err
 		}
+		a.managed.forget(p)
 	}
 	return nil
 }

@@ -157,6 +157,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		return
 	}
 	delete(a.jobs.inflight, r.unit)
+	a.touch(r.unit)
 	a.hand.mu.Lock()
 	fresh := r.fresh && a.hand.muted[r.unit] == r.muted // no signal since the read
 	delete(a.hand.jobbing, r.unit)
@@ -168,7 +169,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	if fresh {
 		a.keepState(r.unit, r.base)
 	} else {
-		delete(a.cache.states, r.unit)
+		a.dropState(r.unit)
 	}
 	act := run.act
 	if a.mem.intent.Jobs[r.unit] == act.ContentKey {

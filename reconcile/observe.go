@@ -7,86 +7,147 @@ import (
 )
 
 // observe reads desired state (the last snapshot) and current state (disk,
-// manifest, D-Bus), plus what the loop remembers, into one Current. Disk and
-// D-Bus are read only where something changed since the last look (cache.go).
-func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, error) {
+// manifest, D-Bus), plus what the loop remembers, into one Current, for the
+// units this round looks at (focus.go): units, nil for all of them; look,
+// those of them the agent knows. desired and cur hold the units of look.
+// Disk and D-Bus are read only where something changed since the last look
+// (cache.go).
+func (a *Agent) observe(ctx context.Context) (desired map[string]*DesiredUnit, units, look map[string]bool, cur Current, err error) {
 	a.takeDirty()
 	a.hand.mu.Lock()
 	snap := a.hand.snap
 	a.hand.mu.Unlock()
 	if snap == nil {
-		return nil, Current{}, ErrNoRegistry
+		return nil, nil, nil, Current{}, ErrNoRegistry
 	}
+	rescan := false
 	if snap != a.desired.snap {
+		old := a.desired.units
 		a.desired.units = a.desired.cache.desire(*snap)
 		a.desired.snap = snap
+		halts := map[string]Halt{}
+		for _, h := range snap.Halts {
+			halts[h.Unit] = h
+		}
+		a.newSnapshot(old, a.desired.units, halts)
 		// Something new may be wanted of a unit whose job is in flight (a
 		// removal stops a hung start): plan it from what it is now.
 		a.hand.mu.Lock()
 		for u, n := range a.hand.muted {
 			if n > 0 {
-				delete(a.cache.states, u)
+				a.dropState(u)
 			}
 		}
 		a.hand.mu.Unlock()
+		rescan = true
 	}
-	desired := a.desired.units
+	units = a.focusUnits()
+	look = units
+	if units == nil {
+		look = a.everyUnit()
+		rescan = true
+	} else {
+		look = map[string]bool{}
+		for u := range units {
+			if a.known(u) {
+				look[u] = true
+			}
+		}
+	}
+	if rescan {
+		a.rescan()
+	}
+	cur, err = a.current(ctx, look)
+	if err != nil {
+		return nil, nil, nil, Current{}, err
+	}
+	a.checkSlots(ctx)
+	desired = a.desired.units
+	if units != nil {
+		desired = map[string]*DesiredUnit{}
+		for u := range look {
+			if d := a.desired.units[u]; d != nil {
+				desired[u] = d
+			}
+		}
+	}
+	return desired, units, look, cur, nil
+}
+
+// rescan follows a change in the set of units the agent knows (a new
+// snapshot, or a pass over all of them): which units' signals matter, the
+// template → instances index, and the cached files and states of units
+// and paths no longer known (they would go stale).
+func (a *Agent) rescan() {
+	all := a.everyUnit()
+	a.indexInstances(all)
+	rel := make(map[string]bool, len(all))
+	paths := map[string]bool{}
+	for u := range all {
+		rel[u] = true
+		if d := a.desired.units[u]; d != nil {
+			for _, f := range d.Files() {
+				paths[f.Path] = true
+			}
+		}
+		for p, h := range a.managed.byUnit[u] {
+			if h != InstanceMarker {
+				paths[p] = true
+			}
+		}
+	}
+	a.hand.mu.Lock()
+	a.hand.relevant = rel
+	a.hand.mu.Unlock()
+	for p := range a.cache.files {
+		if !paths[p] {
+			delete(a.cache.files, p)
+		}
+	}
+	for u := range a.cache.states {
+		if !all[u] {
+			delete(a.cache.states, u) // signals are not forwarded for it any more
+		}
+	}
+	for u := range a.cache.fileStates {
+		if !all[u] {
+			delete(a.cache.fileStates, u)
+		}
+	}
+}
+
+// current reads the current state of units (all of them known).
+func (a *Agent) current(ctx context.Context, units map[string]bool) (Current, error) {
 	cur := Current{
 		Files:   map[string]LocalFile{},
-		Managed: a.cfg.Manifest.Managed(),
+		Managed: map[string]string{},
 		Units:   map[string]UnitState{},
 		Blobs:   map[string][]byte{},
-		Halts:   map[string]Halt{},
-	}
-	for _, h := range snap.Halts {
-		cur.Halts[h.Unit] = h
+		Halts:   a.focus.halts,
 	}
 	paths := map[string]bool{}
-	units := map[string]bool{}
-	for name, u := range desired {
-		units[name] = true
-		for _, f := range u.Files() {
-			paths[f.Path] = true
+	for u := range units {
+		if d := a.desired.units[u]; d != nil {
+			for _, f := range d.Files() {
+				paths[f.Path] = true
+			}
 		}
-	}
-	for p, h := range cur.Managed {
-		units[UnitOfPath(p)] = true
-		if h != InstanceMarker {
-			paths[p] = true
+		for p, h := range a.managed.byUnit[u] {
+			cur.Managed[p] = h
+			if h != InstanceMarker {
+				paths[p] = true
+			}
 		}
-	}
-	for u := range a.mem.records {
-		units[u] = true
-	}
-	for u := range a.jobs.inflight {
-		units[u] = true
 	}
 	for p := range paths {
 		lf := a.file(p)
 		cur.Files[p] = lf
 		a.noteDrift(p, cur.Managed[p], lf)
 	}
-	for p := range a.cache.files {
-		if !paths[p] {
-			delete(a.cache.files, p) // no longer watched for: would go stale
-		}
-	}
-	for u := range a.cache.states {
-		if !units[u] {
-			delete(a.cache.states, u) // signals are not forwarded for it any more
-		}
-	}
-	for u := range a.cache.fileStates {
-		if !units[u] {
-			delete(a.cache.fileStates, u)
-		}
-	}
 	if err := a.prefetch(ctx, units); err != nil {
-		return nil, Current{}, err
+		return Current{}, err
 	}
-	rel := map[string]bool{}
 	for u := range units {
-		rel[u] = true
 		if ValidateUnitName(u) != nil {
 			continue // not a name systemd knows: do not ask
 		}
@@ -94,22 +155,23 @@ func (a *Agent) observe(ctx context.Context) (map[string]*DesiredUnit, Current, 
 		// running version may be inside HealthySec, judged as usual.
 		st, err := a.state(ctx, u)
 		if err != nil {
-			return nil, Current{}, err
+			return Current{}, err
 		}
 		cur.Units[u] = st
 	}
-	a.hand.mu.Lock()
-	a.hand.relevant = rel
-	a.hand.mu.Unlock()
-	a.checkSlots(ctx)
-	a.remember(&cur)
-	return desired, cur, nil
+	a.remember(&cur, units)
+	return cur, nil
 }
 
-// remember fills in what the loop knows beyond disk and D-Bus. It runs
-// again after health verdicts changed the records.
-func (a *Agent) remember(cur *Current) {
-	cur.Records = maps.Clone(a.mem.records)
+// remember fills in what the loop knows beyond disk and D-Bus about units.
+// It runs again after health verdicts changed the records.
+func (a *Agent) remember(cur *Current, units map[string]bool) {
+	cur.Records = make(map[string]UnitRecord, len(units))
+	for u := range units {
+		if rec, ok := a.mem.records[u]; ok {
+			cur.Records[u] = rec
+		}
+	}
 	cur.Refused = a.mem.refused
 	cur.Started = a.mem.started
 	cur.Intent = Intent{Reload: a.mem.intent.Reload, Jobs: maps.Clone(a.mem.intent.Jobs)}
@@ -119,8 +181,9 @@ func (a *Agent) remember(cur *Current) {
 	// change and for rolling back: from the file when it still holds it,
 	// else from the state directory — read once and kept while a record
 	// refers to it (every pass re-read every unit's previous version).
-	kept := a.blobs.kept
-	a.blobs.kept = map[string][]byte{}
+	if a.blobs.kept == nil {
+		a.blobs.kept = map[string][]byte{}
+	}
 	for _, rec := range cur.Records {
 		for _, m := range []map[string]string{rec.Applied, rec.Previous} {
 			for p, h := range m {
@@ -129,12 +192,30 @@ func (a *Agent) remember(cur *Current) {
 				}
 				if lf := cur.Files[p]; lf.Hash == h {
 					cur.Blobs[h] = lf.Content
-				} else if b, ok := kept[h]; ok {
-					cur.Blobs[h], a.blobs.kept[h] = b, b
+				} else if b, ok := a.blobs.kept[h]; ok {
+					cur.Blobs[h] = b
 				} else if b, ok := a.cfg.Manifest.Blob(h); ok {
 					cur.Blobs[h], a.blobs.kept[h] = b, b
 				}
 			}
+		}
+	}
+}
+
+// pruneKept drops the kept versions no record refers to any more.
+func (a *Agent) pruneKept() {
+	refs := map[string]bool{}
+	for _, rec := range a.mem.records {
+		for _, h := range rec.Applied {
+			refs[h] = true
+		}
+		for _, h := range rec.Previous {
+			refs[h] = true
+		}
+	}
+	for h := range a.blobs.kept {
+		if !refs[h] {
+			delete(a.blobs.kept, h)
 		}
 	}
 }

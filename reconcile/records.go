@@ -4,29 +4,51 @@ import (
 	"maps"
 )
 
-// persist saves the records that changed, in one write, and drops blobs
-// nothing refers to any more.
+// persist saves the records that changed, in one write. Only the records
+// of units this pass planned, or touched for the next, can have changed;
+// after a pass over every unit all are compared, and blobs nothing refers
+// to any more are dropped.
 func (a *Agent) persist() {
-	saved := a.cfg.Manifest.Units()
+	full := a.focus.reported == nil
+	units := map[string]bool{}
+	if full {
+		for u := range a.mem.saved {
+			units[u] = true
+		}
+		for u := range a.mem.records {
+			units[u] = true
+		}
+	} else {
+		for u := range a.focus.reported {
+			units[u] = true
+		}
+		for u := range a.focus.touched {
+			units[u] = true
+		}
+	}
 	changed := map[string]UnitRecord{}
-	for u, rec := range a.mem.records {
-		if !recordEqual(saved[u], rec) {
-			changed[u] = rec
+	for u := range units {
+		rec, ok := a.mem.records[u]
+		saved, wasSaved := a.mem.saved[u]
+		if !recordEqual(saved, rec) || (wasSaved && !ok) {
+			changed[u] = rec // an empty record deletes
 		}
 	}
-	for u := range saved {
-		if _, ok := a.mem.records[u]; !ok {
-			changed[u] = UnitRecord{}
+	if len(changed) > 0 || !intentEqual(a.cfg.Manifest.Intent(), a.mem.intent) {
+		if err := a.cfg.Manifest.SetUnits(changed, a.mem.intent); err != nil {
+			a.log.Error("save unit records", "err", err)
+			return
+		}
+		for u, rec := range changed {
+			if _, ok := a.mem.records[u]; ok {
+				a.mem.saved[u] = rec
+			} else {
+				delete(a.mem.saved, u)
+			}
 		}
 	}
-	if len(changed) == 0 && intentEqual(a.cfg.Manifest.Intent(), a.mem.intent) {
-		return
-	}
-	if err := a.cfg.Manifest.SetUnits(changed, a.mem.intent); err != nil {
-		a.log.Error("save unit records", "err", err)
-		return
-	}
-	if len(changed) > 0 {
+	if full {
+		a.pruneKept()
 		if err := a.cfg.Manifest.GC(); err != nil {
 			a.log.Warn("clean state directory", "err", err)
 		}

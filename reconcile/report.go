@@ -8,111 +8,49 @@ import (
 	"time"
 )
 
-// report builds every unit's status and hands it to the publisher (which
-// writes to the registry only what changed, off the loop).
-func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, plan []Action) error {
-	managed := a.cfg.Manifest.Managed()
-	units := map[string]bool{}
-	for n := range desired {
-		units[n] = true
+// report builds the status of every unit the pass planned (every unit
+// after a full pass), keeps the others' as they were, and hands the whole
+// set to the publisher (which writes to the registry only what changed, off
+// the loop).
+func (a *Agent) report(ctx context.Context) error {
+	desired := a.desired.units
+	units := a.focus.reported
+	if units == nil {
+		units = a.everyUnit()
+		clear(a.focus.statuses)
+		a.focus.sorted = nil
 	}
-	dropIns := map[string][]string{}
-	for p, h := range managed {
-		u := UnitOfPath(p)
-		units[u] = true
-		if p != u && h != InstanceMarker {
-			dropIns[u] = append(dropIns[u], p)
-		}
-	}
-	byUnit := map[string]Action{}
-	for _, act := range plan {
-		byUnit[act.Unit] = act
-	}
-	var out []Status
 	for _, name := range slices.Sorted(maps.Keys(units)) {
-		d := desired[name]
-		act := byUnit[name]
-		s := Status{Unit: name, UpdatedAt: time.Now().UTC()}
-		if d != nil {
-			s.DesiredHash = d.Hash()
-			if d.File != nil {
-				s.Source = d.File.Source
+		if desired[name] == nil && len(a.managed.byUnit[name]) == 0 {
+			// Neither wanted nor managed: no status (what is remembered
+			// of it goes with its record).
+			if _, ok := a.focus.statuses[name]; ok {
+				delete(a.focus.statuses, name)
+				a.focus.sorted = nil
 			}
+			delete(a.mem.last, name)
+			continue
 		}
-		if managed[name] != InstanceMarker {
-			if lf := a.file(name); lf.Exists {
-				s.Hash = lf.Hash
-			}
+		s, err := a.status(ctx, name)
+		if err != nil {
+			return err
 		}
-		for _, p := range dropIns[name] {
-			if lf := a.file(p); lf.Exists {
-				if s.DropIns == nil {
-					s.DropIns = map[string]string{}
-				}
-				s.DropIns[p] = lf.Hash
-			}
+		if _, ok := a.focus.statuses[name]; !ok {
+			a.focus.sorted = nil
 		}
-		if ValidateUnitName(name) == nil {
-			st, err := a.state(ctx, name)
-			if err != nil {
-				return err
-			}
-			s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
-			s.UnitResult, s.MainPID = st.Result, st.MainPID
-			_, verifying := a.verify[name]
-			_, running := a.jobs.inflight[name]
-			if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" && !verifying && !running {
-				// While a job runs or the unit is verifying, the verdict
-				// comes when the loop takes the job's result: a job that
-				// failed a moment ago is not yet rolled back.
-				s.Error = fmt.Sprintf("unit failed (%s)", ExitDetail(st))
-			}
-			s.Health = a.healthWord(name, st, act.ContentKey)
-			_, s.Verifying = a.verify[name]
-			if d != nil && act.Policy.OnChange == "none" && st.Active() {
-				rec := a.mem.records[name]
-				s.PendingRestart = len(rec.Applied) > 0 && KeyOf(rec.Applied) != act.ContentKey
-			}
+		a.focus.statuses[name] = s
+	}
+	if a.cfg.CheckFocus && a.focus.reported != nil {
+		if err := a.checkStatuses(ctx); err != nil {
+			return err
 		}
-		if j, ok := a.jobs.inflight[name]; ok {
-			s.Job = j.act.Job.String()
-		}
-		if IsInstance(name) {
-			s.RunsHash = a.mem.records[name].Applied[TemplateOf(name)]
-		}
-		if e := a.mem.enableErr[name]; e != "" && s.Error == "" {
-			s.Error = e
-		}
-		if o, ok := a.mem.last[name]; ok {
-			s.Action, s.Result = o.action, o.result
-			if o.err != "" && (d == nil || o.contentKey == act.ContentKey || o.contentKey == ContentKey(d)) && o.result != "done" {
-				s.Error = o.err
-			}
-			if o.action == "rolled-back" && o.contentKey == act.ContentKey {
-				s.Error = o.err
-			}
-		}
-		if j, ok := a.jobs.inflight[name]; ok {
-			s.Action, s.Result = j.act.Kind.String(), "running"
-			if j.act.Kind == KindRollback {
-				s.Action = "rolling-back" // rolled back once the job is done
-			}
-		} else if act.Kind == KindWait {
-			s.Action, s.Result = "wait", "waiting"
-			if act.NeedSlot {
-				s.Action = "wait-slot"
-			}
-			if act.Err != "" {
-				s.Action, s.Error = "held", act.Err
-			}
-		}
-		if act.Kind == KindBlocked {
-			if o, ok := a.mem.last[name]; !ok || o.action != "rolled-back" {
-				s.Action, s.Result = KindBlocked.String(), "blocked"
-			}
-			s.Error = act.Err
-		}
-		out = append(out, s)
+	}
+	if a.focus.sorted == nil {
+		a.focus.sorted = slices.Sorted(maps.Keys(a.focus.statuses))
+	}
+	out := make([]Status, 0, len(a.focus.sorted))
+	for _, name := range a.focus.sorted {
+		out = append(out, a.focus.statuses[name])
 	}
 	a.hand.mu.Lock()
 	a.hand.statuses = out
@@ -122,15 +60,101 @@ func (a *Agent) report(ctx context.Context, desired map[string]*DesiredUnit, pla
 	rev := a.hand.revision
 	a.hand.mu.Unlock()
 	a.cfg.Observer.Reported(rev, out)
-	for u := range a.mem.last {
-		if !units[u] {
-			delete(a.mem.last, u)
-		}
-	}
 	if a.pub != nil {
 		a.gen = a.pub.offer(out)
 	}
 	return nil
+}
+
+// status builds one unit's status from what the loop knows of it.
+func (a *Agent) status(ctx context.Context, name string) (Status, error) {
+	desired := a.desired.units
+	d := desired[name]
+	act := a.focus.actions[name]
+	s := Status{Unit: name, UpdatedAt: time.Now().UTC()}
+	if d != nil {
+		s.DesiredHash = d.Hash()
+		if d.File != nil {
+			s.Source = d.File.Source
+		}
+	}
+	if a.managed.paths[name] != InstanceMarker {
+		if lf := a.file(name); lf.Exists {
+			s.Hash = lf.Hash
+		}
+	}
+	for p, h := range a.managed.byUnit[name] {
+		if p == name || h == InstanceMarker {
+			continue
+		}
+		if lf := a.file(p); lf.Exists {
+			if s.DropIns == nil {
+				s.DropIns = map[string]string{}
+			}
+			s.DropIns[p] = lf.Hash
+		}
+	}
+	if ValidateUnitName(name) == nil {
+		st, err := a.state(ctx, name)
+		if err != nil {
+			return Status{}, err
+		}
+		s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
+		s.UnitResult, s.MainPID = st.Result, st.MainPID
+		_, verifying := a.verify[name]
+		_, running := a.jobs.inflight[name]
+		if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" && !verifying && !running {
+			// While a job runs or the unit is verifying, the verdict
+			// comes when the loop takes the job's result: a job that
+			// failed a moment ago is not yet rolled back.
+			s.Error = fmt.Sprintf("unit failed (%s)", ExitDetail(st))
+		}
+		s.Health = a.healthWord(name, st, act.ContentKey)
+		_, s.Verifying = a.verify[name]
+		if d != nil && act.Policy.OnChange == "none" && st.Active() {
+			rec := a.mem.records[name]
+			s.PendingRestart = len(rec.Applied) > 0 && KeyOf(rec.Applied) != act.ContentKey
+		}
+	}
+	if j, ok := a.jobs.inflight[name]; ok {
+		s.Job = j.act.Job.String()
+	}
+	if IsInstance(name) {
+		s.RunsHash = a.mem.records[name].Applied[TemplateOf(name)]
+	}
+	if e := a.mem.enableErr[name]; e != "" && s.Error == "" {
+		s.Error = e
+	}
+	if o, ok := a.mem.last[name]; ok {
+		s.Action, s.Result = o.action, o.result
+		if o.err != "" && (d == nil || o.contentKey == act.ContentKey || o.contentKey == ContentKey(d)) && o.result != "done" {
+			s.Error = o.err
+		}
+		if o.action == "rolled-back" && o.contentKey == act.ContentKey {
+			s.Error = o.err
+		}
+	}
+	if j, ok := a.jobs.inflight[name]; ok {
+		s.Action, s.Result = j.act.Kind.String(), "running"
+		if j.act.Kind == KindRollback {
+			s.Action = "rolling-back" // rolled back once the job is done
+		}
+	} else if act.Kind == KindWait {
+		s.Action, s.Result = "wait", "waiting"
+		if act.NeedSlot {
+			s.Action = "wait-slot"
+		}
+		if act.Err != "" {
+			s.Action, s.Error = "held", act.Err
+		}
+	}
+	if act.Kind == KindBlocked {
+		if o, ok := a.mem.last[name]; !ok || o.action != "rolled-back" {
+			s.Action, s.Result = KindBlocked.String(), "blocked"
+		}
+		s.Error = act.Err
+	}
+	return s, nil
 }
 
 // healthWord is the agent's verdict on the version a unit runs, for status.

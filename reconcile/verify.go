@@ -105,6 +105,7 @@ func (a *Agent) fail(ctx context.Context, w *window, reason string) {
 			tr.Applied = old
 		}
 		a.mem.records[t] = tr
+		a.touch(t)
 	}
 	switch {
 	case !w.act.Policy.Rollback:

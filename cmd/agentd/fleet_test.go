@@ -254,6 +254,11 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// Every agent the tests start, in this process or as a child, checks
+	// each focused pass against a plan of every unit (benchmarks unset it).
+	if _, set := os.LookupEnv(checkFocusEnv); !set {
+		os.Setenv(checkFocusEnv, "1")
+	}
 	code := m.Run()
 	if builtAgent != "" {
 		os.RemoveAll(filepath.Dir(builtAgent))

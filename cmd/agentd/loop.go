@@ -65,6 +65,10 @@ func (l loopSystemd) Summaries(ctx context.Context, units []string) (map[string]
 	return sum, err
 }
 
+// checkFocusEnv, set to 1, makes the agent check every focused pass against
+// a plan of every unit (reconcile.Config.CheckFocus). The tests set it.
+const checkFocusEnv = "AGENTD_TEST_CHECK_FOCUS"
+
 // pauseAt is a test-only fault, switched on by the hidden flag
 // --test-pause-at: when a pass reaches that point it writes
 // <stateDir>/paused-at-<point> and blocks until the agent shuts down, so a

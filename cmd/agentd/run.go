@@ -354,6 +354,9 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		Observer:          multiObserver{svc, met, mem},
 		HeartbeatInterval: svc.heartbeatInterval(),
 		Pause:             pauseAt(o.pauseAt, o.stateDir, log),
+		// Test only: every pass also plans every unit and panics if the
+		// units it left out would have been planned differently.
+		CheckFocus: os.Getenv(checkFocusEnv) == "1",
 	})
 	onSnapshot := func(s reconcile.Snapshot) {
 		met.SnapshotReceived(s.Revision)

@@ -1,0 +1,265 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"time"
+)
+
+// A pass plans and reports only the units something touched, not every unit
+// the host runs: with 5,000 managed units, planning and reporting every one
+// of them made a signal for one unit cost 60 ms of the agent's CPU. Plan is
+// a function of each unit's own inputs (its desired value, files, state,
+// record, jobs, window, slot, halt) and of its template's and instances',
+// so a unit none of those changed for would be planned as before. The loop
+// therefore keeps each unit's last action and status and looks at:
+//
+//   - every unit, at start, after everything was forgotten (a reconnect to
+//     systemd, a failed pass, `agentd sync`) and at the periodic resync;
+//   - the units something touched since their last plan: a signal, a file,
+//     a job's end, a verdict, the end of a HealthySec window, a changed
+//     registry value or halt, a slot (touch, and dropState);
+//   - the units whose last action was not idle (a wait, a job to run, a
+//     change to write: planned again until it is done), the units with a
+//     job in flight, inside HealthySec or owed by the intent;
+//   - with each of those, its template and the template's instances.
+//
+// Config.CheckFocus (tests) plans every unit beside each focused plan and
+// panics when a unit outside the focus would have been planned differently.
+
+// focus is what the loop keeps between passes to look only at what changed.
+// Loop-owned.
+type focus struct {
+	all     bool            // the next round looks at every unit
+	touched map[string]bool // units to plan again at the next round
+	busy    map[string]bool // units whose last action was not idle
+	actions map[string]Action
+	// statuses holds every unit's last status; sorted its names in order
+	// (nil when a unit came or went).
+	statuses map[string]Status
+	sorted   []string
+	halts    map[string]Halt
+	// instances maps a template to its instances among the units known,
+	// rebuilt with them (a new instance comes only with a new snapshot).
+	instances map[string][]string
+	// reported collects the units a pass planned, over its rounds: the
+	// ones whose status is built again.
+	reported map[string]bool
+}
+
+func newFocus() focus {
+	return focus{all: true, touched: map[string]bool{}, busy: map[string]bool{}, actions: map[string]Action{},
+		statuses: map[string]Status{}, halts: map[string]Halt{}, instances: map[string][]string{}, reported: map[string]bool{}}
+}
+
+// touch makes the next round plan unit again.
+func (a *Agent) touch(unit string) { a.focus.touched[unit] = true }
+
+// idle says an action does nothing and waits for nothing: planned again
+// from the same inputs it would be the same idle action, so the unit can be
+// left out of passes until something touches it.
+func idle(act Action) bool {
+	return act.Kind == KindNone && !act.Changes() && len(act.Forget) == 0 && act.Job == JobNone &&
+		!act.Enable && !act.Disable && !act.Adopt && act.Refuse == nil && !act.DropRecord && !act.ResetFailed
+}
+
+// focusUnits returns the units this round looks at, nil for all of them.
+// It takes what was touched: a later touch is for the next round.
+func (a *Agent) focusUnits() map[string]bool {
+	if a.focus.all {
+		a.focus.all = false
+		clear(a.focus.touched)
+		return nil
+	}
+	units := a.focus.touched
+	a.focus.touched = map[string]bool{}
+	for u := range a.focus.busy {
+		units[u] = true
+	}
+	for u := range a.verify {
+		units[u] = true
+	}
+	for u := range a.jobs.inflight {
+		units[u] = true
+	}
+	for u := range a.mem.intent.Jobs {
+		units[u] = true
+	}
+	for u := range units {
+		if IsInstance(u) {
+			units[TemplateOf(u)] = true
+		}
+	}
+	for u := range units {
+		if IsTemplate(u) {
+			for _, i := range a.focus.instances[u] {
+				units[i] = true
+			}
+		}
+	}
+	return units
+}
+
+// known says whether the agent has anything to do with unit: the registry
+// wants it, or it manages files of it, remembers it or runs a job on it.
+func (a *Agent) known(unit string) bool {
+	_, rec := a.mem.records[unit]
+	_, job := a.jobs.inflight[unit]
+	return a.desired.units[unit] != nil || len(a.managed.byUnit[unit]) > 0 || rec || job
+}
+
+// everyUnit is every unit the agent knows (see known).
+func (a *Agent) everyUnit() map[string]bool {
+	units := map[string]bool{}
+	for name := range a.desired.units {
+		units[name] = true
+	}
+	for u := range a.managed.byUnit {
+		units[u] = true
+	}
+	for u := range a.mem.records {
+		units[u] = true
+	}
+	for u := range a.jobs.inflight {
+		units[u] = true
+	}
+	return units
+}
+
+// indexInstances rebuilds the template → instances index from units.
+func (a *Agent) indexInstances(units map[string]bool) {
+	a.focus.instances = map[string][]string{}
+	for u := range units {
+		if IsInstance(u) {
+			t := TemplateOf(u)
+			a.focus.instances[t] = append(a.focus.instances[t], u)
+		}
+	}
+}
+
+// newSnapshot touches the units whose desired value or halt differs
+// between two desires of the registry.
+func (a *Agent) newSnapshot(old, now map[string]*DesiredUnit, halts map[string]Halt) {
+	for name, d := range now {
+		if !sameDesired(old[name], d) {
+			a.touch(name)
+		}
+	}
+	for name := range old {
+		if now[name] == nil {
+			a.touch(name)
+		}
+	}
+	for u, h := range halts {
+		if o, ok := a.focus.halts[u]; !ok || !sameHalt(o, h) {
+			a.touch(u)
+		}
+	}
+	for u := range a.focus.halts {
+		if _, ok := halts[u]; !ok {
+			a.touch(u)
+		}
+	}
+	a.focus.halts = halts
+}
+
+func sameDesired(x, y *DesiredUnit) bool {
+	if x == nil || y == nil {
+		return x == y
+	}
+	sameFile := func(f, g DesiredFile) bool { return f.Path == g.Path && f.Hash == g.Hash && f.Source == g.Source }
+	if x.Name != y.Name || x.Instance != y.Instance || x.Policy != y.Policy || (x.File == nil) != (y.File == nil) ||
+		(x.Err == nil) != (y.Err == nil) || len(x.DropIns) != len(y.DropIns) {
+		return false
+	}
+	if x.Err != nil && x.Err.Error() != y.Err.Error() {
+		return false
+	}
+	if x.File != nil && !sameFile(*x.File, *y.File) {
+		return false
+	}
+	for p, f := range x.DropIns {
+		if g, ok := y.DropIns[p]; !ok || !sameFile(f, g) {
+			return false
+		}
+	}
+	return true
+}
+
+func sameHalt(x, y Halt) bool {
+	return x.Scope == y.Scope && x.Unit == y.Unit && x.Hash == y.Hash && x.Host == y.Host && x.Reason == y.Reason && x.At.Equal(y.At)
+}
+
+// planned keeps a round's plan: units (nil: all) were planned, and those
+// of them without an action in plan have none any more.
+func (a *Agent) planned(units map[string]bool, plan []Action) {
+	if units == nil {
+		clear(a.focus.actions)
+		clear(a.focus.busy)
+		a.focus.reported = nil // every unit's status is built
+	} else {
+		for u := range units {
+			delete(a.focus.actions, u)
+			delete(a.focus.busy, u)
+			if a.focus.reported != nil {
+				a.focus.reported[u] = true
+			}
+		}
+	}
+	for _, act := range plan {
+		a.focus.actions[act.Unit] = act
+		if !idle(act) {
+			a.focus.busy[act.Unit] = true
+		}
+	}
+}
+
+// checkFocus (Config.CheckFocus) plans every unit from everything the loop
+// knows and panics if a unit outside the focus would get another action
+// than the one kept for it.
+func (a *Agent) checkFocus(desired map[string]*DesiredUnit, units map[string]bool, full Current) {
+	if got := a.cfg.Manifest.Managed(); !maps.Equal(got, a.managed.paths) {
+		panic(fmt.Sprintf("focus check: the agent's copy of the manifest differs from it:\n kept %v\n file %v", a.managed.paths, got))
+	}
+	plan := Plan(desired, full)
+	want := map[string]Action{}
+	for _, act := range plan {
+		want[act.Unit] = act
+	}
+	for _, u := range slices.Sorted(maps.Keys(want)) {
+		if units[u] {
+			continue
+		}
+		if kept, ok := a.focus.actions[u]; !ok || !reflect.DeepEqual(kept, want[u]) {
+			panic(fmt.Sprintf("focus check: %s was left out of the pass but is planned differently now:\n kept %+v\n  now %+v", u, kept, want[u]))
+		}
+	}
+	for u := range a.focus.actions {
+		if _, ok := want[u]; !ok && !units[u] {
+			panic(fmt.Sprintf("focus check: %s was left out of the pass with an action kept, but has none now", u))
+		}
+	}
+}
+
+// checkStatuses (Config.CheckFocus) builds the status of every unit the
+// pass did not report on and panics if it differs from the one kept.
+func (a *Agent) checkStatuses(ctx context.Context) error {
+	for u := range a.everyUnit() {
+		if a.focus.reported[u] || (a.desired.units[u] == nil && len(a.managed.byUnit[u]) == 0) {
+			continue
+		}
+		now, err := a.status(ctx, u)
+		if err != nil {
+			return err
+		}
+		kept, ok := a.focus.statuses[u]
+		now.UpdatedAt, kept.UpdatedAt = time.Time{}, time.Time{}
+		if !ok || !reflect.DeepEqual(kept, now) {
+			panic(fmt.Sprintf("focus check: %s was left out of the report but its status is another now:\n kept %+v\n  now %+v", u, kept, now))
+		}
+	}
+	return nil
+}

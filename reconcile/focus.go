@@ -141,16 +141,21 @@ func (a *Agent) indexInstances(units map[string]bool) {
 }
 
 // newSnapshot touches the units whose desired value or halt differs
-// between two desires of the registry.
-func (a *Agent) newSnapshot(old, now map[string]*DesiredUnit, halts map[string]Halt) {
+// between two desires of the registry. It says whether a unit came or went.
+func (a *Agent) newSnapshot(old, now map[string]*DesiredUnit, halts map[string]Halt) (unitsChanged bool) {
 	for name, d := range now {
-		if !sameDesired(old[name], d) {
+		o, ok := old[name]
+		if !ok {
+			unitsChanged = true
+		}
+		if !sameDesired(o, d) {
 			a.touch(name)
 		}
 	}
 	for name := range old {
 		if now[name] == nil {
 			a.touch(name)
+			unitsChanged = true
 		}
 	}
 	for u, h := range halts {
@@ -164,6 +169,7 @@ func (a *Agent) newSnapshot(old, now map[string]*DesiredUnit, halts map[string]H
 		}
 	}
 	a.focus.halts = halts
+	return unitsChanged
 }
 
 func sameDesired(x, y *DesiredUnit) bool {

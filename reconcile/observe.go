@@ -29,7 +29,7 @@ func (a *Agent) observe(ctx context.Context) (desired map[string]*DesiredUnit, u
 		for _, h := range snap.Halts {
 			halts[h.Unit] = h
 		}
-		a.newSnapshot(old, a.desired.units, halts)
+		rescan = a.newSnapshot(old, a.desired.units, halts)
 		// Something new may be wanted of a unit whose job is in flight (a
 		// removal stops a hung start): plan it from what it is now.
 		a.hand.mu.Lock()
@@ -39,7 +39,6 @@ func (a *Agent) observe(ctx context.Context) (desired map[string]*DesiredUnit, u
 			}
 		}
 		a.hand.mu.Unlock()
-		rescan = true
 	}
 	units = a.focusUnits()
 	look = units
@@ -74,10 +73,12 @@ func (a *Agent) observe(ctx context.Context) (desired map[string]*DesiredUnit, u
 	return desired, units, look, cur, nil
 }
 
-// rescan follows a change in the set of units the agent knows (a new
-// snapshot, or a pass over all of them): which units' signals matter, the
-// template → instances index, and the cached files and states of units
-// and paths no longer known (they would go stale).
+// rescan follows a change in the set of units the agent knows (a unit
+// came into or left the registry; and every pass over all units): which
+// units' signals matter, the template → instances index, and the cached
+// files and states of units and paths no longer known. A new value for a
+// unit known before changes none of these — a path it no longer has stays
+// cached until the next rescan, kept fresh by fsnotify like any other.
 func (a *Agent) rescan() {
 	all := a.everyUnit()
 	a.indexInstances(all)

@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -264,6 +264,10 @@ func compareForm(st reconcile.Status) ([]byte, error) {
 type pubEntry struct {
 	form []byte
 	rev  int64
+	// st is the status form was made from: the same status handed in
+	// again (the agent keeps the statuses of units a pass did not look
+	// at, UpdatedAt and all) is known unchanged without encoding it.
+	st reconcile.Status
 }
 
 // syncRounds bounds how many transactions one Report spends chasing keys
@@ -316,32 +320,39 @@ type statusChange struct {
 	unit string
 	op   clientv3.Op
 	form []byte // nil for a delete
+	st   reconcile.Status
 }
 
 // changesLocked lists the puts and deletes that turn s.published into
 // s.want.
 func (s *Session) changesLocked(root string, lease clientv3.LeaseID) ([]statusChange, error) {
 	var changes []statusChange
-	for _, u := range slices.Sorted(maps.Keys(s.want)) {
-		st := s.want[u]
+	for u, st := range s.want {
+		old := s.published[u]
+		if old.form != nil && reflect.DeepEqual(old.st, st) {
+			continue
+		}
 		form, err := compareForm(st)
 		if err != nil {
 			return nil, fmt.Errorf("report: encode status of %s: %w", u, err)
 		}
-		if old := s.published[u]; old.form != nil && bytes.Equal(old.form, form) {
+		if old.form != nil && bytes.Equal(old.form, form) {
 			continue
 		}
 		val, err := json.Marshal(st)
 		if err != nil {
 			return nil, fmt.Errorf("report: encode status of %s: %w", u, err)
 		}
-		changes = append(changes, statusChange{u, clientv3.OpPut(root+u, string(val), clientv3.WithLease(lease)), form})
+		changes = append(changes, statusChange{u, clientv3.OpPut(root+u, string(val), clientv3.WithLease(lease)), form, st})
 	}
-	for _, u := range slices.Sorted(maps.Keys(s.published)) {
+	for u := range s.published {
 		if _, ok := s.want[u]; !ok {
-			changes = append(changes, statusChange{u, clientv3.OpDelete(root + u), nil})
+			changes = append(changes, statusChange{u, clientv3.OpDelete(root + u), nil, reconcile.Status{}})
 		}
 	}
+	// In unit order: a large report is cut into transactions the same way
+	// every time.
+	slices.SortFunc(changes, func(x, y statusChange) int { return strings.Compare(x.unit, y.unit) })
 	return changes, nil
 }
 
@@ -374,7 +385,7 @@ func (s *Session) commitLocked(ctx context.Context, root string, lease clientv3.
 		}
 		for _, ch := range chunk {
 			if ch.form != nil {
-				s.published[ch.unit] = pubEntry{ch.form, resp.Header.Revision}
+				s.published[ch.unit] = pubEntry{ch.form, resp.Header.Revision, ch.st}
 			} else {
 				delete(s.published, ch.unit)
 			}

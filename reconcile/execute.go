@@ -22,6 +22,11 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	var first []Action
 	var applyErr error
 	a.focus.reported = map[string]bool{}
+	if !a.cfg.CheckFocus {
+		// Only this pass's actions are looked at again (by report, for
+		// the units it planned); the check compares the others.
+		a.focus.actions = map[string]Action{}
+	}
 	for round := 0; round < maxRounds; round++ {
 		a.drainResults(ctx)
 		tr := time.Now()

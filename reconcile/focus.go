@@ -6,7 +6,6 @@ import (
 	"maps"
 	"reflect"
 	"slices"
-	"time"
 )
 
 // A pass plans and reports only the units something touched, not every unit
@@ -15,16 +14,18 @@ import (
 // a function of each unit's own inputs (its desired value, files, state,
 // record, jobs, window, slot, halt) and of its template's and instances',
 // so a unit none of those changed for would be planned as before. The loop
-// therefore keeps each unit's last action and status and looks at:
+// therefore keeps each unit's last status, and which units' last action was
+// not idle, and looks at:
 //
 //   - every unit, at start, after everything was forgotten (a reconnect to
 //     systemd, a failed pass, `agentd sync`) and at the periodic resync;
 //   - the units something touched since their last plan: a signal, a file,
 //     a job's end, a verdict, the end of a HealthySec window, a changed
-//     registry value or halt, a slot (touch, and dropState);
+//     registry value or halt (touch, and dropState);
 //   - the units whose last action was not idle (a wait, a job to run, a
 //     change to write: planned again until it is done), the units with a
-//     job in flight, inside HealthySec or owed by the intent;
+//     job in flight, inside HealthySec or owed by the intent — so a
+//     MaxUnavailable slot, which matters only to those, needs no touch;
 //   - with each of those, its template and the template's instances.
 //
 // Config.CheckFocus (tests) plans every unit beside each focused plan and
@@ -36,11 +37,16 @@ type focus struct {
 	all     bool            // the next round looks at every unit
 	touched map[string]bool // units to plan again at the next round
 	busy    map[string]bool // units whose last action was not idle
+	// actions holds the actions of the units planned this pass (of
+	// every unit planned since start under Config.CheckFocus, which
+	// compares them).
 	actions map[string]Action
 	// statuses holds every unit's last status; sorted its names in order
-	// (nil when a unit came or went).
+	// (nil when a unit came or went); list the statuses in that order as
+	// last handed out (never changed once handed out).
 	statuses map[string]Status
 	sorted   []string
+	list     []Status
 	halts    map[string]Halt
 	// instances maps a template to its instances among the units known,
 	// rebuilt with them (a new instance comes only with a new snapshot).
@@ -262,8 +268,7 @@ func (a *Agent) checkStatuses(ctx context.Context) error {
 			return err
 		}
 		kept, ok := a.focus.statuses[u]
-		now.UpdatedAt, kept.UpdatedAt = time.Time{}, time.Time{}
-		if !ok || !reflect.DeepEqual(kept, now) {
+		if !ok || !sameStatus(kept, now) {
 			panic(fmt.Sprintf("focus check: %s was left out of the report but its status is another now:\n kept %+v\n  now %+v", u, kept, now))
 		}
 	}

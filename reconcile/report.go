@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"time"
 )
@@ -11,59 +12,83 @@ import (
 // report builds the status of every unit the pass planned (every unit
 // after a full pass), keeps the others' as they were, and hands the whole
 // set to the publisher (which writes to the registry only what changed, off
-// the loop).
+// the loop). A status keeps its UpdatedAt until it changes; when none
+// changed the set handed out before is handed out again.
 func (a *Agent) report(ctx context.Context) error {
 	desired := a.desired.units
 	units := a.focus.reported
-	if units == nil {
+	full := units == nil
+	if full {
 		units = a.everyUnit()
-		clear(a.focus.statuses)
-		a.focus.sorted = nil
 	}
-	for _, name := range slices.Sorted(maps.Keys(units)) {
+	changed := false
+	drop := func(name string) {
+		if _, ok := a.focus.statuses[name]; ok {
+			delete(a.focus.statuses, name)
+			a.focus.sorted, changed = nil, true
+		}
+		delete(a.mem.last, name)
+	}
+	for name := range units {
 		if desired[name] == nil && len(a.managed.byUnit[name]) == 0 {
 			// Neither wanted nor managed: no status (what is remembered
 			// of it goes with its record).
-			if _, ok := a.focus.statuses[name]; ok {
-				delete(a.focus.statuses, name)
-				a.focus.sorted = nil
-			}
-			delete(a.mem.last, name)
+			drop(name)
 			continue
 		}
 		s, err := a.status(ctx, name)
 		if err != nil {
 			return err
 		}
-		if _, ok := a.focus.statuses[name]; !ok {
+		old, ok := a.focus.statuses[name]
+		if ok && sameStatus(old, s) {
+			continue
+		}
+		if !ok {
 			a.focus.sorted = nil
 		}
-		a.focus.statuses[name] = s
+		a.focus.statuses[name], changed = s, true
 	}
-	if a.cfg.CheckFocus && a.focus.reported != nil {
+	if full {
+		for name := range a.focus.statuses {
+			if !units[name] {
+				drop(name)
+			}
+		}
+	}
+	if a.cfg.CheckFocus && !full {
 		if err := a.checkStatuses(ctx); err != nil {
 			return err
 		}
 	}
-	if a.focus.sorted == nil {
-		a.focus.sorted = slices.Sorted(maps.Keys(a.focus.statuses))
-	}
-	out := make([]Status, 0, len(a.focus.sorted))
-	for _, name := range a.focus.sorted {
-		out = append(out, a.focus.statuses[name])
+	if changed || a.focus.list == nil {
+		if a.focus.sorted == nil {
+			a.focus.sorted = slices.Sorted(maps.Keys(a.focus.statuses))
+		}
+		out := make([]Status, 0, len(a.focus.sorted))
+		for _, name := range a.focus.sorted {
+			out = append(out, a.focus.statuses[name])
+		}
+		a.focus.list = out
+		if a.pub != nil {
+			a.gen = a.pub.offer(out)
+		}
 	}
 	a.hand.mu.Lock()
-	a.hand.statuses = out
+	a.hand.statuses = a.focus.list
 	if a.hand.snap != nil {
 		a.hand.revision = a.hand.snap.Revision
 	}
 	rev := a.hand.revision
 	a.hand.mu.Unlock()
-	a.cfg.Observer.Reported(rev, out)
-	if a.pub != nil {
-		a.gen = a.pub.offer(out)
-	}
+	a.cfg.Observer.Reported(rev, a.focus.list)
 	return nil
+}
+
+// sameStatus says two statuses differ at most in UpdatedAt.
+func sameStatus(x, y Status) bool {
+	x.UpdatedAt, y.UpdatedAt = time.Time{}, time.Time{}
+	return reflect.DeepEqual(x, y)
 }
 
 // status builds one unit's status from what the loop knows of it.

@@ -590,3 +590,31 @@ func TestSignalRefreshesOnlyItsUnitsStatus(t *testing.T) {
 		t.Errorf("an operator's stop was undone or acted on: %v", calls)
 	}
 }
+
+// The periodic resync is the safety net for a missed signal: a unit stopped
+// behind the agent's back with no signal at all shows as stopped after it,
+// though no pass looked at the unit in between.
+func TestResyncCatchesAMissedSignal(t *testing.T) {
+	files, m, _ := testDirs(t)
+	sd := &fakeSystemd{active: map[string]bool{}}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true, ResyncInterval: 300 * time.Millisecond})
+	a.SetSnapshot(snapshot("a.service", "b.service"))
+	stop := runAgent(t, a)
+	defer stop()
+	waitCalls(t, sd, 3)
+	sd.mu.Lock()
+	sd.active["b.service"] = false // no UnitChanged: the signal was lost
+	sd.mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		_, st := a.Statuses()
+		for _, s := range st {
+			if s.Unit == "b.service" && s.ActiveState == "inactive" {
+				return
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, st := a.Statuses()
+	t.Fatalf("after the resync b.service should show inactive: %+v", st)
+}

@@ -68,7 +68,11 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	t1 := time.Now()
 	reportErr := a.report(ctx)
 	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
-	return first, errors.Join(applyErr, reportErr)
+	err := errors.Join(applyErr, reportErr)
+	if err != nil {
+		a.focus.all = true // the next pass looks at every unit again
+	}
+	return first, err
 }
 
 // drainResults takes the job results that are waiting, so a pass judges

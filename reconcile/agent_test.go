@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -617,4 +618,114 @@ func TestResyncCatchesAMissedSignal(t *testing.T) {
 	}
 	_, st := a.Statuses()
 	t.Fatalf("after the resync b.service should show inactive: %+v", st)
+}
+
+// lightSystemd is a fake systemd that knows no unit until the first
+// daemon-reload, lists units (Summarizer), reads timeouts alone
+// (TimeoutReader), and records each start's deadline.
+type lightSystemd struct {
+	*fakeSystemd
+	reloaded  atomic.Bool
+	full      atomic.Int64 // full state reads after the reload, before the jobs
+	starts    atomic.Int64
+	timeouts  map[string][2]uint64
+	deadlines sync.Map // unit -> time.Duration until the job's deadline (-1: none)
+}
+
+func (l *lightSystemd) Reload(ctx context.Context) error {
+	l.reloaded.Store(true)
+	return l.fakeSystemd.Reload(ctx)
+}
+
+func (l *lightSystemd) State(ctx context.Context, u string) (reconcile.UnitState, error) {
+	if !l.reloaded.Load() {
+		return reconcile.UnitState{LoadState: "not-found", ActiveState: "inactive", SubState: "dead"}, nil
+	}
+	if l.starts.Load() == 0 {
+		l.full.Add(1)
+	}
+	st, err := l.fakeSystemd.State(ctx, u)
+	st.TimeoutStartUSec, st.TimeoutStopUSec = l.timeouts[u][0], l.timeouts[u][1]
+	return st, err
+}
+
+func (l *lightSystemd) Summaries(ctx context.Context, units []string) (map[string]reconcile.UnitSummary, error) {
+	out := map[string]reconcile.UnitSummary{}
+	for _, u := range units {
+		st, _ := l.fakeSystemd.State(ctx, u)
+		if !l.reloaded.Load() {
+			st.LoadState = "not-found"
+		}
+		out[u] = reconcile.UnitSummary{LoadState: st.LoadState, ActiveState: st.ActiveState, SubState: st.SubState}
+	}
+	return out, nil
+}
+
+func (l *lightSystemd) Timeouts(_ context.Context, u string) (uint64, uint64, error) {
+	return l.timeouts[u][0], l.timeouts[u][1], nil
+}
+
+func (l *lightSystemd) Start(ctx context.Context, u string) error {
+	l.starts.Add(1)
+	d := time.Duration(-1)
+	if dl, ok := ctx.Deadline(); ok {
+		d = time.Until(dl)
+	}
+	l.deadlines.Store(u, d)
+	return l.fakeSystemd.Start(ctx, u)
+}
+
+// The first sync of many new units plans them from one listing after the
+// daemon-reload (a full read of a unit systemd has just loaded costs it
+// milliseconds), yet each job still waits as long as the unit's own
+// timeouts say: none for TimeoutStartSec=infinity.
+func TestFirstSyncPlansNewUnitsFromTheListing(t *testing.T) {
+	files, m, _ := testDirs(t)
+	sd := &lightSystemd{fakeSystemd: &fakeSystemd{active: map[string]bool{}}, timeouts: map[string][2]uint64{
+		"inf.service":  {math.MaxUint64, 90_000_000},
+		"slow.service": {600_000_000, 20_000_000},
+	}}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	names := []string{"inf.service", "slow.service"}
+	for i := range 10 {
+		names = append(names, fmt.Sprintf("u%02d.service", i))
+	}
+	a.SetSnapshot(snapshot(names...))
+	stop := runAgent(t, a)
+	defer stop()
+	waitCalls(t, sd.fakeSystemd, 1+len(names))
+	if n := sd.full.Load(); n != 0 {
+		t.Errorf("%d full state reads of units systemd had just loaded, before their jobs; want them planned from the listing", n)
+	}
+	deadline := func(u string) time.Duration {
+		d, ok := sd.deadlines.Load(u)
+		if !ok {
+			t.Fatalf("%s was not started", u)
+		}
+		return d.(time.Duration)
+	}
+	if d := deadline("inf.service"); d != -1 {
+		t.Errorf("TimeoutStartSec=infinity: the start's wait has a deadline in %s, want none", d)
+	}
+	if d := deadline("slow.service"); d < 10*time.Minute || d > 10*time.Minute+time.Minute {
+		t.Errorf("TimeoutStartSec=10min: the start's wait ends in %s, want 10 min and a margin", d)
+	}
+	if d := deadline("u00.service"); d < 90*time.Second || d > 2*time.Minute {
+		t.Errorf("systemd's default timeout: the start's wait ends in %s, want 90 s and a margin", d)
+	}
+	// After the jobs, the units are read in full: their statuses are systemd's.
+	deadlineAt := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadlineAt) {
+		_, st := a.Statuses()
+		done := len(st) == len(names)
+		for _, s := range st {
+			done = done && s.ActiveState == "active" && s.Health == "healthy"
+		}
+		if done {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, st := a.Statuses()
+	t.Fatalf("after the first sync every unit should be active and healthy: %+v", st)
 }

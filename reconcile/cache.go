@@ -49,6 +49,17 @@ type FileStateSkipper interface {
 	StateSkippingFileState(ctx context.Context, unit string) (UnitState, error)
 }
 
+// TimeoutReader is an optional capability of Systemd: a unit's own job
+// timeouts, alone (UnitState.TimeoutStartUSec, TimeoutStopUSec). With it,
+// the units a daemon-reload has just loaded for the first time are planned
+// from one listing (Light) and only their timeouts are read, as their jobs
+// start: a full read of such a unit cost systemd 7.5–8.8 ms (measured with
+// 1,200 unit files, 300 units per figure), the listing 0.1–0.14 ms, and
+// the first sync of 1,000 units read them all.
+type TimeoutReader interface {
+	Timeouts(ctx context.Context, unit string) (start, stop uint64, err error)
+}
+
 // cache is the loop's memory of systemd's and the disk's view. Loop-owned.
 type cache struct {
 	states map[string]UnitState
@@ -59,10 +70,13 @@ type cache struct {
 	// is forgotten for a unit the loop enabled or disabled, and for all at
 	// the resync.
 	fileStates map[string]string
+	// unknown holds the units systemd last said it has no file for
+	// (not-found): once a daemon-reload loads one, it has no past to read.
+	unknown map[string]bool
 }
 
 func newCache() cache {
-	return cache{states: map[string]UnitState{}, files: map[string]LocalFile{}, fileStates: map[string]string{}}
+	return cache{states: map[string]UnitState{}, files: map[string]LocalFile{}, fileStates: map[string]string{}, unknown: map[string]bool{}}
 }
 
 // needsFileState says whether a read of unit's state must ask systemd for
@@ -111,6 +125,11 @@ func (a *Agent) stateReader(unit string) func(context.Context) (UnitState, error
 func (a *Agent) keepState(unit string, st UnitState) {
 	a.cache.states[unit] = st
 	a.cache.fileStates[unit] = st.UnitFileState
+	if st.LoadState == "not-found" {
+		a.cache.unknown[unit] = true
+	} else {
+		delete(a.cache.unknown, unit)
+	}
 }
 
 // dropState forgets a unit's state: it is read again, and the unit planned
@@ -331,15 +350,20 @@ func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
 		return nil // observe reads it
 	}
 	if sum, ok := a.cfg.Systemd.(Summarizer); ok && len(need) > readWorkers {
+		_, light := a.cfg.Systemd.(TimeoutReader)
 		if got, err := sum.Summaries(ctx, need); err == nil {
 			rest := need[:0]
 			for _, u := range need {
-				if s, ok := got[u]; ok && s.LoadState == "not-found" {
+				s, ok := got[u]
+				switch {
+				case ok && s.LoadState == "not-found":
 					a.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState,
 						LoadError: "Unit " + u + " not found."})
-					continue
+				case ok && light && a.cache.unknown[u] && s.LoadState == "loaded" && s.ActiveState == "inactive" && s.SubState == "dead":
+					a.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Light: true})
+				default:
+					rest = append(rest, u)
 				}
-				rest = append(rest, u)
 			}
 			need = rest
 		}

@@ -98,9 +98,19 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 	// version is not judged by what the new job does to the unit.
 	delete(a.verify, act.Unit)
 	deadline := JobDeadline(act.Job, st)
-	a.log.Debug("job started", "unit", act.Unit, "job", act.Job.String(), "deadline", deadline)
+	a.log.Debug("job started", "unit", act.Unit, "job", act.Job.String(), "deadline", deadline, "light", st.Light)
 	read := a.stateReader(act.Unit)
+	timeouts, _ := a.cfg.Systemd.(TimeoutReader)
 	a.jobs.wg.Go(func() {
+		if st.Light && timeouts != nil {
+			// Planned from a listing: the unit's own timeouts first.
+			var err error
+			st.TimeoutStartUSec, st.TimeoutStopUSec, err = timeouts.Timeouts(ctx, act.Unit)
+			if err != nil && ctx.Err() == nil {
+				a.log.Warn(act.Unit+": its job timeouts could not be read; waiting for systemd's default", "unit", act.Unit, "err", err)
+			}
+			deadline = JobDeadline(act.Job, st)
+		}
 		jctx, cancel := ctx, context.CancelFunc(func() {})
 		if deadline > 0 {
 			jctx, cancel = context.WithTimeout(ctx, deadline)

@@ -104,6 +104,14 @@ type UnitState struct {
 	// (services, sockets, mounts); 0 when the type has none, math.MaxUint64
 	// for infinity.
 	TimeoutStartUSec, TimeoutStopUSec uint64
+	// Light marks a state taken from the listing of many units at once
+	// (ListUnitsByNames) for a unit systemd had just loaded for the first
+	// time: only LoadState ("loaded"), ActiveState ("inactive") and
+	// SubState are systemd's; the rest is what such a unit has — it never
+	// ran, it has no newer file (NeedDaemonReload=no), no result — and its
+	// timeouts and UnitFileState are not known. A job on it reads its
+	// timeouts first (TimeoutReader); the read after the job is a full one.
+	Light bool
 }
 
 // ErrOutcomeUnknown marks a job whose outcome the agent cannot know: its own

@@ -371,6 +371,40 @@ func (m *Manager) state(ctx context.Context, unit string, fileState bool) (recon
 	return s, nil
 }
 
+// Timeouts reads a unit's own job timeouts (see reconcile.UnitState): the
+// properties a job's deadline needs, and nothing else. Right after a
+// daemon-reload a full read of a unit systemd just loaded costs it several
+// milliseconds (it works out UnitFileState and serializes hundreds of
+// properties); the loop plans such a unit from ListUnitsByNames and reads
+// only these when it starts the unit's job (reconcile.TimeoutReader).
+func (m *Manager) Timeouts(ctx context.Context, unit string) (start, stop uint64, err error) {
+	var names []string
+	switch typeInterface(unit) {
+	case "Service":
+		names = []string{"TimeoutStartUSec", "TimeoutStopUSec"}
+	case "Socket", "Mount", "Swap":
+		names = []string{"TimeoutUSec"}
+	case "Scope":
+		names = []string{"TimeoutStopUSec"}
+	default:
+		return 0, 0, nil // Timer, Path, Automount, Target, ...: no timeout of their own
+	}
+	var props map[string]any
+	_, err = m.callConn(ctx, func(c *conn) error {
+		var err error
+		props, err = properties(ctx, c.bus, unit, typeInterface(unit), names)
+		return err
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("timeouts of %s: %w", unit, err)
+	}
+	if t, ok := props["TimeoutUSec"]; ok {
+		v, _ := t.(uint64)
+		return v, v, nil
+	}
+	return prop[uint64](props, "TimeoutStartUSec"), prop[uint64](props, "TimeoutStopUSec"), nil
+}
+
 // Summaries lists the load, active and sub state of many units in one call
 // (ListUnitsByNames): the reconcile loop's periodic resync compares them with
 // what it holds instead of reading every unit in full.
@@ -474,11 +508,17 @@ func readState(ctx context.Context, c *conn, unit string, fileState bool) (recon
 // calls: a goroutine per call made 10,000 of them when 1,000 jobs ended
 // together, and 157 MiB of peak RSS).
 func unitProperties(ctx context.Context, bus *godbus.Conn, unit string, names []string) (map[string]any, error) {
+	return properties(ctx, bus, unit, "Unit", names)
+}
+
+// properties gets the named properties of one of unit's interfaces
+// (org.freedesktop.systemd1.<iface>), all calls in flight at once.
+func properties(ctx context.Context, bus *godbus.Conn, unit, iface string, names []string) (map[string]any, error) {
 	obj := bus.Object("org.freedesktop.systemd1", godbus.ObjectPath(unitPathPrefix+sddbus.PathBusEscape(unit)))
 	done := make(chan *godbus.Call, len(names))
 	calls := make([]*godbus.Call, len(names))
 	for i, name := range names {
-		calls[i] = obj.GoWithContext(ctx, "org.freedesktop.DBus.Properties.Get", 0, done, "org.freedesktop.systemd1.Unit", name)
+		calls[i] = obj.GoWithContext(ctx, "org.freedesktop.DBus.Properties.Get", 0, done, "org.freedesktop.systemd1."+iface, name)
 	}
 	for range calls {
 		<-done // each call ends, with its reply, an error, or ctx's

@@ -293,6 +293,41 @@ func TestManager(t *testing.T) {
 		}
 	})
 
+	// Timeouts reads what a full read says of the timeouts, for every kind
+	// of unit (the loop plans a unit just loaded from a listing and reads
+	// only these when its job starts).
+	t.Run("Timeouts", func(t *testing.T) {
+		units := map[string]string{
+			"to-infinity.service": "[Service]\nExecStart=/bin/sleep 1000\nTimeoutStartSec=infinity\n",
+			"to-set.service":      "[Service]\nExecStart=/bin/sleep 1000\nTimeoutStartSec=7\nTimeoutStopSec=9\n",
+			"to-default.service":  "[Service]\nExecStart=/bin/sleep 1000\n",
+			"to-sock.socket":      "[Socket]\nListenStream=%t/to-sock.sock\nTimeoutSec=5\n",
+			"to-sock.service":     "[Service]\nExecStart=/bin/sleep 1000\n",
+			"to-timer.timer":      "[Timer]\nOnActiveSec=1h\nUnit=to-default.service\n",
+			"to-path.path":        "[Path]\nPathExists=/nonexistent\nUnit=to-default.service\n",
+			"to-target.target":    "[Unit]\nDescription=t\n",
+		}
+		for name, content := range units {
+			writeUnit(t, h, name, content)
+		}
+		reload(t, m)
+		want := map[string][2]uint64{"to-infinity.service": {math.MaxUint64, 90_000_000}, "to-set.service": {7_000_000, 9_000_000},
+			"to-sock.socket": {5_000_000, 5_000_000}, "to-timer.timer": {}, "to-path.path": {}, "to-target.target": {}}
+		for name := range units {
+			start, stop, err := m.Timeouts(ctx, name)
+			if err != nil {
+				t.Fatalf("Timeouts(%s): %v", name, err)
+			}
+			full := state(t, m, name)
+			if start != full.TimeoutStartUSec || stop != full.TimeoutStopUSec {
+				t.Errorf("Timeouts(%s) = %d, %d; the full read says %d, %d", name, start, stop, full.TimeoutStartUSec, full.TimeoutStopUSec)
+			}
+			if w, ok := want[name]; ok && (start != w[0] || stop != w[1]) {
+				t.Errorf("Timeouts(%s) = %d, %d, want %d, %d", name, start, stop, w[0], w[1])
+			}
+		}
+	})
+
 	t.Run("Closed", func(t *testing.T) {
 		m := open(t, h)
 		done := make(chan error, 1)

@@ -53,6 +53,18 @@ func (l loopSystemd) StateSkippingFileState(ctx context.Context, unit string) (r
 	return st, err
 }
 
+// Timeouts passes the timeouts-only read through, where the systemd
+// underneath has it; otherwise they come from a full read.
+func (l loopSystemd) Timeouts(ctx context.Context, unit string) (start, stop uint64, err error) {
+	if t, ok := l.Systemd.(reconcile.TimeoutReader); ok {
+		start, stop, err = t.Timeouts(ctx, unit)
+		l.noteConnected(ctx, err)
+		return start, stop, err
+	}
+	st, err := l.State(ctx, unit)
+	return st.TimeoutStartUSec, st.TimeoutStopUSec, err
+}
+
 // Summaries passes the resync's one-call listing through, where the
 // systemd underneath has it.
 func (l loopSystemd) Summaries(ctx context.Context, units []string) (map[string]reconcile.UnitSummary, error) {

@@ -43,6 +43,67 @@ func TestBurstOf50UnitsOneReload(t *testing.T) {
 	}
 }
 
+// A first sync of many new units of every kind, in one put: the agent
+// plans units systemd has just loaded from one listing (reconcile's Light
+// states) and reads each unit in full only after its job. Each still ends
+// as systemd says — services and a oneshot healthy, a timer and a socket
+// waiting — and a start that hangs (TimeoutStartSec=infinity) is still
+// waited for, not given up on, while the others converge.
+func TestFirstSyncOfManyKinds(t *testing.T) {
+	t.Parallel() // waits on jobs, not the CPU
+	e := newEnv(t)
+	e.startAgent()
+	units := map[string]string{
+		"fk-once.service":   "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n" + fast,
+		"fk-tick.timer":     "[Timer]\nOnActiveSec=1h\nUnit=fk-ticked.service\n" + fast,
+		"fk-ticked.service": "[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Agentd]\nState=present\n",
+		"fk-sock.socket":    "[Socket]\nListenStream=%t/fk-sock.sock\n" + fast,
+		"fk-sock.service":   "[Service]\nExecStart=/bin/sleep 1000\n[X-Agentd]\nState=present\n",
+		"fk-hung.service":   "[Service]\nType=exec\nExecStartPre=/bin/sleep 300\nExecStart=/bin/sleep 1000\nTimeoutStartSec=infinity\n",
+	}
+	for i := range 10 {
+		units[fmt.Sprintf("fk-%02d.service", i)] = fmt.Sprintf("[Service]\nType=exec\nExecStart=/bin/sleep %d\n"+fast, 2000+i)
+	}
+	args := []string{"unit", "put"}
+	for name, content := range units {
+		args = append(args, e.writeUnit(name, content))
+	}
+	if out, code := e.cli(append(args, "--host", e.host)...); code != 0 {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	want := map[string]string{"fk-once.service": "active", "fk-tick.timer": "active", "fk-sock.socket": "active",
+		"fk-ticked.service": "inactive", "fk-sock.service": "inactive", "fk-hung.service": "activating"}
+	for i := range 10 {
+		want[fmt.Sprintf("fk-%02d.service", i)] = "active"
+	}
+	var differs string
+	converged := func() bool {
+		for name, active := range want {
+			s, ok := e.status(name)
+			// A unit's signals are not followed while the agent's job on it
+			// runs: the hung one's status shows the job, not its state.
+			hung := name == "fk-hung.service"
+			if got := e.h.ActiveState(t, name); got != active || !ok || (!hung && s.ActiveState != active) || (active == "active" && s.Health != "healthy") {
+				differs = fmt.Sprintf("%s: systemd says %s, want %s; status %+v", name, got, active, s)
+				return false
+			}
+		}
+		return true
+	}
+	for deadline := time.Now().Add(20 * time.Second); !converged(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not converged: %s", differs)
+		}
+	}
+	s, _ := e.status("fk-hung.service")
+	if s.Job != "start" || s.Action != "start" || s.Result != "running" {
+		t.Errorf("the hung start: status %+v, want its start job still waited for", s)
+	}
+	if s, _ := e.status("fk-00.service"); s.MainPID == 0 || s.MainPID != e.h.MainPID(t, "fk-00.service") {
+		t.Errorf("fk-00.service: status MainPID %d, systemd's %d: the read after the job is not systemd's", s.MainPID, e.h.MainPID(t, "fk-00.service"))
+	}
+}
+
 // A file the agent did not write is never overwritten; status says why.
 func TestUnmanagedFileIsNeverOverwritten(t *testing.T) {
 	e := newEnv(t)

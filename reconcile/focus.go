@@ -41,13 +41,11 @@ type focus struct {
 	// every unit planned since start under Config.CheckFocus, which
 	// compares them).
 	actions map[string]Action
-	// statuses holds every unit's last status; sorted its names in order
-	// (nil when a unit came or went); list the statuses in that order as
-	// last handed out (never changed once handed out).
-	statuses map[string]Status
-	sorted   []string
-	list     []Status
-	halts    map[string]Halt
+	// list holds every unit's last status, sorted by unit, as last handed
+	// out (never written to once handed out); index says where each unit's is.
+	list  []Status
+	index map[string]int
+	halts map[string]Halt
 	// instances maps a template to its instances among the units known,
 	// rebuilt with them (a new instance comes only with a new snapshot).
 	instances map[string][]string
@@ -58,7 +56,7 @@ type focus struct {
 
 func newFocus() focus {
 	return focus{all: true, touched: map[string]bool{}, busy: map[string]bool{}, actions: map[string]Action{},
-		statuses: map[string]Status{}, halts: map[string]Halt{}, instances: map[string][]string{}, reported: map[string]bool{}}
+		index: map[string]int{}, halts: map[string]Halt{}, instances: map[string][]string{}, reported: map[string]bool{}}
 }
 
 // touch makes the next round plan unit again.
@@ -258,7 +256,7 @@ func (a *Agent) checkFocus(desired map[string]*DesiredUnit, units map[string]boo
 
 // checkStatuses (Config.CheckFocus) builds the status of every unit the
 // pass did not report on and panics if it differs from the one kept.
-func (a *Agent) checkStatuses(ctx context.Context) error {
+func (a *Agent) checkStatuses(ctx context.Context, changed map[string]*Status) error {
 	for u := range a.everyUnit() {
 		if a.focus.reported[u] || (a.desired.units[u] == nil && len(a.managed.byUnit[u]) == 0) {
 			continue
@@ -267,8 +265,12 @@ func (a *Agent) checkStatuses(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		kept, ok := a.focus.statuses[u]
-		if !ok || !sameStatus(kept, now) {
+		i, ok := a.focus.index[u]
+		if _, c := changed[u]; c || !ok || !sameStatus(a.focus.list[i], now) {
+			var kept Status
+			if ok {
+				kept = a.focus.list[i]
+			}
 			panic(fmt.Sprintf("focus check: %s was left out of the report but its status is another now:\n kept %+v\n  now %+v", u, kept, now))
 		}
 	}

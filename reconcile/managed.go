@@ -1,16 +1,21 @@
 package reconcile
 
+import (
+	"iter"
+	"slices"
+)
+
 // managedIndex is the loop's copy of the paths the manifest says the agent
 // owns, indexed by unit. Only the loop changes the manifest, and it updates
 // this copy with every change it makes (Claim, Set, Forget), so a pass looks
 // up one unit's paths without cloning the whole manifest. Loop-owned.
 type managedIndex struct {
-	paths  map[string]string            // path -> hash (or InstanceMarker), as in the manifest
-	byUnit map[string]map[string]string // unit -> its paths
+	paths  map[string]string   // path -> hash (or InstanceMarker), as in the manifest
+	byUnit map[string][]string // unit -> its paths (most units: one)
 }
 
 func newManagedIndex(paths map[string]string) managedIndex {
-	m := managedIndex{paths: map[string]string{}, byUnit: map[string]map[string]string{}}
+	m := managedIndex{paths: map[string]string{}, byUnit: map[string][]string{}}
 	for p, h := range paths {
 		m.set(p, h)
 	}
@@ -18,19 +23,32 @@ func newManagedIndex(paths map[string]string) managedIndex {
 }
 
 func (m *managedIndex) set(path, hash string) {
-	m.paths[path] = hash
-	u := UnitOfPath(path)
-	if m.byUnit[u] == nil {
-		m.byUnit[u] = map[string]string{}
+	if _, ok := m.paths[path]; !ok {
+		u := UnitOfPath(path)
+		m.byUnit[u] = append(m.byUnit[u], path)
 	}
-	m.byUnit[u][path] = hash
+	m.paths[path] = hash
 }
 
 func (m *managedIndex) forget(path string) {
+	if _, ok := m.paths[path]; !ok {
+		return
+	}
 	delete(m.paths, path)
 	u := UnitOfPath(path)
-	delete(m.byUnit[u], path)
+	m.byUnit[u] = slices.DeleteFunc(m.byUnit[u], func(p string) bool { return p == path })
 	if len(m.byUnit[u]) == 0 {
 		delete(m.byUnit, u)
+	}
+}
+
+// of yields the managed paths of unit with their hashes.
+func (m *managedIndex) of(unit string) iter.Seq2[string, string] {
+	return func(yield func(string, string) bool) {
+		for _, p := range m.byUnit[unit] {
+			if !yield(p, m.paths[p]) {
+				return
+			}
+		}
 	}
 }

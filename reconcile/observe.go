@@ -91,7 +91,7 @@ func (a *Agent) rescan() {
 				paths[f.Path] = true
 			}
 		}
-		for p, h := range a.managed.byUnit[u] {
+		for p, h := range a.managed.of(u) {
 			if h != InstanceMarker {
 				paths[p] = true
 			}
@@ -133,7 +133,7 @@ func (a *Agent) current(ctx context.Context, units map[string]bool) (Current, er
 				paths[f.Path] = true
 			}
 		}
-		for p, h := range a.managed.byUnit[u] {
+		for p, h := range a.managed.of(u) {
 			cur.Managed[p] = h
 			if h != InstanceMarker {
 				paths[p] = true

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -21,57 +22,44 @@ func (a *Agent) report(ctx context.Context) error {
 	if full {
 		units = a.everyUnit()
 	}
-	changed := false
-	drop := func(name string) {
-		if _, ok := a.focus.statuses[name]; ok {
-			delete(a.focus.statuses, name)
-			a.focus.sorted, changed = nil, true
-		}
-		delete(a.mem.last, name)
-	}
+	changed := map[string]*Status{} // nil: the unit has no status any more
 	for name := range units {
+		_, had := a.focus.index[name]
 		if desired[name] == nil && len(a.managed.byUnit[name]) == 0 {
 			// Neither wanted nor managed: no status (what is remembered
 			// of it goes with its record).
-			drop(name)
+			if had {
+				changed[name] = nil
+			}
+			delete(a.mem.last, name)
 			continue
 		}
 		s, err := a.status(ctx, name)
 		if err != nil {
 			return err
 		}
-		old, ok := a.focus.statuses[name]
-		if ok && sameStatus(old, s) {
+		if had && sameStatus(a.focus.list[a.focus.index[name]], s) {
 			continue
 		}
-		if !ok {
-			a.focus.sorted = nil
-		}
-		a.focus.statuses[name], changed = s, true
+		changed[name] = &s
 	}
 	if full {
-		for name := range a.focus.statuses {
+		for name := range a.focus.index {
 			if !units[name] {
-				drop(name)
+				changed[name] = nil
+				delete(a.mem.last, name)
 			}
 		}
 	}
 	if a.cfg.CheckFocus && !full {
-		if err := a.checkStatuses(ctx); err != nil {
+		if err := a.checkStatuses(ctx, changed); err != nil {
 			return err
 		}
 	}
-	if changed || a.focus.list == nil {
-		if a.focus.sorted == nil {
-			a.focus.sorted = slices.Sorted(maps.Keys(a.focus.statuses))
-		}
-		out := make([]Status, 0, len(a.focus.sorted))
-		for _, name := range a.focus.sorted {
-			out = append(out, a.focus.statuses[name])
-		}
-		a.focus.list = out
+	if len(changed) > 0 || a.focus.list == nil {
+		a.focus.update(changed)
 		if a.pub != nil {
-			a.gen = a.pub.offer(out)
+			a.gen = a.pub.offer(a.focus.list)
 		}
 	}
 	a.hand.mu.Lock()
@@ -83,6 +71,43 @@ func (a *Agent) report(ctx context.Context) error {
 	a.hand.mu.Unlock()
 	a.cfg.Observer.Reported(rev, a.focus.list)
 	return nil
+}
+
+// update makes a new list of statuses with changed applied (the old one
+// may still be published or read: it is never written to).
+func (f *focus) update(changed map[string]*Status) {
+	replace := true
+	for name, s := range changed {
+		if _, ok := f.index[name]; !ok || s == nil {
+			replace = false
+			break
+		}
+	}
+	if replace {
+		list := slices.Clone(f.list)
+		for name, s := range changed {
+			list[f.index[name]] = *s
+		}
+		f.list = list
+		return
+	}
+	list := make([]Status, 0, len(f.list)+len(changed))
+	for _, s := range f.list {
+		if _, ok := changed[s.Unit]; !ok {
+			list = append(list, s)
+		}
+	}
+	for _, s := range changed {
+		if s != nil {
+			list = append(list, *s)
+		}
+	}
+	slices.SortFunc(list, func(x, y Status) int { return strings.Compare(x.Unit, y.Unit) })
+	f.list = list
+	f.index = make(map[string]int, len(list))
+	for i, s := range list {
+		f.index[s.Unit] = i
+	}
 }
 
 // sameStatus says two statuses differ at most in UpdatedAt.
@@ -108,7 +133,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 			s.Hash = lf.Hash
 		}
 	}
-	for p, h := range a.managed.byUnit[name] {
+	for p, h := range a.managed.of(name) {
 		if p == name || h == InstanceMarker {
 			continue
 		}

@@ -22,11 +22,6 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	var first []Action
 	var applyErr error
 	a.focus.reported = map[string]bool{}
-	if !a.cfg.CheckFocus {
-		// Only this pass's actions are looked at again (by report, for
-		// the units it planned); the check compares the others.
-		a.focus.actions = map[string]Action{}
-	}
 	for round := 0; round < maxRounds; round++ {
 		a.drainResults(ctx)
 		tr := time.Now()
@@ -67,6 +62,11 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	a.persist()
 	t1 := time.Now()
 	reportErr := a.report(ctx)
+	if !a.cfg.CheckFocus {
+		// Only report looks at this pass's actions again (the check
+		// compares them with the next passes' plans).
+		a.focus.actions = map[string]Action{}
+	}
 	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
 	err := errors.Join(applyErr, reportErr)
 	if err != nil {

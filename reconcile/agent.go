@@ -197,6 +197,7 @@ type memory struct {
 	intent    Intent
 	refused   map[string]Refusal
 	started   map[string]string // unit -> content key last started (see Current.Started)
+	manager   string            // the service manager instance (Current.Manager)
 	last      map[string]outcome
 	drifted   map[string]string // path -> on-disk hash already reported as drift
 	enableErr map[string]string // unit -> the last failed enable/disable, until one succeeds

@@ -60,6 +60,13 @@ type TimeoutReader interface {
 	Timeouts(ctx context.Context, unit string) (start, stop uint64, err error)
 }
 
+// ManagerIdentifier is an optional capability of Systemd: a name for the
+// running service manager instance (Current.Manager), read at every pass
+// over all units (start, reconnect, resync).
+type ManagerIdentifier interface {
+	ManagerID(ctx context.Context) (string, error)
+}
+
 // cache is the loop's memory of systemd's and the disk's view. Loop-owned.
 type cache struct {
 	states map[string]UnitState

@@ -194,6 +194,9 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	case act.Kind == KindRollback:
 		rec := a.mem.records[r.unit]
 		rec.Applied, rec.Good, rec.Previous = act.Effective, act.Effective, nil
+		if act.Job == JobStart || act.Job == JobRestart {
+			rec.StartedIn = a.mem.manager
+		}
 		a.mem.records[r.unit] = rec
 		a.cfg.Observer.Rollback(r.unit)
 		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Effective)) + " (the version that ran before)"
@@ -214,6 +217,9 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	}
 	rec.Applied = act.Effective
 	rec.Own = act.Own
+	if act.Job == JobStart || act.Job == JobRestart {
+		rec.StartedIn = a.mem.manager
+	}
 	a.mem.records[r.unit] = rec
 	if outcome == JobDone {
 		a.record(act, "done", nil)

@@ -45,6 +45,7 @@ func (a *Agent) observe(ctx context.Context) (desired map[string]*DesiredUnit, u
 	if units == nil {
 		look = a.everyUnit()
 		rescan = true
+		a.identifyManager(ctx)
 	} else {
 		look = map[string]bool{}
 		for u := range units {
@@ -117,6 +118,20 @@ func (a *Agent) rescan() {
 	}
 }
 
+// identifyManager reads which service manager instance runs (see
+// UnitRecord.StartedIn); unknown ("") when systemd cannot say.
+func (a *Agent) identifyManager(ctx context.Context) {
+	id, ok := a.cfg.Systemd.(ManagerIdentifier)
+	if !ok {
+		return
+	}
+	m, err := id.ManagerID(ctx)
+	if err != nil {
+		a.log.Debug("service manager instance unknown", "err", err)
+	}
+	a.mem.manager = m
+}
+
 // current reads the current state of units (all of them known).
 func (a *Agent) current(ctx context.Context, units map[string]bool) (Current, error) {
 	cur := Current{
@@ -175,6 +190,7 @@ func (a *Agent) remember(cur *Current, units map[string]bool) {
 	}
 	cur.Refused = a.mem.refused
 	cur.Started = a.mem.started
+	cur.Manager = a.mem.manager
 	cur.Intent = Intent{Reload: a.mem.intent.Reload, Jobs: maps.Clone(a.mem.intent.Jobs)}
 	cur.Slots = a.slots.held()
 	a.rememberInFlight(cur)

@@ -171,6 +171,11 @@ type UnitRecord struct {
 	// Own is what the agent owns of the unit (kept after its drop-ins are
 	// removed, until the change has been applied to the running unit).
 	Own Ownership `json:"own,omitempty"`
+	// StartedIn is the service manager instance (Current.Manager) under
+	// which the agent last started or restarted the unit: systemd forgets
+	// that an inactive unit ran once it unloads it, and an operator's stop
+	// must outlive an agent restart.
+	StartedIn string `json:"startedIn,omitempty"`
 }
 
 // Empty reports whether there is nothing worth remembering.
@@ -212,6 +217,9 @@ type Current struct {
 	Blobs map[string][]byte
 	// Refused maps a unit to the content key systemd refused to load and why.
 	Refused map[string]Refusal
+	// Manager names the running service manager instance ("" when
+	// unknown): see UnitRecord.StartedIn.
+	Manager string
 	// Started maps a unit to the content key this agent process last
 	// started or restarted it with. systemd forgets that a unit ran once it
 	// unloads it (an unreferenced unit is unloaded when stopped), so this is
@@ -584,11 +592,14 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			}
 		case d.Instance && !isManaged[name]:
 			a.Kind, a.Job, a.Reason = KindStart, JobStart, "new instance of "+TemplateOf(name)
-		case !st.Ran && st.LoadState == "loaded" && cur.Started[name] != a.ContentKey && !ranToCompletion(st, rec, a.ContentKey):
+		case !st.Ran && st.LoadState == "loaded" && cur.Started[name] != a.ContentKey && !ranToCompletion(st, rec, a.ContentKey) &&
+			!(cur.Manager != "" && rec.StartedIn == cur.Manager && KeyOf(rec.Applied) == a.ContentKey):
 			// Not run since the manager started (a boot, or the agent was
 			// away): start it. A unit that ran and stopped or failed is left
 			// as it is — an operator's stop is respected, and a crash is
-			// systemd's Restart= to handle; both show in status.
+			// systemd's Restart= to handle; both show in status. So is one
+			// the agent started under this very manager: systemd unloaded
+			// it once stopped and forgot it ran, the agent did not.
 			a.Kind, a.Job, a.Reason = KindStart, JobStart, "not started since the manager started"
 		}
 	case changed || stale:

@@ -217,6 +217,26 @@ func TestPlan2Transitions(t *testing.T) {
 				return c
 			},
 			want: p2Want{kind: KindStart, job: JobStart, own: OwnFile, reasonLike: "not started since the manager started"}},
+		// systemd unloads a stopped unit nothing refers to, and forgets it
+		// ran; the record says under which manager the agent started it.
+		{name: "started by the agent under this manager, stopped and unloaded (an operator's stop): left alone",
+			entries: []Entry{entry(p2Hello, svc)},
+			cur: func() Current {
+				c := p2Host(map[string]UnitState{p2Hello: fresh}, p2Hello, svc)
+				c.Manager = "boot-a/123"
+				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile, StartedIn: "boot-a/123"}
+				return c
+			},
+			want: p2Want{kind: KindNone, own: OwnFile}},
+		{name: "started by the agent under another manager (a reboot), not run since: started",
+			entries: []Entry{entry(p2Hello, svc)},
+			cur: func() Current {
+				c := p2Host(map[string]UnitState{p2Hello: fresh}, p2Hello, svc)
+				c.Manager = "boot-b/456"
+				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile, StartedIn: "boot-a/123"}
+				return c
+			},
+			want: p2Want{kind: KindStart, job: JobStart, own: OwnFile, reasonLike: "not started since the manager started"}},
 		{name: "oneshot never seen to complete, not run since the manager started: started",
 			entries: []Entry{entry(p2Hello, svc)},
 			cur: func() Current {

@@ -57,7 +57,7 @@ func (a *Agent) persist() {
 
 func recordEqual(x, y UnitRecord) bool {
 	return maps.Equal(x.Applied, y.Applied) && maps.Equal(x.Good, y.Good) && maps.Equal(x.Previous, y.Previous) &&
-		x.Failed == y.Failed && x.FailReason == y.FailReason && x.FailedOp == y.FailedOp && x.Own == y.Own
+		x.Failed == y.Failed && x.FailReason == y.FailReason && x.FailedOp == y.FailedOp && x.Own == y.Own && x.StartedIn == y.StartedIn
 }
 
 func (a *Agent) record(act Action, result string, err error) {

@@ -18,7 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -369,6 +371,33 @@ func (m *Manager) state(ctx context.Context, unit string, fileState bool) (recon
 		return reconcile.UnitState{}, fmt.Errorf("state of %s: %w", unit, err)
 	}
 	return s, nil
+}
+
+// ManagerID names this instance of the service manager: the kernel's boot
+// ID and the moment the manager began (UserspaceTimestampMonotonic). It
+// changes with a reboot and when a user's manager is started anew, not
+// with daemon-reload or daemon-reexec (the manager keeps its timestamps).
+// systemd forgets that a unit ran once it unloads it (an inactive unit
+// nothing refers to); the agent remembers under which manager it last
+// started the unit, so that an operator's stop outlives an agent restart
+// (reconcile.ManagerIdentifier).
+func (m *Manager) ManagerID(ctx context.Context) (string, error) {
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("manager id: %w", err)
+	}
+	var began uint64
+	_, err = m.callConn(ctx, func(c *conn) error {
+		var v godbus.Variant
+		err := c.bus.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").CallWithContext(ctx,
+			"org.freedesktop.DBus.Properties.Get", 0, "org.freedesktop.systemd1.Manager", "UserspaceTimestampMonotonic").Store(&v)
+		began, _ = v.Value().(uint64)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("manager id: %w", err)
+	}
+	return strings.TrimSpace(string(boot)) + "/" + strconv.FormatUint(began, 10), nil
 }
 
 // Timeouts reads a unit's own job timeouts (see reconcile.UnitState): the

@@ -328,6 +328,23 @@ func TestManager(t *testing.T) {
 		}
 	})
 
+	// ManagerID names the manager instance: the same across calls and a
+	// daemon-reload, another for another manager.
+	t.Run("ManagerID", func(t *testing.T) {
+		id, err := m.ManagerID(ctx)
+		if err != nil || id == "" {
+			t.Fatalf("ManagerID = %q, %v", id, err)
+		}
+		reload(t, m)
+		if again, err := m.ManagerID(ctx); err != nil || again != id {
+			t.Errorf("ManagerID after a daemon-reload = %q, %v; want %q", again, err, id)
+		}
+		other := open(t, systemdtest.Start(t))
+		if oid, err := other.ManagerID(ctx); err != nil || oid == id || oid == "" {
+			t.Errorf("another manager's ManagerID = %q, %v; this one's %q", oid, err, id)
+		}
+	})
+
 	t.Run("Closed", func(t *testing.T) {
 		m := open(t, h)
 		done := make(chan error, 1)

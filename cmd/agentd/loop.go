@@ -65,6 +65,16 @@ func (l loopSystemd) Timeouts(ctx context.Context, unit string) (start, stop uin
 	return st.TimeoutStartUSec, st.TimeoutStopUSec, err
 }
 
+// ManagerID passes the service manager's instance name through, where the
+// systemd underneath has it.
+func (l loopSystemd) ManagerID(ctx context.Context) (string, error) {
+	m, ok := l.Systemd.(reconcile.ManagerIdentifier)
+	if !ok {
+		return "", errors.New("manager id not supported")
+	}
+	return m.ManagerID(ctx)
+}
+
 // Summaries passes the resync's one-call listing through, where the
 // systemd underneath has it.
 func (l loopSystemd) Summaries(ctx context.Context, units []string) (map[string]reconcile.UnitSummary, error) {

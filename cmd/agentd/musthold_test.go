@@ -451,4 +451,22 @@ func TestOperatorStopIsRespected(t *testing.T) {
 	if st := e.h.ActiveState(t, "hello.service"); st != "inactive" {
 		t.Fatalf("agent undid the operator's stop: %s", st)
 	}
+	// systemd unloads the stopped unit (nothing refers to it) and forgets
+	// it ran; a restarted agent still knows it started it under this
+	// manager, and leaves it stopped.
+	e.agent.stop(t)
+	a := e.startAgent()
+	if _, err := a.agent.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.h.ActiveState(t, "hello.service"); st != "inactive" {
+		t.Fatalf("a restarted agent undid the operator's stop: %s", st)
+	}
+	eventually(t, "status shows the unit stopped after the agent's restart", func() bool {
+		s, ok := e.status("hello.service")
+		return ok && s.ActiveState == "inactive"
+	})
+	if st := e.h.ActiveState(t, "hello.service"); st != "inactive" {
+		t.Fatalf("a restarted agent undid the operator's stop: %s", st)
+	}
 }

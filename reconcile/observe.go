@@ -119,7 +119,9 @@ func (a *Agent) rescan() {
 }
 
 // identifyManager reads which service manager instance runs (see
-// UnitRecord.StartedIn); unknown ("") when systemd cannot say.
+// UnitRecord.StartedIn): unknown ("") until systemd said; a failed read
+// keeps the last answer (a new manager comes with a reconnect, and the
+// pass after it reads again).
 func (a *Agent) identifyManager(ctx context.Context) {
 	id, ok := a.cfg.Systemd.(ManagerIdentifier)
 	if !ok {
@@ -128,6 +130,7 @@ func (a *Agent) identifyManager(ctx context.Context) {
 	m, err := id.ManagerID(ctx)
 	if err != nil {
 		a.log.Debug("service manager instance unknown", "err", err)
+		return
 	}
 	a.mem.manager = m
 }

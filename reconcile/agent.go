@@ -133,7 +133,8 @@ type Config struct {
 
 	// Pause, when set, is called at named points of a pass ("files-written":
 	// files are on disk, the daemon-reload not done; "reloaded": reloaded,
-	// no job started). Crash tests block there and kill the agent.
+	// no job started; "job-done": a job's result taken, not yet recorded
+	// in the state directory). Crash tests block there and kill the agent.
 	Pause func(ctx context.Context, at string)
 }
 
@@ -198,6 +199,7 @@ type memory struct {
 	refused   map[string]Refusal
 	started   map[string]string // unit -> content key last started (see Current.Started)
 	manager   string            // the service manager instance (Current.Manager)
+	loaded    uint64            // Current.Loaded
 	last      map[string]outcome
 	drifted   map[string]string // path -> on-disk hash already reported as drift
 	enableErr map[string]string // unit -> the last failed enable/disable, until one succeeds

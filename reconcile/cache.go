@@ -67,6 +67,12 @@ type ManagerIdentifier interface {
 	ManagerID(ctx context.Context) (string, error)
 }
 
+// LoadTimer is an optional capability of Systemd: when it last loaded the
+// unit files (Current.Loaded).
+type LoadTimer interface {
+	UnitsLoaded(ctx context.Context) (uint64, error)
+}
+
 // cache is the loop's memory of systemd's and the disk's view. Loop-owned.
 type cache struct {
 	states map[string]UnitState

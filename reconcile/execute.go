@@ -183,9 +183,11 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		// Recorded with the pass's records (persist): a crash before that
 		// costs one more daemon-reload at the next start, nothing else.
 		a.mem.intent.Reload = false
+		a.mem.loaded = 0 // Current.Loaded: no longer when systemd last loaded the files
+
 	}
 	a.afterExecute(plan, reload)
-	a.bookkeep(ctx, plan, failed)
+	a.bookkeep(ctx, plan, cur, failed)
 	if reload && !last {
 		return true, nil
 	}
@@ -228,7 +230,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 
 // bookkeep records what the plan says about units that need no job: a
 // change that took effect with the reload, a refusal, a removal, a block.
-func (a *Agent) bookkeep(ctx context.Context, plan []Action, failed map[string]bool) {
+func (a *Agent) bookkeep(ctx context.Context, plan []Action, cur Current, failed map[string]bool) {
 	for _, act := range plan {
 		if failed[act.Unit] {
 			continue
@@ -246,8 +248,16 @@ func (a *Agent) bookkeep(ctx context.Context, plan []Action, failed map[string]b
 				rec.Previous = rec.Applied
 			}
 			rec.Applied, rec.Own = act.Effective, act.Own
+			if act.Ran {
+				rec.StartedIn = a.mem.manager
+			}
 			a.mem.records[u] = rec
-			if _, verifying := a.verify[u]; !verifying {
+			if act.Ran {
+				// The owed job ran before the agent died: judged as if it
+				// had just ended (HealthySec from now).
+				a.recordAs(act, "adopt", "done", nil)
+				a.begin(ctx, act, JobDone, "", cur.Units[u], time.Now())
+			} else if _, verifying := a.verify[u]; !verifying {
 				a.markGood(u, act.Effective)
 			}
 		}

@@ -168,6 +168,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	}
 	delete(a.jobs.inflight, r.unit)
 	a.touch(r.unit)
+	defer a.pause(ctx, "job-done") // crash tests: the job ended, its outcome not yet recorded
 	a.hand.mu.Lock()
 	fresh := r.fresh && a.hand.muted[r.unit] == r.muted // no signal since the read
 	delete(a.hand.jobbing, r.unit)

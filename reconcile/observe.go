@@ -133,6 +133,13 @@ func (a *Agent) identifyManager(ctx context.Context) {
 		return
 	}
 	a.mem.manager = m
+	if l, ok := a.cfg.Systemd.(LoadTimer); ok && !a.mem.intent.Reload {
+		// Only while no daemon-reload is owed: after one of the agent's
+		// own, a unit started before it could pass for one started after.
+		if a.mem.loaded, err = l.UnitsLoaded(ctx); err != nil {
+			a.mem.loaded = 0
+		}
+	}
 }
 
 // current reads the current state of units (all of them known).
@@ -193,7 +200,7 @@ func (a *Agent) remember(cur *Current, units map[string]bool) {
 	}
 	cur.Refused = a.mem.refused
 	cur.Started = a.mem.started
-	cur.Manager = a.mem.manager
+	cur.Manager, cur.Loaded = a.mem.manager, a.mem.loaded
 	cur.Intent = Intent{Reload: a.mem.intent.Reload, Jobs: maps.Clone(a.mem.intent.Jobs)}
 	cur.Slots = a.slots.held()
 	a.rememberInFlight(cur)

@@ -114,6 +114,9 @@ type Action struct {
 	// Adopt: the unit already runs Effective without a job (a change that
 	// needs only a daemon-reload): record it as applied now.
 	Adopt bool
+	// Ran: the job an interrupted pass owed has run (Current.Loaded): the
+	// adopted version is judged like one a job just started.
+	Ran bool
 	// Refuse: systemd would not load this content; remember it (the
 	// Writes and Removes put back what ran before).
 	Refuse *Refusal
@@ -220,6 +223,11 @@ type Current struct {
 	// Manager names the running service manager instance ("" when
 	// unknown): see UnitRecord.StartedIn.
 	Manager string
+	// Loaded is when systemd last loaded the unit files (CLOCK_MONOTONIC
+	// µs: its daemon-reload, or its start), read when the agent starts;
+	// 0 once the agent reloaded itself or when unknown. A unit started
+	// after it runs the files on disk.
+	Loaded uint64
 	// Started maps a unit to the content key this agent process last
 	// started or restarted it with. systemd forgets that a unit ran once it
 	// unloads it (an unreferenced unit is unloaded when stopped), so this is
@@ -552,8 +560,15 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	applied := KeyOf(rec.Applied)
 	// pending: an earlier pass began this content's job and never heard back.
 	pending := cur.Intent.Jobs[name] == a.ContentKey
+	if pending && !changed && cur.Loaded != 0 && st.ActiveState == "active" && !st.NeedDaemonReload && st.InactiveExitMono > cur.Loaded {
+		// ... but it did: the unit started after systemd last loaded the
+		// unit files, which are the desired ones (nothing to write, no
+		// newer file) — the agent died after the job, before recording it.
+		pending, a.Ran = false, true
+		a.Reason = "the job owed by a pass the agent did not finish ran: the unit started after systemd loaded its current files"
+	}
 	// stale: the running unit is known to run other content than desired.
-	stale := len(rec.Applied) > 0 && applied != a.ContentKey || pending
+	stale := len(rec.Applied) > 0 && applied != a.ContentKey && !a.Ran || pending
 	// A halted rollout: another host of the group failed this version.
 	if h, ok := cur.Halts[SlotKey(name)]; ok && !backToOld && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
 		a = waiting(a, fmt.Sprintf("held: the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason))

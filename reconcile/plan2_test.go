@@ -471,6 +471,41 @@ func TestPlan2Transitions(t *testing.T) {
 				return c
 			},
 			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnFile}},
+		// ... unless the job ran before the agent died: the unit started
+		// after systemd last loaded the (desired) files.
+		{name: "interrupted restart that ran (started after the files were loaded): adopted, not restarted again",
+			entries: []Entry{entry(p2Hello, p2V2)},
+			cur: func() Current {
+				c := p2Host(map[string]UnitState{p2Hello: p2St(running, func(s *UnitState) { s.InactiveExitMono = 2000 })}, p2Hello, p2V2)
+				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Blobs = p2Blobs(svc)
+				c.Intent = Intent{Jobs: map[string]string{p2Hello: k2}}
+				c.Loaded = 1000
+				return c
+			},
+			want: p2Want{kind: KindNone, own: OwnFile, adopt: true, reasonLike: "did not finish ran"}},
+		{name: "interrupted restart, the unit started before the files were loaded: restart",
+			entries: []Entry{entry(p2Hello, p2V2)},
+			cur: func() Current {
+				c := p2Host(map[string]UnitState{p2Hello: p2St(running, func(s *UnitState) { s.InactiveExitMono = 900 })}, p2Hello, p2V2)
+				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Blobs = p2Blobs(svc)
+				c.Intent = Intent{Jobs: map[string]string{p2Hello: k2}}
+				c.Loaded = 1000
+				return c
+			},
+			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnFile}},
+		{name: "interrupted restart, started after a load but a newer file is on disk (NeedDaemonReload): restart",
+			entries: []Entry{entry(p2Hello, p2V2)},
+			cur: func() Current {
+				c := p2Host(map[string]UnitState{p2Hello: p2St(running, func(s *UnitState) { s.InactiveExitMono, s.NeedDaemonReload = 2000, true })}, p2Hello, p2V2)
+				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Blobs = p2Blobs(svc)
+				c.Intent = Intent{Jobs: map[string]string{p2Hello: k2}}
+				c.Loaded = 1000
+				return c
+			},
+			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnFile}},
 		{name: "interrupted restart, no Applied record, unit running: restart (what it runs is unknown)",
 			entries: []Entry{entry(p2Hello, svc)},
 			cur: func() Current {

@@ -123,6 +123,10 @@ func actionMessage(act Action) string {
 		return "stopped unit"
 	case KindUpdate:
 		return "replaced unit file (daemon-reload only)"
+	case KindNone:
+		if act.Ran {
+			return "recorded as running the new version, not restarted again"
+		}
 	case KindRemove:
 		if act.Job == JobStop {
 			return "stopped unit (removed from the registry)"

@@ -400,6 +400,32 @@ func (m *Manager) ManagerID(ctx context.Context) (string, error) {
 	return strings.TrimSpace(string(boot)) + "/" + strconv.FormatUint(began, 10), nil
 }
 
+// UnitsLoaded is when the manager last loaded the unit files, CLOCK_MONOTONIC
+// µs: its last daemon-reload (UnitsLoadTimestampMonotonic), else its start
+// (UnitsLoadFinishTimestampMonotonic). A unit that (re)started after it
+// runs the unit files on disk unless NeedDaemonReload says otherwise: the
+// agent uses that to know a job owed by a pass it did not finish has run.
+func (m *Manager) UnitsLoaded(ctx context.Context) (uint64, error) {
+	var at uint64
+	_, err := m.callConn(ctx, func(c *conn) error {
+		obj := c.bus.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1")
+		for _, p := range []string{"UnitsLoadTimestampMonotonic", "UnitsLoadFinishTimestampMonotonic"} {
+			var v godbus.Variant
+			if err := obj.CallWithContext(ctx, "org.freedesktop.DBus.Properties.Get", 0, "org.freedesktop.systemd1.Manager", p).Store(&v); err != nil {
+				return err
+			}
+			if at, _ = v.Value().(uint64); at != 0 {
+				return nil
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("units loaded: %w", err)
+	}
+	return at, nil
+}
+
 // Timeouts reads a unit's own job timeouts (see reconcile.UnitState): the
 // properties a job's deadline needs, and nothing else. Right after a
 // daemon-reload a full read of a unit systemd just loaded costs it several

@@ -345,6 +345,28 @@ func TestManager(t *testing.T) {
 		}
 	})
 
+	// UnitsLoaded moves with every daemon-reload, and a unit started
+	// after it says so in its own timestamp (what the agent compares).
+	t.Run("UnitsLoaded", func(t *testing.T) {
+		before, err := m.UnitsLoaded(ctx)
+		if err != nil || before == 0 {
+			t.Fatalf("UnitsLoaded = %d, %v", before, err)
+		}
+		writeUnit(t, h, "loaded.service", "[Service]\nExecStart=/bin/sleep 1000\n")
+		reload(t, m)
+		after, err := m.UnitsLoaded(ctx)
+		if err != nil || after <= before {
+			t.Fatalf("UnitsLoaded after a daemon-reload = %d, %v; before %d", after, err, before)
+		}
+		if err := m.Start(ctx, "loaded.service"); err != nil {
+			t.Fatal(err)
+		}
+		if st := state(t, m, "loaded.service"); st.InactiveExitMono <= after {
+			t.Errorf("started after the reload, but InactiveExitTimestampMonotonic %d <= UnitsLoaded %d", st.InactiveExitMono, after)
+		}
+		stop(t, m, "loaded.service")
+	})
+
 	t.Run("Closed", func(t *testing.T) {
 		m := open(t, h)
 		done := make(chan error, 1)

@@ -380,6 +380,47 @@ func TestCrashDuringRestart(t *testing.T) {
 	s.assertResumed(a2, v2, killedAt)
 }
 
+// Killed after the restart job ended, before the pass recorded its
+// outcome (the intent still says the job is owed): v2 already runs. The
+// next agent sees that the unit started after systemd loaded v2 and does
+// not restart it a second time — its own hook shows one v1 and one v2
+// start — and the version is still verified (HealthySec) and reported.
+func TestCrashAfterRestartBeforeItsRecord(t *testing.T) {
+	buildAgent(t) // before t.Parallel: buildAgent is not safe for concurrent use
+	t.Parallel()  // waits on timers, not the CPU
+	s := newCrashScene(t, "crash-job-done")
+	v1, v2 := crashUnit(s.events, "1", false), crashUnit(s.events, "2", false)
+	a1 := s.agent()
+	s.installV1(a1, v1)
+	a1.stop(t)
+
+	a2 := s.agent("--test-pause-at", "job-done")
+	paused := filepath.Join(s.h.StateDir, "paused-at-job-done")
+	s.put(map[string]string{changedUnit: v2})
+	waitFor(t, a2, 30*time.Second, "the agent pauses once the restart job ended", func() bool {
+		_, err := os.Stat(paused)
+		return err == nil
+	})
+	if err := a2.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-a2.done
+	pid := s.h.MainPID(t, changedUnit)
+	if pid == s.changedPID || !environHas(pid, "V=2") || needDaemonReload(t, s.h, changedUnit) {
+		t.Fatalf("killed after the job: %s should run v2 already (MainPID %d → %d)", changedUnit, s.changedPID, pid)
+	}
+	killedAt := time.Now()
+
+	a3 := s.agent()
+	s.assertResumed(a3, v2, killedAt)
+	if p := s.h.MainPID(t, changedUnit); p != pid {
+		t.Errorf("%s restarted again after the agent's restart: MainPID %d → %d", changedUnit, pid, p)
+	}
+	if st := starts(s.events, changedUnit); len(st) != 2 {
+		t.Errorf("%s started %d times by its own hook, want 2 (v1, v2): %q", changedUnit, len(st), st)
+	}
+}
+
 // Temp files that writes killed midway left behind (".<name>.agentd-<12
 // hex>", at the top of the unit directory and in drop-in directories) are
 // removed when the agent starts; look-alikes are not touched.

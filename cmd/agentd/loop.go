@@ -75,6 +75,16 @@ func (l loopSystemd) ManagerID(ctx context.Context) (string, error) {
 	return m.ManagerID(ctx)
 }
 
+// UnitsLoaded passes when systemd last loaded the unit files through,
+// where the systemd underneath says.
+func (l loopSystemd) UnitsLoaded(ctx context.Context) (uint64, error) {
+	u, ok := l.Systemd.(reconcile.LoadTimer)
+	if !ok {
+		return 0, errors.New("units load time not supported")
+	}
+	return u.UnitsLoaded(ctx)
+}
+
 // Summaries passes the resync's one-call listing through, where the
 // systemd underneath has it.
 func (l loopSystemd) Summaries(ctx context.Context, units []string) (map[string]reconcile.UnitSummary, error) {

@@ -386,17 +386,11 @@ func (m *Manager) ManagerID(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("manager id: %w", err)
 	}
-	var began uint64
-	_, err = m.callConn(ctx, func(c *conn) error {
-		var v godbus.Variant
-		err := c.bus.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").CallWithContext(ctx,
-			"org.freedesktop.DBus.Properties.Get", 0, "org.freedesktop.systemd1.Manager", "UserspaceTimestampMonotonic").Store(&v)
-		began, _ = v.Value().(uint64)
-		return err
-	})
+	props, err := m.managerProperties(ctx, "UserspaceTimestampMonotonic")
 	if err != nil {
 		return "", fmt.Errorf("manager id: %w", err)
 	}
+	began := prop[uint64](props, "UserspaceTimestampMonotonic")
 	return strings.TrimSpace(string(boot)) + "/" + strconv.FormatUint(began, 10), nil
 }
 
@@ -406,24 +400,25 @@ func (m *Manager) ManagerID(ctx context.Context) (string, error) {
 // runs the unit files on disk unless NeedDaemonReload says otherwise: the
 // agent uses that to know a job owed by a pass it did not finish has run.
 func (m *Manager) UnitsLoaded(ctx context.Context) (uint64, error) {
-	var at uint64
-	_, err := m.callConn(ctx, func(c *conn) error {
-		obj := c.bus.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1")
-		for _, p := range []string{"UnitsLoadTimestampMonotonic", "UnitsLoadFinishTimestampMonotonic"} {
-			var v godbus.Variant
-			if err := obj.CallWithContext(ctx, "org.freedesktop.DBus.Properties.Get", 0, "org.freedesktop.systemd1.Manager", p).Store(&v); err != nil {
-				return err
-			}
-			if at, _ = v.Value().(uint64); at != 0 {
-				return nil
-			}
-		}
-		return nil
-	})
+	props, err := m.managerProperties(ctx, "UnitsLoadTimestampMonotonic", "UnitsLoadFinishTimestampMonotonic")
 	if err != nil {
 		return 0, fmt.Errorf("units loaded: %w", err)
 	}
-	return at, nil
+	if at := prop[uint64](props, "UnitsLoadTimestampMonotonic"); at != 0 {
+		return at, nil
+	}
+	return prop[uint64](props, "UnitsLoadFinishTimestampMonotonic"), nil
+}
+
+// managerProperties gets the named properties of the Manager object.
+func (m *Manager) managerProperties(ctx context.Context, names ...string) (map[string]any, error) {
+	var props map[string]any
+	_, err := m.callConn(ctx, func(c *conn) error {
+		var err error
+		props, err = properties(ctx, c.bus, managerPath, "Manager", names)
+		return err
+	})
+	return props, err
 }
 
 // Timeouts reads a unit's own job timeouts (see reconcile.UnitState): the
@@ -447,7 +442,7 @@ func (m *Manager) Timeouts(ctx context.Context, unit string) (start, stop uint64
 	var props map[string]any
 	_, err = m.callConn(ctx, func(c *conn) error {
 		var err error
-		props, err = properties(ctx, c.bus, unit, typeInterface(unit), names)
+		props, err = properties(ctx, c.bus, unitPath(unit), typeInterface(unit), names)
 		return err
 	})
 	if err != nil {
@@ -501,7 +496,7 @@ func readState(ctx context.Context, c *conn, unit string, fileState bool) (recon
 	if fileState {
 		props, err = c.GetUnitPropertiesContext(ctx, unit)
 	} else {
-		props, err = unitProperties(ctx, c.bus, unit, unitProps)
+		props, err = properties(ctx, c.bus, unitPath(unit), "Unit", unitProps)
 	}
 	if err != nil {
 		return s, err
@@ -558,18 +553,20 @@ func readState(ctx context.Context, c *conn, unit string, fileState bool) (recon
 	return s, nil
 }
 
-// unitProperties gets the named properties of unit's Unit interface, each
-// with a call of its own, all of them in flight at once (asynchronous
-// calls: a goroutine per call made 10,000 of them when 1,000 jobs ended
-// together, and 157 MiB of peak RSS).
-func unitProperties(ctx context.Context, bus *godbus.Conn, unit string, names []string) (map[string]any, error) {
-	return properties(ctx, bus, unit, "Unit", names)
+// managerPath is the object of systemd's Manager interface.
+const managerPath godbus.ObjectPath = "/org/freedesktop/systemd1"
+
+// unitPath is the object path of unit.
+func unitPath(unit string) godbus.ObjectPath {
+	return godbus.ObjectPath(unitPathPrefix + sddbus.PathBusEscape(unit))
 }
 
-// properties gets the named properties of one of unit's interfaces
-// (org.freedesktop.systemd1.<iface>), all calls in flight at once.
-func properties(ctx context.Context, bus *godbus.Conn, unit, iface string, names []string) (map[string]any, error) {
-	obj := bus.Object("org.freedesktop.systemd1", godbus.ObjectPath(unitPathPrefix+sddbus.PathBusEscape(unit)))
+// properties gets the named properties of one of path's interfaces
+// (org.freedesktop.systemd1.<iface>), each with a call of its own, all of
+// them in flight at once (asynchronous calls: a goroutine per call made
+// 10,000 of them when 1,000 jobs ended together, and 157 MiB of peak RSS).
+func properties(ctx context.Context, bus *godbus.Conn, path godbus.ObjectPath, iface string, names []string) (map[string]any, error) {
+	obj := bus.Object("org.freedesktop.systemd1", path)
 	done := make(chan *godbus.Call, len(names))
 	calls := make([]*godbus.Call, len(names))
 	for i, name := range names {

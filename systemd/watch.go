@@ -110,7 +110,7 @@ func (w *watcher) run(ctx context.Context) (subscribed bool, err error) {
 		return false, fmt.Errorf("subscribe: %w", err)
 	}
 	// Without a subscriber systemd sends no unit signals at all.
-	if err := bc.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").
+	if err := bc.Object("org.freedesktop.systemd1", managerPath).
 		CallWithContext(dctx, "org.freedesktop.systemd1.Manager.Subscribe", 0).Err; err != nil {
 		return false, fmt.Errorf("subscribe: %w", err)
 	}

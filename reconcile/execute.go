@@ -184,7 +184,6 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		// costs one more daemon-reload at the next start, nothing else.
 		a.mem.intent.Reload = false
 		a.mem.loaded = 0 // Current.Loaded: no longer when systemd last loaded the files
-
 	}
 	a.afterExecute(plan, reload)
 	a.bookkeep(ctx, plan, cur, failed)
@@ -249,7 +248,7 @@ func (a *Agent) bookkeep(ctx context.Context, plan []Action, cur Current, failed
 			}
 			rec.Applied, rec.Own = act.Effective, act.Own
 			if act.Ran {
-				rec.StartedIn = a.mem.manager
+				a.noteStarted(&rec, JobRestart) // the owed job was the agent's start or restart
 			}
 			a.mem.records[u] = rec
 			if act.Ran {

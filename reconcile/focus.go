@@ -258,7 +258,7 @@ func (a *Agent) checkFocus(desired map[string]*DesiredUnit, units map[string]boo
 // pass did not report on and panics if it differs from the one kept.
 func (a *Agent) checkStatuses(ctx context.Context, changed map[string]*Status) error {
 	for u := range a.everyUnit() {
-		if a.focus.reported[u] || (a.desired.units[u] == nil && len(a.managed.byUnit[u]) == 0) {
+		if a.focus.reported[u] || !a.hasStatus(u) {
 			continue
 		}
 		now, err := a.status(ctx, u)

@@ -195,9 +195,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	case act.Kind == KindRollback:
 		rec := a.mem.records[r.unit]
 		rec.Applied, rec.Good, rec.Previous = act.Effective, act.Effective, nil
-		if act.Job == JobStart || act.Job == JobRestart {
-			rec.StartedIn = a.mem.manager
-		}
+		a.noteStarted(&rec, act.Job)
 		a.mem.records[r.unit] = rec
 		a.cfg.Observer.Rollback(r.unit)
 		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Effective)) + " (the version that ran before)"
@@ -218,9 +216,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	}
 	rec.Applied = act.Effective
 	rec.Own = act.Own
-	if act.Job == JobStart || act.Job == JobRestart {
-		rec.StartedIn = a.mem.manager
-	}
+	a.noteStarted(&rec, act.Job)
 	a.mem.records[r.unit] = rec
 	if outcome == JobDone {
 		a.record(act, "done", nil)
@@ -232,6 +228,14 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		errText = r.err.Error()
 	}
 	a.begin(ctx, act, outcome, errText, r.base, r.ended)
+}
+
+// noteStarted records on rec the manager instance a start or restart of
+// the agent's ran under (UnitRecord.StartedIn).
+func (a *Agent) noteStarted(rec *UnitRecord, job Job) {
+	if job == JobStart || job == JobRestart {
+		rec.StartedIn = a.mem.manager
+	}
 }
 
 // resultOf maps a job error to the status "result" word.

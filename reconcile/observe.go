@@ -45,7 +45,7 @@ func (a *Agent) observe(ctx context.Context) (desired map[string]*DesiredUnit, u
 	if units == nil {
 		look = a.everyUnit()
 		rescan = true
-		a.identifyManager(ctx)
+		a.readManager(ctx)
 	} else {
 		look = map[string]bool{}
 		for u := range units {
@@ -87,16 +87,7 @@ func (a *Agent) rescan() {
 	paths := map[string]bool{}
 	for u := range all {
 		rel[u] = true
-		if d := a.desired.units[u]; d != nil {
-			for _, f := range d.Files() {
-				paths[f.Path] = true
-			}
-		}
-		for p, h := range a.managed.of(u) {
-			if h != InstanceMarker {
-				paths[p] = true
-			}
-		}
+		a.addPaths(paths, u)
 	}
 	a.hand.mu.Lock()
 	a.hand.relevant = rel
@@ -118,11 +109,27 @@ func (a *Agent) rescan() {
 	}
 }
 
-// identifyManager reads which service manager instance runs (see
-// UnitRecord.StartedIn): unknown ("") until systemd said; a failed read
-// keeps the last answer (a new manager comes with a reconnect, and the
-// pass after it reads again).
-func (a *Agent) identifyManager(ctx context.Context) {
+// addPaths adds to paths the files of unit the agent looks at: the ones
+// the registry wants and the ones it manages (an instance marker is none).
+func (a *Agent) addPaths(paths map[string]bool, unit string) {
+	if d := a.desired.units[unit]; d != nil {
+		for _, f := range d.Files() {
+			paths[f.Path] = true
+		}
+	}
+	for p, h := range a.managed.of(unit) {
+		if h != InstanceMarker {
+			paths[p] = true
+		}
+	}
+}
+
+// readManager reads which service manager instance runs (Current.Manager)
+// and, while no daemon-reload is owed, when it last loaded the unit files
+// (Current.Loaded): unknown ("", 0) until systemd said; a failed read of
+// the instance keeps the last answer (a new manager comes with a
+// reconnect, and the pass after it reads again).
+func (a *Agent) readManager(ctx context.Context) {
 	id, ok := a.cfg.Systemd.(ManagerIdentifier)
 	if !ok {
 		return
@@ -153,16 +160,9 @@ func (a *Agent) current(ctx context.Context, units map[string]bool) (Current, er
 	}
 	paths := map[string]bool{}
 	for u := range units {
-		if d := a.desired.units[u]; d != nil {
-			for _, f := range d.Files() {
-				paths[f.Path] = true
-			}
-		}
+		a.addPaths(paths, u)
 		for p, h := range a.managed.of(u) {
 			cur.Managed[p] = h
-			if h != InstanceMarker {
-				paths[p] = true
-			}
 		}
 	}
 	for p := range paths {

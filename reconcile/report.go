@@ -16,7 +16,6 @@ import (
 // the loop). A status keeps its UpdatedAt until it changes; when none
 // changed the set handed out before is handed out again.
 func (a *Agent) report(ctx context.Context) error {
-	desired := a.desired.units
 	units := a.focus.reported
 	full := units == nil
 	if full {
@@ -25,9 +24,7 @@ func (a *Agent) report(ctx context.Context) error {
 	changed := map[string]*Status{} // nil: the unit has no status any more
 	for name := range units {
 		_, had := a.focus.index[name]
-		if desired[name] == nil && len(a.managed.byUnit[name]) == 0 {
-			// Neither wanted nor managed: no status (what is remembered
-			// of it goes with its record).
+		if !a.hasStatus(name) {
 			if had {
 				changed[name] = nil
 			}
@@ -71,6 +68,13 @@ func (a *Agent) report(ctx context.Context) error {
 	a.hand.mu.Unlock()
 	a.cfg.Observer.Reported(rev, a.focus.list)
 	return nil
+}
+
+// hasStatus says whether unit is reported: the registry wants it or the
+// agent manages files of it (what is remembered of a unit neither wanted
+// nor managed goes with its record).
+func (a *Agent) hasStatus(unit string) bool {
+	return a.desired.units[unit] != nil || len(a.managed.byUnit[unit]) > 0
 }
 
 // update makes a new list of statuses with changed applied (the old one
@@ -118,8 +122,7 @@ func sameStatus(x, y Status) bool {
 
 // status builds one unit's status from what the loop knows of it.
 func (a *Agent) status(ctx context.Context, name string) (Status, error) {
-	desired := a.desired.units
-	d := desired[name]
+	d := a.desired.units[name]
 	act := a.focus.actions[name]
 	s := Status{Unit: name, UpdatedAt: time.Now().UTC()}
 	if d != nil {

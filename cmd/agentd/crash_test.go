@@ -287,24 +287,7 @@ func crashAtPausePoint(t *testing.T, point, host string, check func(s *crashScen
 	a1 := s.agent()
 	s.installV1(a1, v1)
 	a1.stop(t)
-
-	a2 := s.agent("--test-pause-at", point)
-	paused := filepath.Join(s.h.StateDir, "paused-at-"+point)
-	if _, err := os.Stat(paused); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("%s exists before the change: %v", paused, err)
-	}
-	s.put(map[string]string{changedUnit: v2})
-	d := waitFor(t, a2, 30*time.Second, "the agent pauses at "+point, func() bool {
-		_, err := os.Stat(paused)
-		return err == nil
-	})
-	t.Logf("paused at %s %v after the put", point, d.Round(time.Millisecond))
-	if err := a2.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-a2.done
-	killedAt := time.Now()
-	t.Logf("agent SIGKILLed at %s", point)
+	killedAt := s.killAtPause(point, v2)
 
 	// What the kill left: v2 on disk, the old process still running.
 	if got, _ := os.ReadFile(filepath.Join(s.h.UnitDir, changedUnit)); string(got) != v2 {
@@ -317,6 +300,31 @@ func crashAtPausePoint(t *testing.T, point, host string, check func(s *crashScen
 
 	a3 := s.agent()
 	s.assertResumed(a3, v2, killedAt)
+}
+
+// killAtPause starts an agent that blocks at point (--test-pause-at), puts
+// v2 of changed.service, waits until the agent is blocked there, SIGKILLs
+// it and returns when.
+func (s *crashScene) killAtPause(point, v2 string) time.Time {
+	t := s.t
+	t.Helper()
+	a := s.agent("--test-pause-at", point)
+	paused := filepath.Join(s.h.StateDir, "paused-at-"+point)
+	if _, err := os.Stat(paused); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s exists before the change: %v", paused, err)
+	}
+	s.put(map[string]string{changedUnit: v2})
+	d := waitFor(t, a, 30*time.Second, "the agent pauses at "+point, func() bool {
+		_, err := os.Stat(paused)
+		return err == nil
+	})
+	t.Logf("paused at %s %v after the put", point, d.Round(time.Millisecond))
+	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-a.done
+	t.Logf("agent SIGKILLed at %s", point)
+	return time.Now()
 }
 
 // Killed between the file write and the daemon-reload: systemd still runs
@@ -393,23 +401,11 @@ func TestCrashAfterRestartBeforeItsRecord(t *testing.T) {
 	a1 := s.agent()
 	s.installV1(a1, v1)
 	a1.stop(t)
-
-	a2 := s.agent("--test-pause-at", "job-done")
-	paused := filepath.Join(s.h.StateDir, "paused-at-job-done")
-	s.put(map[string]string{changedUnit: v2})
-	waitFor(t, a2, 30*time.Second, "the agent pauses once the restart job ended", func() bool {
-		_, err := os.Stat(paused)
-		return err == nil
-	})
-	if err := a2.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-a2.done
+	killedAt := s.killAtPause("job-done", v2)
 	pid := s.h.MainPID(t, changedUnit)
 	if pid == s.changedPID || !environHas(pid, "V=2") || needDaemonReload(t, s.h, changedUnit) {
 		t.Fatalf("killed after the job: %s should run v2 already (MainPID %d → %d)", changedUnit, s.changedPID, pid)
 	}
-	killedAt := time.Now()
 
 	a3 := s.agent()
 	s.assertResumed(a3, v2, killedAt)

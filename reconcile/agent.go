@@ -161,12 +161,11 @@ type Agent struct {
 		kept    map[string][]byte // versions read back from the state directory, by hash
 	}
 	pub *publisher // statuses out to the Reporter; nil without one
-	// desired is Desire of the last snapshot, made again only when the
-	// snapshot changes, and then only for the values that changed.
+	// desired is Desire of the last snapshot, brought up to date when the
+	// snapshot changes, for the units whose keys changed.
 	desired struct {
-		snap  *Snapshot
-		units map[string]*DesiredUnit
-		cache desireCache
+		snap *Snapshot
+		desiredState
 	}
 	gen uint64 // the publisher's generation of the last pass's statuses
 }
@@ -261,7 +260,10 @@ func New(cfg Config) *Agent {
 
 // SetSnapshot hands the agent a new complete view of the registry.
 // Until the first call the agent touches nothing: with the registry unknown,
-// the units on disk stay exactly as they are.
+// the units on disk stay exactly as they are. The agent keeps s and
+// compares the next snapshot with it: neither s.Entries nor their values
+// may be modified afterwards (the registry's watcher hands out a new slice
+// each time and shares only unchanged values).
 func (a *Agent) SetSnapshot(s Snapshot) {
 	a.log.Debug("registry snapshot", "revision", s.Revision)
 	a.hand.mu.Lock()

@@ -344,6 +344,7 @@ func TestPassReadsOnlyWhatChanged(t *testing.T) {
 
 	states, reads := sd.states.Load(), files.reads.Load()
 	snap.Revision++
+	snap.Entries = slices.Clone(snap.Entries) // the agent keeps the snapshot it was given
 	snap.Entries[42].Value = []byte(unitA + "# changed\n")
 	a.SetSnapshot(snap)
 	waitCalls(t, sd.fakeSystemd, 102) // the daemon-reload (a comment: nothing to restart)
@@ -403,6 +404,7 @@ func TestRollbackInFlightIsNotRolledBack(t *testing.T) {
 	defer release()                 // before stop: the loop waits for its jobs
 	waitCalls(t, sd.fakeSystemd, 2) // reload, start
 	snap.Revision++
+	snap.Entries = slices.Clone(snap.Entries) // the agent keeps the snapshot it was given
 	snap.Entries[0].Value = []byte("[Service]\nExecStart=/bin/sleep 2\n[X-Agentd]\nHealthySec=0\n")
 	a.SetSnapshot(snap)
 	select {
@@ -538,6 +540,7 @@ func TestOverwrittenContentIsKept(t *testing.T) {
 	}
 	v2 := "[Service]\nExecStart=/bin/sleep 2\n[X-Agentd]\nHealthySec=0\n" // a restart: v1 is what a rollback puts back
 	snap.Revision++
+	snap.Entries = slices.Clone(snap.Entries) // the agent keeps the snapshot it was given
 	snap.Entries[0].Value = []byte(v2)
 	a.SetSnapshot(snap)
 	if !waitBlob(reconcile.Hash([]byte(v2))) {

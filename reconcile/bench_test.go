@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -141,6 +142,7 @@ func benchPass(b *testing.B, n int) {
 	change := func(k int) func(int) time.Duration {
 		return func(i int) time.Duration {
 			snap.Revision++
+			snap.Entries = slices.Clone(snap.Entries) // the agent keeps the one it was given
 			for j := range k {
 				e := &snap.Entries[(i*k+j)%n]
 				e.Value = fmt.Appendf(nil, "[Service]\nExecStart=/bin/sleep %d\n[X-Agentd]\nHealthySec=0\n", snap.Revision)

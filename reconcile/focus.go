@@ -146,20 +146,13 @@ func (a *Agent) indexInstances(units map[string]bool) {
 
 // newSnapshot touches the units whose desired value or halt differs
 // between two desires of the registry. It says whether a unit came or went.
-func (a *Agent) newSnapshot(old, now map[string]*DesiredUnit, halts map[string]Halt) (unitsChanged bool) {
-	for name, d := range now {
-		o, ok := old[name]
-		if !ok {
+func (a *Agent) newSnapshot(changes []desiredChange, halts map[string]Halt) (unitsChanged bool) {
+	for _, c := range changes {
+		if (c.old == nil) != (c.now == nil) {
 			unitsChanged = true
 		}
-		if !sameDesired(o, d) {
-			a.touch(name)
-		}
-	}
-	for name := range old {
-		if now[name] == nil {
-			a.touch(name)
-			unitsChanged = true
+		if !sameDesired(c.old, c.now) {
+			a.touch(c.name)
 		}
 	}
 	for u, h := range halts {
@@ -251,6 +244,14 @@ func (a *Agent) checkFocus(desired map[string]*DesiredUnit, units map[string]boo
 		if _, ok := want[u]; !ok && !units[u] {
 			panic(fmt.Sprintf("focus check: %s was left out of the pass with an action kept, but has none now", u))
 		}
+	}
+}
+
+// checkDesired (Config.CheckFocus) panics if the desired units kept up
+// to date from snapshot to snapshot differ from Desire of the snapshot.
+func checkDesired(kept map[string]*DesiredUnit, s Snapshot) {
+	if want := Desire(s); !reflect.DeepEqual(kept, want) {
+		panic(fmt.Sprintf("focus check: the desired units kept differ from those of revision %d:\n kept %+v\n want %+v", s.Revision, kept, want))
 	}
 }
 

@@ -22,14 +22,16 @@ func (a *Agent) observe(ctx context.Context) (desired map[string]*DesiredUnit, u
 	}
 	rescan := false
 	if snap != a.desired.snap {
-		old := a.desired.units
-		a.desired.units = a.desired.cache.desire(*snap)
+		changes := a.desired.update(*snap)
 		a.desired.snap = snap
+		if a.cfg.CheckFocus {
+			checkDesired(a.desired.units, *snap)
+		}
 		halts := map[string]Halt{}
 		for _, h := range snap.Halts {
 			halts[h.Unit] = h
 		}
-		rescan = a.newSnapshot(old, a.desired.units, halts)
+		rescan = a.newSnapshot(changes, halts)
 		// Something new may be wanted of a unit whose job is in flight (a
 		// removal stops a hung start): plan it from what it is now.
 		a.hand.mu.Lock()

@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -142,7 +141,7 @@ func newUnitState() unitState {
 
 func (s unitState) snapshot(rev int64) reconcile.Snapshot {
 	entries := slices.AppendSeq(make([]reconcile.Entry, 0, len(s.entries)), maps.Values(s.entries))
-	slices.SortFunc(entries, compareEntries)
+	slices.SortFunc(entries, reconcile.CompareEntries)
 	halts := slices.SortedFunc(maps.Values(s.halts), compareHalts)
 	return reconcile.Snapshot{Revision: rev, Entries: entries, Halts: halts}
 }
@@ -150,10 +149,6 @@ func (s unitState) snapshot(rev int64) reconcile.Snapshot {
 func (s unitState) delete(key string) {
 	delete(s.entries, key)
 	delete(s.halts, key)
-}
-
-func compareEntries(a, b reconcile.Entry) int {
-	return cmp.Or(cmp.Compare(a.Scope, b.Scope), cmp.Compare(a.Group, b.Group), cmp.Compare(a.Unit, b.Unit))
 }
 
 func (w *unitWatch) put(s unitState, kv *mvccpb.KeyValue) {

@@ -129,25 +129,41 @@ type unitWatch struct {
 	prefixes []string
 }
 
-// unitState is what the watched keys hold, by full key.
+// unitState is what the watched keys hold, by full key, and the entries
+// kept in snapshot order: a change moves one entry, and handing out a
+// snapshot copies the list instead of sorting every key again.
 type unitState struct {
 	entries map[string]reconcile.Entry
+	sorted  *[]reconcile.Entry
 	halts   map[string]reconcile.Halt
 }
 
 func newUnitState() unitState {
-	return unitState{entries: map[string]reconcile.Entry{}, halts: map[string]reconcile.Halt{}}
+	return unitState{entries: map[string]reconcile.Entry{}, sorted: new([]reconcile.Entry), halts: map[string]reconcile.Halt{}}
 }
 
 func (s unitState) snapshot(rev int64) reconcile.Snapshot {
-	entries := slices.AppendSeq(make([]reconcile.Entry, 0, len(s.entries)), maps.Values(s.entries))
-	slices.SortFunc(entries, reconcile.CompareEntries)
 	halts := slices.SortedFunc(maps.Values(s.halts), compareHalts)
-	return reconcile.Snapshot{Revision: rev, Entries: entries, Halts: halts}
+	return reconcile.Snapshot{Revision: rev, Entries: slices.Clone(*s.sorted), Halts: halts}
+}
+
+func (s unitState) setEntry(key string, e reconcile.Entry) {
+	i, found := slices.BinarySearchFunc(*s.sorted, e, reconcile.CompareEntries)
+	if found {
+		(*s.sorted)[i] = e
+	} else {
+		*s.sorted = slices.Insert(*s.sorted, i, e)
+	}
+	s.entries[key] = e
 }
 
 func (s unitState) delete(key string) {
-	delete(s.entries, key)
+	if e, ok := s.entries[key]; ok {
+		if i, found := slices.BinarySearchFunc(*s.sorted, e, reconcile.CompareEntries); found {
+			*s.sorted = slices.Delete(*s.sorted, i, i+1)
+		}
+		delete(s.entries, key)
+	}
 	delete(s.halts, key)
 }
 
@@ -169,7 +185,7 @@ func (w *unitWatch) put(s unitState, kv *mvccpb.KeyValue) {
 	if t.Group != "" {
 		e.Scope, e.Group = reconcile.ScopeGroup, t.Group
 	}
-	s.entries[string(kv.Key)] = e
+	s.setEntry(string(kv.Key), e)
 }
 
 // read gets every watched prefix in one transaction, at one revision.

@@ -35,8 +35,17 @@ func TestPrivateModesUnderUmask0(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Close()
+	d, err := OpenPrivate(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Append("log", []byte("a line\n")); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
 	for p, want := range map[string]os.FileMode{
 		state:                               0o700,
+		filepath.Join(state, "log"):         0o600,
 		filepath.Join(state, journalFile):   0o600,
 		filepath.Join(state, "blobs"):       0o700,
 		filepath.Join(state, "blobs", "h1"): 0o600,
@@ -58,7 +67,7 @@ func TestPrivateModesUnderUmask0(t *testing.T) {
 	os.WriteFile(outside, nil, 0o644)
 	os.Chmod(outside, 0o644)
 	os.Symlink(outside, filepath.Join(state, "link"))
-	d, err := OpenPrivate(state)
+	d, err = OpenPrivate(state)
 	if err != nil {
 		t.Fatal(err)
 	}

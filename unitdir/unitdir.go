@@ -359,6 +359,46 @@ func (d *Dir) writeTemp(tmp string, content []byte) error {
 	return f.Close()
 }
 
+// Append adds content at the end of rel, creating it (mode as for Write)
+// when missing, and returns once content is on disk (fsync; the directory
+// too when the file is new). A crash midway can leave part of content at
+// the end: a journal written this way must tell a whole record from a
+// torn one.
+func (d *Dir) Append(rel string, content []byte) error {
+	if err := checkRel(rel); err != nil {
+		return err
+	}
+	fi, err := d.root.Lstat(rel)
+	switch {
+	case err == nil && !fi.Mode().IsRegular():
+		return fmt.Errorf("append to %s: %w (%s)", rel, ErrNotRegular, fi.Mode().Type())
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("append to %s: %w", rel, err)
+	}
+	created := err != nil
+	f, err := d.root.OpenFile(rel, os.O_WRONLY|os.O_APPEND|os.O_CREATE, d.fileMode)
+	if err != nil {
+		return fmt.Errorf("append to %s: %w", rel, err)
+	}
+	_, err = f.Write(content)
+	if err == nil && created {
+		err = f.Chmod(d.fileMode) // the umask may have narrowed it
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && created {
+		err = d.syncDir(path.Dir(rel))
+	}
+	if err != nil {
+		return fmt.Errorf("append to %s: %w", rel, err)
+	}
+	return nil
+}
+
 // Remove deletes rel (a missing file is not an error) and, when rel lives in
 // a subdirectory that is now empty, that directory too.
 func (d *Dir) Remove(rel string) error {

@@ -92,6 +92,31 @@ func TestNothingLeavesTheDirectory(t *testing.T) {
 	}
 }
 
+func TestAppend(t *testing.T) {
+	root := t.TempDir()
+	d, _ := Open(root)
+	defer d.Close()
+	for _, line := range []string{"one\n", "two\n"} {
+		if err := d.Append("j", []byte(line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "j")); string(b) != "one\ntwo\n" {
+		t.Fatalf("appended file holds %q", b)
+	}
+	for _, p := range []string{"../j", "/tmp/j", ""} {
+		if err := d.Append(p, []byte("x")); err == nil {
+			t.Errorf("Append(%q) succeeded", p)
+		}
+	}
+	if err := os.Symlink("/dev/null", filepath.Join(root, "masked")); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Append("masked", []byte("x")); !errors.Is(err, ErrNotRegular) {
+		t.Fatalf("append to a symlink: %v", err)
+	}
+}
+
 func TestNonRegularTargetsAreRefused(t *testing.T) {
 	root := t.TempDir()
 	d, _ := Open(root)

@@ -328,22 +328,30 @@ func checkStateDir(o *runOptions) []check {
 	if bad == 0 {
 		out = append(out, check{"state dir", checkOK, fmt.Sprintf("ownership manifest lists %d file(s), all present with the content agentd wrote", len(managed)), ""})
 	}
-	b, err := os.ReadFile(filepath.Join(o.stateDir, snapshotFile))
+	var readErr error
+	read := func(name string) ([]byte, bool, error) {
+		b, err := os.ReadFile(filepath.Join(o.stateDir, name))
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, false, nil
+		}
+		if err != nil {
+			readErr = err
+		}
+		return b, err == nil, err
+	}
+	s, err := readSaved(read, o.host, o.etcd.prefix, o.groups)
 	switch {
-	case errors.Is(err, os.ErrNotExist):
+	case readErr != nil:
+		out = append(out, check{"state dir", checkWarn, fmt.Sprintf("saved registry snapshot: %v", readErr), ""})
+	case err != nil:
+		out = append(out, check{"state dir", checkWarn, fmt.Sprintf("saved registry snapshot unusable: %v", err),
+			"remove " + filepath.Join(o.stateDir, snapshotFile) + " and " + snapshotJournal + "; the agent saves a new one when it reads the registry"})
+	case s == nil:
 		out = append(out, check{"state dir", checkWarn, "no saved registry snapshot: started without the registry, the agent would touch nothing",
 			"nothing to do: the agent saves one as soon as it reads the registry"})
-	case err != nil:
-		out = append(out, check{"state dir", checkWarn, fmt.Sprintf("saved registry snapshot: %v", err), ""})
 	default:
-		s, err := parseSnapshot(b, o.host, o.etcd.prefix, o.groups)
-		if err != nil {
-			out = append(out, check{"state dir", checkWarn, fmt.Sprintf("saved registry snapshot unusable: %v", err),
-				"remove " + filepath.Join(o.stateDir, snapshotFile) + "; the agent saves a new one when it reads the registry"})
-		} else {
-			out = append(out, check{"state dir", checkOK, fmt.Sprintf("last-known-good registry snapshot: revision %d, %d key(s), saved %s",
-				s.Snapshot.Revision, len(s.Snapshot.Entries), s.SavedAt.Local().Format(time.RFC3339)), ""})
-		}
+		out = append(out, check{"state dir", checkOK, fmt.Sprintf("last-known-good registry snapshot: revision %d, %d key(s), saved %s",
+			s.Snapshot.Revision, len(s.Snapshot.Entries), s.SavedAt.Local().Format(time.RFC3339)), ""})
 	}
 	return out
 }

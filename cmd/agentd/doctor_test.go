@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -113,6 +114,19 @@ func TestCheckStateDir(t *testing.T) {
 		if c.Result == checkFail {
 			t.Errorf("unexpected failure: %+v", c)
 		}
+	}
+
+	// A saved snapshot with a change journaled after it: the doctor tells
+	// the revision the agent would fall back to, the journal's.
+	l, err := openLastKnownGood(state, "h1", "/agentd", []string{"all"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.received(reconcile.Snapshot{Revision: 5, Entries: []reconcile.Entry{{Unit: "good.service", Value: good}}}, func(reconcile.Snapshot) {})
+	l.received(reconcile.Snapshot{Revision: 9, Entries: []reconcile.Entry{{Unit: "good.service", Value: good}, {Unit: "new.service", Value: good}}}, func(reconcile.Snapshot) {})
+	l.Close()
+	if text := checksText(checkStateDir(o)); !strings.Contains(text, "last-known-good registry snapshot: revision 9, 2 key(s)") {
+		t.Errorf("checks after a journaled change:\n%s", text)
 	}
 
 	os.WriteFile(filepath.Join(state, "managed.json"), []byte("{not json"), 0o600)

@@ -1,0 +1,216 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+)
+
+// The last-known-good snapshot as a base file plus a journal of changes:
+// what a later start loads is the last snapshot received, whatever mix of
+// whole writes, appended changes, torn lines and compactions led to it.
+func TestLastKnownGoodJournal(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(t.Output(), nil))
+	dir := t.TempDir()
+	open := func() *lastKnownGood {
+		l, err := openLastKnownGood(dir, "h1", "/agentd", []string{"web"}, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	loaded := func() reconcile.Snapshot {
+		t.Helper()
+		s, err := open().load()
+		if err != nil || s == nil {
+			t.Fatalf("load: %v, %v", s, err)
+		}
+		return s.Snapshot
+	}
+	same := func(what string, got, want reconcile.Snapshot) {
+		t.Helper()
+		want.Entries = reconcile.SortedEntries(want.Entries)
+		if got.Revision != want.Revision || len(got.Entries) != len(want.Entries) || !reflect.DeepEqual(got.Halts, want.Halts) {
+			t.Fatalf("%s: loaded revision %d, %d entries, halts %v; want %d, %d, %v", what, got.Revision, len(got.Entries), got.Halts, want.Revision, len(want.Entries), want.Halts)
+		}
+		for i := range got.Entries {
+			g, w := got.Entries[i], want.Entries[i]
+			if reconcile.CompareEntries(g, w) != 0 || !bytes.Equal(g.Value, w.Value) || g.ModRevision != w.ModRevision {
+				t.Fatalf("%s: entry %d is %+v, want %+v", what, i, g, w)
+			}
+		}
+	}
+	file := func(name string) []byte {
+		b, _ := os.ReadFile(filepath.Join(dir, name))
+		return b
+	}
+	entry := func(scope reconcile.Scope, group, unit, value string, rev int64) reconcile.Entry {
+		return reconcile.Entry{Scope: scope, Group: group, Unit: unit, Value: []byte(value), ModRevision: rev}
+	}
+	snap := reconcile.Snapshot{Revision: 10, Entries: []reconcile.Entry{
+		entry(reconcile.ScopeHost, "", "a.service", "[Service]\nExecStart=/bin/a\n", 3),
+		entry(reconcile.ScopeHost, "", "b.service", "[Service]\nExecStart=/bin/b\n", 4),
+		entry(reconcile.ScopeGroup, "web", "c.service", "[Service]\nExecStart=/bin/c\n", 5),
+	}}
+	var applied []int64
+	apply := func(s reconcile.Snapshot) { applied = append(applied, s.Revision) }
+
+	l := open()
+	l.received(snap, apply)
+	base := file(snapshotFile)
+	if file(snapshotJournal) != nil {
+		t.Fatal("the first snapshot after a start should be written whole, with no journal")
+	}
+	same("whole", loaded(), snap)
+
+	// A change of one key, a deletion, a new key and a halt: appended, the
+	// whole snapshot not written again.
+	next := func(rev int64, edit func(es []reconcile.Entry) []reconcile.Entry) {
+		snap.Revision = rev
+		snap.Entries = edit(slices.Clone(snap.Entries))
+		l.received(snap, apply)
+	}
+	next(11, func(es []reconcile.Entry) []reconcile.Entry {
+		es[0] = entry(reconcile.ScopeHost, "", "a.service", "[Service]\nExecStart=/bin/a2\n", 11)
+		return append(es[:1], es[2], entry(reconcile.ScopeHost, "", "d.service", "[Service]\nExecStart=/bin/d\n", 11))
+	})
+	snap.Halts = []reconcile.Halt{{Scope: "groups/web", Unit: "c.service", Hash: "abc", Host: "h2", Reason: "failed", At: time.Unix(100, 0).UTC()}}
+	next(12, func(es []reconcile.Entry) []reconcile.Entry { return es })
+	if !bytes.Equal(file(snapshotFile), base) {
+		t.Fatal("a change rewrote the whole snapshot")
+	}
+	if lines := bytes.Count(file(snapshotJournal), []byte("\n")); lines != 2 {
+		t.Fatalf("journal has %d lines, want 2", lines)
+	}
+	if j := string(file(snapshotJournal)); bytes.Contains([]byte(j), []byte("/bin/c")) {
+		t.Fatalf("the journal holds an unchanged key: %s", j)
+	}
+	same("base and journal", loaded(), snap)
+
+	// A line cut short by a crash is the last one, and ignored.
+	good := file(snapshotJournal)
+	torn := append(slices.Clone(good), good[:len(good)/3]...)
+	if err := os.WriteFile(filepath.Join(dir, snapshotJournal), torn, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	same("torn last line", loaded(), snap)
+	// Any other line that does not parse makes the snapshot unusable.
+	bad := append([]byte("not json\n"), good...)
+	if err := os.WriteFile(filepath.Join(dir, snapshotJournal), bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open().load(); err == nil {
+		t.Fatal("a bad line inside the journal should make the saved snapshot unusable")
+	}
+	if err := os.WriteFile(filepath.Join(dir, snapshotJournal), good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	// Changes until the journal outgrows the whole snapshot: written whole
+	// again, the journal started afresh.
+	for rev := int64(13); bytes.Equal(file(snapshotFile), base); rev++ {
+		if rev > 100 {
+			t.Fatal("the journal was never folded into the snapshot")
+		}
+		next(rev, func(es []reconcile.Entry) []reconcile.Entry {
+			es[1] = entry(es[1].Scope, es[1].Group, es[1].Unit, fmt.Sprintf("[Service]\nExecStart=/bin/v%d\n", rev), rev)
+			return es
+		})
+	}
+	if j := file(snapshotJournal); j != nil {
+		t.Fatalf("journal left after the whole write: %q", j)
+	}
+	next(snap.Revision+1, func(es []reconcile.Entry) []reconcile.Entry { return es[1:] })
+	same("after compaction", loaded(), snap)
+
+	// A new start writes its first snapshot whole; the journal of the
+	// base before is not applied to it (here: left by a crash before its
+	// removal).
+	old := file(snapshotJournal)
+	l = open()
+	next(snap.Revision+1, func(es []reconcile.Entry) []reconcile.Entry { return es })
+	if err := os.WriteFile(filepath.Join(dir, snapshotJournal), old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	same("stale journal", loaded(), snap)
+	if fi, err := os.Stat(filepath.Join(dir, snapshotJournal)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("journal: %v (want mode 0600: it may hold secrets)", err)
+	}
+	if want := len(applied); want < 5 || applied[want-1] != snap.Revision {
+		t.Fatalf("applied %v", applied)
+	}
+}
+
+// BenchmarkLastKnownGood: what saving the last-known-good snapshot costs
+// per registry change of one key (it is saved before the agent gets the
+// snapshot, so it is on the path of every change), with 100 … 5,000 keys:
+// the journal as the agent does it, beside writing the whole snapshot each
+// time (what every change cost before the journal, and what a compaction
+// costs). Real files in a temp dir under $TMPDIR, fsync included.
+//
+//	go test ./cmd/agentd -run '^$' -bench LastKnownGood -benchtime 1x -v
+func BenchmarkLastKnownGood(b *testing.B) {
+	for _, n := range []int{100, 1000, 5000} {
+		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				benchLastKnownGood(b, n)
+			}
+		})
+	}
+}
+
+func benchLastKnownGood(b *testing.B, n int) {
+	const changes = 200
+	l, err := openLastKnownGood(b.TempDir(), "h1", "/agentd", nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	snap := reconcile.Snapshot{Revision: 1}
+	for i := range n {
+		snap.Entries = append(snap.Entries, reconcile.Entry{Unit: fmt.Sprintf("u%05d.service", i), ModRevision: 1,
+			Value: fmt.Appendf(nil, "[Unit]\nDescription=unit %d\n[Service]\nExecStart=/usr/bin/sleep infinity\n[X-Agentd]\nHealthySec=0\n", i)})
+	}
+	snap.Entries = reconcile.SortedEntries(snap.Entries)
+	change := func(i int) reconcile.Snapshot {
+		snap.Revision++
+		snap.Entries = slices.Clone(snap.Entries)
+		e := &snap.Entries[i*7919%n]
+		e.Value, e.ModRevision = fmt.Appendf(nil, "[Service]\nExecStart=/usr/bin/sleep %d\n", snap.Revision), snap.Revision
+		return snap
+	}
+	l.received(snap, func(reconcile.Snapshot) {})
+	var journal, whole time.Duration
+	var wholeWrites int
+	for i := range changes {
+		s := change(i)
+		t := time.Now()
+		l.received(s, func(reconcile.Snapshot) {})
+		journal += time.Since(t)
+		if l.written.journal == 0 {
+			wholeWrites++
+		}
+	}
+	for i := range changes {
+		s := change(i)
+		t := time.Now()
+		if err := l.saveWhole(s, s.Entries); err != nil {
+			b.Fatal(err)
+		}
+		whole += time.Since(t)
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / changes }
+	b.ReportMetric(ms(journal), "journal-ms")
+	b.ReportMetric(ms(whole), "whole-ms")
+	b.Logf("%d keys, one changed per snapshot: journal %.3f ms per change (%d of %d changes wrote it whole), whole snapshot each time (baseline) %.3f ms",
+		n, ms(journal), wholeWrites, changes, ms(whole))
+}

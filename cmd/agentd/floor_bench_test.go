@@ -647,6 +647,7 @@ type procStats struct {
 	voluntary     int64
 	nonvoluntary  int64
 	rssKiB, hwKiB int64
+	anonKiB       int64 // of rssKiB: the process's own memory; the rest is mapped files (the binary's pages)
 	threads       int
 }
 
@@ -680,7 +681,7 @@ func readProcStats(pid int) (procStats, error) {
 	if err != nil {
 		return s, err
 	}
-	s.rssKiB, s.hwKiB = statusField(st, "VmRSS"), statusField(st, "VmHWM")
+	s.rssKiB, s.hwKiB, s.anonKiB = statusField(st, "VmRSS"), statusField(st, "VmHWM"), statusField(st, "RssAnon")
 	return s, nil
 }
 

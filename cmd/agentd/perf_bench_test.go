@@ -477,7 +477,7 @@ func benchIdle(b *testing.B, bin string, n int) {
 		start := time.Now()
 		time.Sleep(idle)
 		secs := time.Since(start).Seconds()
-		b.Logf("units=%d idle %.0f s     cpu ms/s  wakeups/s  ctxsw/s (vol+invol)  RSS MiB (peak)  threads  D-Bus calls  D-Bus msgs in", n, secs)
+		b.Logf("units=%d idle %.0f s     cpu ms/s  wakeups/s  ctxsw/s (vol+invol)  RSS MiB (peak) [anon+files]  threads  D-Bus calls  D-Bus msgs in", n, secs)
 		for _, name := range []string{"agentd", "floor"} {
 			after, err := readProcStats(procs[name].pid())
 			if err != nil {
@@ -494,9 +494,9 @@ func benchIdle(b *testing.B, bin string, n int) {
 			b.ReportMetric(runs, name+"-wakeups/s")
 			b.ReportMetric(rss, name+"-rss-MiB")
 			b.ReportMetric(float64(calls), name+"-dbus-calls")
-			b.Logf("  %-8s %18.3f %10.1f %10.1f (%d+%d) %10.1f (%.1f) %8d %12d %14d", name, cpu, runs, ctxsw,
+			b.Logf("  %-8s %18.3f %10.1f %10.1f (%d+%d) %10.1f (%.1f) [%.1f+%.1f] %8d %12d %14d", name, cpu, runs, ctxsw,
 				after.voluntary-s0.voluntary, after.nonvoluntary-s0.nonvoluntary, rss, float64(after.hwKiB)/1024,
-				after.threads, calls, in)
+				float64(after.anonKiB)/1024, float64(after.rssKiB-after.anonKiB)/1024, after.threads, calls, in)
 			b.Logf("    %s sent: %s", name, summary(sent[name]))
 			b.Logf("    %s received: %s; broadcast signals on its bus: %s", name, summary(recv[name]), summary(bcast))
 			if name == "agentd" {

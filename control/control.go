@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -123,6 +124,12 @@ func Serve(ctx context.Context, path, host string, b Backend) error {
 		}
 		writeJSON(w, d)
 	})
+	// The runtime's profiles (heap, goroutines, CPU) for whoever may reach
+	// the socket: `curl --unix-socket <socket> http://agentd/debug/pprof/heap`.
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()

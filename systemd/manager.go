@@ -487,17 +487,34 @@ var unitProps = []string{"LoadState", "LoadError", "ActiveState", "SubState", "C
 	"ActiveEnterTimestampMonotonic", "ActiveExitTimestampMonotonic",
 	"InactiveEnterTimestampMonotonic", "InactiveExitTimestampMonotonic"}
 
+// typeProps are the properties readState uses of each type interface
+// (typeInterface).
+var typeProps = map[string][]string{
+	"Service":   {"Result", "MainPID", "ExecMainStatus", "Type", "RemainAfterExit", "NRestarts", "TimeoutStartUSec", "TimeoutStopUSec"},
+	"Socket":    {"Result", "TimeoutUSec"},
+	"Mount":     {"Result", "TimeoutUSec"},
+	"Swap":      {"Result", "TimeoutUSec"},
+	"Scope":     {"Result", "TimeoutStopUSec"},
+	"Timer":     {"Result"},
+	"Path":      {"Result"},
+	"Automount": {"Result"},
+}
+
+// readState reads the properties it uses one by one, all in flight at
+// once, never with GetAll: systemd then works out and sends only those.
+// Measured against a real systemd with 1,000 running units, 333 units per
+// figure, 8 reads in flight: GetAll of the Service interface made a read
+// after a restart cost systemd 0.42–0.45 ms of CPU, the named properties
+// 0.21–0.24 ms (a read after a daemon-reload: 0.33–0.36 → 0.21–0.30 ms);
+// GetAll of the Unit interface cost 3.4–5.0 ms per unit on the first read
+// after a daemon-reload, its named properties 1.0–1.9 ms.
 func readState(ctx context.Context, c *conn, unit string, fileState bool) (reconcile.UnitState, error) {
 	var s reconcile.UnitState
-	// One GetAll on org.freedesktop.systemd1.Unit (or its properties one by
-	// one, all in flight at once, to leave out UnitFileState) ...
-	var props map[string]any
-	var err error
+	names := unitProps
 	if fileState {
-		props, err = c.GetUnitPropertiesContext(ctx, unit)
-	} else {
-		props, err = properties(ctx, c.bus, unitPath(unit), "Unit", unitProps)
+		names = append(slices.Clip(unitProps), "UnitFileState")
 	}
+	props, err := properties(ctx, c.bus, unitPath(unit), "Unit", names)
 	if err != nil {
 		return s, err
 	}
@@ -526,8 +543,7 @@ func readState(ctx context.Context, c *conn, unit string, fileState bool) (recon
 	if iface == "" {
 		return s, nil
 	}
-	// ... and one on the unit type's interface.
-	tp, err := c.GetUnitTypePropertiesContext(ctx, unit, iface)
+	tp, err := properties(ctx, c.bus, unitPath(unit), iface, typeProps[iface])
 	if err != nil {
 		return s, err
 	}
@@ -579,6 +595,9 @@ func properties(ctx context.Context, bus *godbus.Conn, path godbus.ObjectPath, i
 	for i, c := range calls {
 		var v godbus.Variant
 		if err := c.Store(&v); err != nil {
+			if isDBusError(err, "org.freedesktop.DBus.Error.UnknownProperty") {
+				continue // an older systemd: absent, as GetAll would leave it
+			}
 			return nil, err // the first: they share a cause
 		}
 		props[names[i]] = v.Value()

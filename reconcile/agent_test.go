@@ -732,3 +732,162 @@ func TestFirstSyncPlansNewUnitsFromTheListing(t *testing.T) {
 	_, st := a.Statuses()
 	t.Fatalf("after the first sync every unit should be active and healthy: %+v", st)
 }
+
+// reloadListing is a fake systemd that counts the full state reads made
+// between the agent's daemon-reload and its first restart after it, and can
+// make a unit fail to load at the reload.
+type reloadListing struct {
+	*fakeSystemd
+	window    atomic.Bool // after a daemon-reload, before a restart
+	full      sync.Map    // unit -> true: read in full in the window
+	reads     sync.Map    // unit -> *atomic.Int64: full reads
+	bad       sync.Map    // unit -> true: bad-setting once reloaded
+	timeouts  sync.Map    // unit -> [2]uint64
+	deadlines sync.Map    // unit -> time.Duration until the restart's deadline
+}
+
+func (l *reloadListing) Reload(ctx context.Context) error {
+	l.window.Store(true)
+	return l.fakeSystemd.Reload(ctx)
+}
+
+func (l *reloadListing) state(ctx context.Context, u string) reconcile.UnitState {
+	st, _ := l.fakeSystemd.State(ctx, u)
+	st.UnitFileState = "static" // no [Install] section
+	if _, bad := l.bad.Load(u); bad && l.window.Load() {
+		st.LoadState, st.LoadError = "bad-setting", "Unit "+u+" has a bad unit file setting."
+	}
+	if t, ok := l.timeouts.Load(u); ok {
+		st.TimeoutStartUSec, st.TimeoutStopUSec = t.([2]uint64)[0], t.([2]uint64)[1]
+	}
+	return st
+}
+
+func (l *reloadListing) State(ctx context.Context, u string) (reconcile.UnitState, error) {
+	if l.window.Load() {
+		l.full.Store(u, true)
+	}
+	n, _ := l.reads.LoadOrStore(u, new(atomic.Int64))
+	n.(*atomic.Int64).Add(1)
+	return l.state(ctx, u), nil
+}
+
+func (l *reloadListing) Summaries(ctx context.Context, units []string) (map[string]reconcile.UnitSummary, error) {
+	out := map[string]reconcile.UnitSummary{}
+	for _, u := range units {
+		st := l.state(ctx, u)
+		out[u] = reconcile.UnitSummary{LoadState: st.LoadState, ActiveState: st.ActiveState, SubState: st.SubState}
+	}
+	return out, nil
+}
+
+func (l *reloadListing) Timeouts(ctx context.Context, u string) (uint64, uint64, error) {
+	st := l.state(ctx, u)
+	return st.TimeoutStartUSec, st.TimeoutStopUSec, nil
+}
+
+func (l *reloadListing) Restart(ctx context.Context, u string) error {
+	l.window.Store(false)
+	d := time.Duration(-1)
+	if dl, ok := ctx.Deadline(); ok {
+		d = time.Until(dl)
+	}
+	l.deadlines.Store(u, d)
+	return l.fakeSystemd.Restart(ctx, u)
+}
+
+// A change of many running units: after the agent's daemon-reload they are
+// planned from one listing, not read one by one before their restarts (the
+// reads held 100 restarts back by 144–162 ms). Yet a restart waits as long
+// as the new file's own timeout says, a unit the reload could not load is
+// read in full (its error is systemd's), and a unit that gets no job is
+// read in full at the next round.
+func TestChangedUnitsPlannedFromTheListing(t *testing.T) {
+	files, m, _ := testDirs(t)
+	sd := &reloadListing{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	var names []string
+	for i := range 10 {
+		names = append(names, fmt.Sprintf("u%02d.service", i))
+	}
+	version := func(rev int64, v string) reconcile.Snapshot {
+		s := snapshot(names...)
+		s.Revision = rev
+		for i := range s.Entries {
+			s.Entries[i].Value = []byte("[Service]\nExecStart=/bin/sleep " + v + "\n[X-Agentd]\nHealthySec=0\n")
+		}
+		s.Entries = append(s.Entries, reconcile.Entry{Scope: reconcile.ScopeHost, Unit: "hold.service",
+			Value: []byte("[Service]\nExecStart=/bin/sleep " + v + "\n[X-Agentd]\nHealthySec=0\nOnChange=none\n")})
+		return s
+	}
+	a.SetSnapshot(version(7, "1"))
+	stop := runAgent(t, a)
+	defer stop()
+	waitCalls(t, sd.fakeSystemd, 1+len(names)+1) // daemon-reload, 11 starts
+	waitStatuses(t, a, func(st []reconcile.Status) bool {
+		for _, s := range st {
+			if s.Job != "" || s.Health != "healthy" {
+				return false
+			}
+		}
+		return len(st) == len(names)+1
+	})
+
+	sd.timeouts.Store("u00.service", [2]uint64{600_000_000, 90_000_000}) // TimeoutStartSec=10min in the new file
+	sd.bad.Store("u09.service", true)
+	holdReads := func() int64 {
+		n, _ := sd.reads.LoadOrStore("hold.service", new(atomic.Int64))
+		return n.(*atomic.Int64).Load()
+	}
+	before := holdReads()
+	sd.window.Store(false)
+	sd.full.Clear()
+	a.SetSnapshot(version(8, "2"))
+	waitStatuses(t, a, func(st []reconcile.Status) bool {
+		n := 0
+		for _, s := range st {
+			if s.Action == "restart" && s.Result == "done" {
+				n++
+			}
+		}
+		return n == len(names)-1 && holdReads() > before
+	})
+	var full []string
+	sd.full.Range(func(u, _ any) bool { full = append(full, u.(string)); return true })
+	slices.Sort(full)
+	if len(full) == 0 || full[len(full)-1] != "u09.service" || slices.ContainsFunc(full, func(u string) bool { return u < "u09.service" && u > "u" }) {
+		t.Errorf("read in full after the daemon-reload, before the restarts: %v; want u09.service (it failed to load), and no unit that is restarted", full)
+	}
+	// A restart is a stop (TimeoutStopSec=90s) then a start (10 min).
+	if d, _ := sd.deadlines.Load("u00.service"); d.(time.Duration) < 11*time.Minute+30*time.Second || d.(time.Duration) > 12*time.Minute+30*time.Second {
+		t.Errorf("TimeoutStartSec=10min in the new file: the restart's wait ends in %s, want 11.5 min and a margin", d)
+	}
+	_, st := a.Statuses()
+	for _, s := range st {
+		switch s.Unit {
+		case "u09.service":
+			if s.LoadState != "bad-setting" || !strings.Contains(s.Error, "bad unit file setting") {
+				t.Errorf("the unit the reload could not load: %+v", s)
+			}
+		case "hold.service":
+			if !s.PendingRestart || s.Action == "restart" {
+				t.Errorf("OnChange=none: %+v", s)
+			}
+		}
+	}
+}
+
+func waitStatuses(t *testing.T, a *reconcile.Agent, ok func([]reconcile.Status) bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, st := a.Statuses()
+		if ok(st) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("statuses never came: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

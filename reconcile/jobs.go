@@ -18,10 +18,29 @@ type jobs struct {
 	inflight map[string]*jobRun // by unit; loop-owned
 	done     chan jobResult
 	wg       sync.WaitGroup
+	// reads bounds the state reads the jobs make at once, as prefetch
+	// bounds the loop's (readWorkers). A read is a dozen property calls in
+	// flight, each with a goroutine of godbus's; 1,000 jobs ending together
+	// read without a bound took the agent's peak RSS from 88 to 123 MiB
+	// (goroutines are never freed: their memory stays) and systemd answers
+	// one call at a time anyway.
+	reads chan struct{}
 }
 
 func newJobs() jobs {
-	return jobs{inflight: map[string]*jobRun{}, done: make(chan jobResult, 64)}
+	return jobs{inflight: map[string]*jobRun{}, done: make(chan jobResult, 64), reads: make(chan struct{}, readWorkers)}
+}
+
+// read runs f while holding one of the jobs' read slots.
+func (j *jobs) read(ctx context.Context, f func()) {
+	select {
+	case j.reads <- struct{}{}:
+	case <-ctx.Done():
+		f() // fails at once on the done context
+		return
+	}
+	defer func() { <-j.reads }()
+	f()
 }
 
 type jobRun struct {
@@ -105,7 +124,7 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 		if st.Light && timeouts != nil {
 			// Planned from a listing: the unit's own timeouts first.
 			var err error
-			st.TimeoutStartUSec, st.TimeoutStopUSec, err = timeouts.Timeouts(ctx, act.Unit)
+			a.jobs.read(ctx, func() { st.TimeoutStartUSec, st.TimeoutStopUSec, err = timeouts.Timeouts(ctx, act.Unit) })
 			if err != nil && ctx.Err() == nil {
 				a.log.Warn(act.Unit+": its job timeouts could not be read; waiting for systemd's default", "unit", act.Unit, "err", err)
 			}
@@ -127,9 +146,12 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 		a.hand.mu.Lock()
 		r.muted = a.hand.muted[act.Unit]
 		a.hand.mu.Unlock()
-		sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
-		base, err := read(sctx)
-		scancel()
+		var base UnitState
+		a.jobs.read(ctx, func() {
+			sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
+			base, err = read(sctx)
+			scancel()
+		})
 		r.base, r.fresh = base, err == nil
 		select {
 		case a.jobs.done <- r:

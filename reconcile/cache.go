@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -299,7 +300,9 @@ func (a *Agent) file(p string) LocalFile {
 		lf.Err = err.Error()
 		return lf // not kept: read again next time
 	case exists:
-		lf.Hash, lf.Content = Hash(b), b
+		// A copy of its own size: the read's buffer is at least 512 bytes,
+		// twice or thrice a typical unit file, kept for every managed file.
+		lf.Hash, lf.Content = Hash(b), bytes.Clone(b)
 	}
 	a.cache.files[p] = lf
 	return lf

@@ -36,8 +36,8 @@ type Session struct {
 	ttl    int // seconds
 
 	mu   sync.Mutex
-	sess *leaseKeeper // nil when lost and not yet re-created
-	want map[string]reconcile.Status
+	sess *leaseKeeper       // nil when lost and not yet re-created
+	want []reconcile.Status // by unit, one each (statusesByUnit); never modified
 	// published is what etcd holds under this host's status prefix, by
 	// unit: nil map = not read yet; a zero entry = a key of unknown content
 	// (left by an earlier lease, or written by someone else).
@@ -188,19 +188,19 @@ func (c *Client) claim(ctx context.Context, m reconcile.Member, lease clientv3.L
 // first creates a new one, re-puts the membership and re-publishes
 // everything. On error (etcd unreachable, ErrHostTaken) the set is kept:
 // the next successful Report, or the Session's own recovery, publishes it.
+// The Session keeps statuses: they must not be modified afterwards (the
+// agent hands in a new list each time).
 func (s *Session) Report(ctx context.Context, statuses []reconcile.Status) error {
-	want := make(map[string]reconcile.Status, len(statuses))
 	var errs []error
 	for _, st := range statuses {
 		if err := validStatusUnit(st.Unit); err != nil {
 			errs = append(errs, err)
-			continue
 		}
-		want[st.Unit] = st
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("report: %w", err)
 	}
+	want := statusesByUnit(statuses)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -208,6 +208,38 @@ func (s *Session) Report(ctx context.Context, statuses []reconcile.Status) error
 	}
 	s.want = want
 	return s.publishLocked(ctx)
+}
+
+// statusesByUnit returns st sorted by unit with one status per unit (of
+// several, the last). The agent's list is that already and is kept as it
+// is, not copied into a map: at 1,000 units the copy was 0.4 MiB of the
+// idle agent's heap.
+func statusesByUnit(st []reconcile.Status) []reconcile.Status {
+	byUnit := func(x, y reconcile.Status) int { return strings.Compare(x.Unit, y.Unit) }
+	sorted := true
+	for i := 1; i < len(st) && sorted; i++ {
+		sorted = st[i-1].Unit < st[i].Unit
+	}
+	if sorted {
+		return st
+	}
+	out := slices.Clone(st)
+	slices.SortStableFunc(out, byUnit)
+	w := 0
+	for i := range out {
+		if i+1 < len(out) && out[i].Unit == out[i+1].Unit {
+			continue
+		}
+		out[w] = out[i]
+		w++
+	}
+	return out[:w]
+}
+
+// wants says whether unit is in s.want.
+func (s *Session) wants(unit string) bool {
+	_, found := slices.BinarySearchFunc(s.want, unit, func(st reconcile.Status, u string) int { return strings.Compare(st.Unit, u) })
+	return found
 }
 
 func validStatusUnit(unit string) error {
@@ -327,7 +359,8 @@ type statusChange struct {
 // s.want.
 func (s *Session) changesLocked(root string, lease clientv3.LeaseID) ([]statusChange, error) {
 	var changes []statusChange
-	for u, st := range s.want {
+	for _, st := range s.want {
+		u := st.Unit
 		old := s.published[u]
 		if old.form != nil && reflect.DeepEqual(old.st, st) {
 			continue
@@ -346,7 +379,7 @@ func (s *Session) changesLocked(root string, lease clientv3.LeaseID) ([]statusCh
 		changes = append(changes, statusChange{u, clientv3.OpPut(root+u, string(val), clientv3.WithLease(lease)), form, st})
 	}
 	for u := range s.published {
-		if _, ok := s.want[u]; !ok {
+		if !s.wants(u) {
 			changes = append(changes, statusChange{u, clientv3.OpDelete(root + u), nil, reconcile.Status{}})
 		}
 	}

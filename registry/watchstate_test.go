@@ -46,3 +46,19 @@ func TestUnitStateKeepsSnapshotOrder(t *testing.T) {
 		}
 	}
 }
+
+// Report takes statuses in any order, a unit twice (the last stands).
+func TestStatusesByUnit(t *testing.T) {
+	in := []reconcile.Status{{Unit: "b.service", Hash: "1"}, {Unit: "a.service"}, {Unit: "b.service", Hash: "2"}}
+	got := statusesByUnit(in)
+	if len(got) != 2 || got[0].Unit != "a.service" || got[1].Unit != "b.service" || got[1].Hash != "2" {
+		t.Fatalf("statusesByUnit(%v) = %v", in, got)
+	}
+	if in[0].Unit != "b.service" {
+		t.Fatal("the caller's list was reordered")
+	}
+	sorted := got
+	if again := statusesByUnit(sorted); &again[0] != &sorted[0] {
+		t.Error("a sorted list should be kept as it is, not copied")
+	}
+}

@@ -474,6 +474,8 @@ func benchIdle(b *testing.B, bin string, n int) {
 				b.Fatal(err)
 			}
 		}
+		b.Logf("units=%d CPU used before the idle window (start, first sync, settling): agentd %.0f ms, floor %.0f ms",
+			n, ms(before["agentd"].cpu), ms(before["floor"].cpu))
 		start := time.Now()
 		time.Sleep(idle)
 		secs := time.Since(start).Seconds()

@@ -670,12 +670,17 @@ func (l *lightSystemd) Timeouts(_ context.Context, u string) (uint64, uint64, er
 
 func (l *lightSystemd) Start(ctx context.Context, u string) error {
 	l.starts.Add(1)
+	storeDeadline(ctx, &l.deadlines, u)
+	return l.fakeSystemd.Start(ctx, u)
+}
+
+// storeDeadline keeps how long a job's wait may last (-1: no deadline).
+func storeDeadline(ctx context.Context, m *sync.Map, u string) {
 	d := time.Duration(-1)
 	if dl, ok := ctx.Deadline(); ok {
 		d = time.Until(dl)
 	}
-	l.deadlines.Store(u, d)
-	return l.fakeSystemd.Start(ctx, u)
+	m.Store(u, d)
 }
 
 // The first sync of many new units plans them from one listing after the
@@ -793,11 +798,7 @@ func (l *reloadListing) Timeouts(ctx context.Context, u string) (uint64, uint64,
 
 func (l *reloadListing) Restart(ctx context.Context, u string) error {
 	l.window.Store(false)
-	d := time.Duration(-1)
-	if dl, ok := ctx.Deadline(); ok {
-		d = time.Until(dl)
-	}
-	l.deadlines.Store(u, d)
+	storeDeadline(ctx, &l.deadlines, u)
 	return l.fakeSystemd.Restart(ctx, u)
 }
 

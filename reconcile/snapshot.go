@@ -16,21 +16,26 @@ func CompareEntries(a, b Entry) int {
 // repeated keys, the last). A registry snapshot is that already and comes
 // back as it is, after an O(n) check; only hand-made snapshots (tests,
 // previews) are copied and sorted.
-func SortedEntries(es []Entry) []Entry {
+func SortedEntries(es []Entry) []Entry { return SortedUnique(es, CompareEntries) }
+
+// SortedUnique returns s sorted by cmp with one element per key (of equal
+// ones, the last). A list that is so already is returned as it is, after an
+// O(n) check: the lists the agent hands around are, and are kept without a
+// copy. Otherwise s is copied; it is never modified.
+func SortedUnique[T any](s []T, cmp func(x, y T) int) []T {
 	ok := true
-	for i := 1; i < len(es) && ok; i++ {
-		ok = CompareEntries(es[i-1], es[i]) < 0
+	for i := 1; i < len(s) && ok; i++ {
+		ok = cmp(s[i-1], s[i]) < 0
 	}
 	if ok {
-		return es
+		return s
 	}
-	out := slices.Clone(es)
-	slices.SortStableFunc(out, CompareEntries)
-	// Keep the last of each run of equal keys.
+	out := slices.Clone(s)
+	slices.SortStableFunc(out, cmp)
 	w := 0
 	for i := range out {
-		if i+1 < len(out) && CompareEntries(out[i], out[i+1]) == 0 {
-			continue
+		if i+1 < len(out) && cmp(out[i], out[i+1]) == 0 {
+			continue // keep the last of a run of equal keys
 		}
 		out[w] = out[i]
 		w++

@@ -1,8 +1,8 @@
 package registry
 
 import (
-	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -266,17 +266,25 @@ func (s *Session) publishLocked(ctx context.Context) error {
 	}
 }
 
-// compareForm is a status encoded without UpdatedAt: two statuses that
-// differ only in time are not re-published.
-func compareForm(st reconcile.Status) ([]byte, error) {
+// compareForm is the SHA-256 of a status encoded without UpdatedAt: two
+// statuses that differ only in time are not re-published. A digest, not
+// the encoding: kept for every published status (0.4 MiB of the idle
+// agent's heap at 1,000 units as JSON).
+func compareForm(st reconcile.Status) (string, error) {
 	st.UpdatedAt = time.Time{}
-	return json.Marshal(st)
+	b, err := json.Marshal(st)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return string(sum[:]), nil
 }
 
 // pubEntry is what a Session knows etcd holds at one of its status keys:
-// the status in compareForm and the revision the Session put it at.
+// the status's compareForm ("": content unknown) and the revision the
+// Session put it at.
 type pubEntry struct {
-	form []byte
+	form string
 	rev  int64
 	// st is the status form was made from: the same status handed in
 	// again (the agent keeps the statuses of units a pass did not look
@@ -333,7 +341,7 @@ func (s *Session) syncLocked(ctx context.Context) error {
 type statusChange struct {
 	unit string
 	op   clientv3.Op
-	form []byte // nil for a delete
+	form string // "" for a delete
 	st   reconcile.Status
 }
 
@@ -344,14 +352,14 @@ func (s *Session) changesLocked(root string, lease clientv3.LeaseID) ([]statusCh
 	for _, st := range s.want {
 		u := st.Unit
 		old := s.published[u]
-		if old.form != nil && reflect.DeepEqual(old.st, st) {
+		if old.form != "" && reflect.DeepEqual(old.st, st) {
 			continue
 		}
 		form, err := compareForm(st)
 		if err != nil {
 			return nil, fmt.Errorf("report: encode status of %s: %w", u, err)
 		}
-		if old.form != nil && bytes.Equal(old.form, form) {
+		if old.form != "" && old.form == form {
 			continue
 		}
 		val, err := json.Marshal(st)
@@ -362,7 +370,7 @@ func (s *Session) changesLocked(root string, lease clientv3.LeaseID) ([]statusCh
 	}
 	for u := range s.published {
 		if !s.wants(u) {
-			changes = append(changes, statusChange{u, clientv3.OpDelete(root + u), nil, reconcile.Status{}})
+			changes = append(changes, statusChange{u, clientv3.OpDelete(root + u), "", reconcile.Status{}})
 		}
 	}
 	// In unit order: a large report is cut into transactions the same way
@@ -399,7 +407,7 @@ func (s *Session) commitLocked(ctx context.Context, root string, lease clientv3.
 			return fmt.Errorf("report %s: %w", s.member.Host, errLeaseLost)
 		}
 		for _, ch := range chunk {
-			if ch.form != nil {
+			if ch.form != "" {
 				s.published[ch.unit] = pubEntry{ch.form, resp.Header.Revision, ch.st}
 			} else {
 				delete(s.published, ch.unit)
@@ -423,14 +431,14 @@ func (s *Session) notePublishedLocked(root string, kvs []*mvccpb.KeyValue) {
 		u := strings.TrimPrefix(string(kv.Key), root)
 		seen[u] = true
 		p, ok := s.published[u]
-		if ok && p.form != nil && p.rev == kv.ModRevision {
+		if ok && p.form != "" && p.rev == kv.ModRevision {
 			continue
 		}
 		switch {
 		case !ok:
 			s.c.log.Warn("registry key "+string(kv.Key)+": not written by this agent; removing it",
 				"key", string(kv.Key), "host", s.member.Host)
-		case p.form != nil:
+		case p.form != "":
 			s.c.log.Warn("registry key "+string(kv.Key)+": overwritten by someone else; publishing this agent's status again",
 				"key", string(kv.Key), "host", s.member.Host)
 		}

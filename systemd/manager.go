@@ -428,31 +428,49 @@ func (m *Manager) managerProperties(ctx context.Context, names ...string) (map[s
 // properties); the loop plans such a unit from ListUnitsByNames and reads
 // only these when it starts the unit's job (reconcile.TimeoutReader).
 func (m *Manager) Timeouts(ctx context.Context, unit string) (start, stop uint64, err error) {
-	var names []string
-	switch typeInterface(unit) {
-	case "Service":
-		names = []string{"TimeoutStartUSec", "TimeoutStopUSec"}
-	case "Socket", "Mount", "Swap":
-		names = []string{"TimeoutUSec"}
-	case "Scope":
-		names = []string{"TimeoutStopUSec"}
-	default:
+	iface := typeInterface(unit)
+	names := timeoutProps[iface]
+	if len(names) == 0 {
 		return 0, 0, nil // Timer, Path, Automount, Target, ...: no timeout of their own
 	}
 	var props map[string]any
 	_, err = m.callConn(ctx, func(c *conn) error {
 		var err error
-		props, err = properties(ctx, c.bus, unitPath(unit), typeInterface(unit), names)
+		props, err = properties(ctx, c.bus, unitPath(unit), iface, names)
 		return err
 	})
 	if err != nil {
 		return 0, 0, fmt.Errorf("timeouts of %s: %w", unit, err)
 	}
-	if t, ok := props["TimeoutUSec"]; ok {
-		v, _ := t.(uint64)
-		return v, v, nil
+	start, stop = jobTimeouts(iface, props)
+	return start, stop, nil
+}
+
+// timeoutProps are the properties of a type interface that hold the unit's
+// own job timeouts (jobTimeouts); timers, paths and automounts have none.
+var timeoutProps = map[string][]string{
+	"Service": {"TimeoutStartUSec", "TimeoutStopUSec"},
+	"Socket":  {"TimeoutUSec"},
+	"Mount":   {"TimeoutUSec"},
+	"Swap":    {"TimeoutUSec"},
+	"Scope":   {"TimeoutStopUSec"},
+}
+
+// jobTimeouts reads a unit's start and stop job timeouts from the
+// properties of its type interface iface.
+func jobTimeouts(iface string, props map[string]any) (start, stop uint64) {
+	switch iface {
+	case "Service":
+		return prop[uint64](props, "TimeoutStartUSec"), prop[uint64](props, "TimeoutStopUSec")
+	case "Socket", "Mount", "Swap":
+		// One timeout for every job of these types.
+		t := prop[uint64](props, "TimeoutUSec")
+		return t, t
+	case "Scope":
+		// A scope is never started by a job of ours; stopping it is bounded.
+		return 0, prop[uint64](props, "TimeoutStopUSec")
 	}
-	return prop[uint64](props, "TimeoutStartUSec"), prop[uint64](props, "TimeoutStopUSec"), nil
+	return 0, 0
 }
 
 // Summaries lists the load, active and sub state of many units in one call
@@ -488,17 +506,18 @@ var unitProps = []string{"LoadState", "LoadError", "ActiveState", "SubState", "C
 	"InactiveEnterTimestampMonotonic", "InactiveExitTimestampMonotonic"}
 
 // typeProps are the properties readState uses of each type interface
-// (typeInterface).
-var typeProps = map[string][]string{
-	"Service":   {"Result", "MainPID", "ExecMainStatus", "Type", "RemainAfterExit", "NRestarts", "TimeoutStartUSec", "TimeoutStopUSec"},
-	"Socket":    {"Result", "TimeoutUSec"},
-	"Mount":     {"Result", "TimeoutUSec"},
-	"Swap":      {"Result", "TimeoutUSec"},
-	"Scope":     {"Result", "TimeoutStopUSec"},
-	"Timer":     {"Result"},
-	"Path":      {"Result"},
-	"Automount": {"Result"},
-}
+// (typeInterface): Result, a service's own, and the job timeouts.
+var typeProps = func() map[string][]string {
+	m := map[string][]string{
+		"Service": {"Result", "MainPID", "ExecMainStatus", "Type", "RemainAfterExit", "NRestarts"},
+		"Socket":  {"Result"}, "Mount": {"Result"}, "Swap": {"Result"}, "Scope": {"Result"},
+		"Timer": {"Result"}, "Path": {"Result"}, "Automount": {"Result"},
+	}
+	for iface, names := range timeoutProps {
+		m[iface] = append(m[iface], names...)
+	}
+	return m
+}()
 
 // readState reads a unit's state in one of two ways. Without
 // UnitFileState (the reads of units systemd had loaded before: bursts of
@@ -559,24 +578,14 @@ func readState(ctx context.Context, c *conn, unit string, fileState bool) (recon
 		return s, err
 	}
 	s.Result = word(tp, "Result")
-	switch iface {
-	case "Service":
+	if iface == "Service" {
 		s.MainPID = prop[uint32](tp, "MainPID")
 		s.ExitStatus = prop[int32](tp, "ExecMainStatus")
 		s.Type = word(tp, "Type")
 		s.RemainAfterExit = prop[bool](tp, "RemainAfterExit")
 		s.NRestarts = prop[uint32](tp, "NRestarts")
-		s.TimeoutStartUSec = prop[uint64](tp, "TimeoutStartUSec")
-		s.TimeoutStopUSec = prop[uint64](tp, "TimeoutStopUSec")
-	case "Socket", "Mount", "Swap":
-		// One timeout for every job of these types.
-		s.TimeoutStartUSec = prop[uint64](tp, "TimeoutUSec")
-		s.TimeoutStopUSec = s.TimeoutStartUSec
-	case "Scope":
-		// A scope is never started by a job of ours; stopping it is bounded.
-		s.TimeoutStopUSec = prop[uint64](tp, "TimeoutStopUSec")
 	}
-	// Timer, Path, Automount: no job timeout (0).
+	s.TimeoutStartUSec, s.TimeoutStopUSec = jobTimeouts(iface, tp)
 	return s, nil
 }
 

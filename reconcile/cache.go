@@ -92,7 +92,7 @@ type cache struct {
 	// they were before it (see refreshReloaded).
 	reloaded map[string]UnitState
 	// light holds the units given a Light state since the last jobs were
-	// started (execute reads those that got none in full).
+	// started (afterJobs reads those that got none in full).
 	light map[string]bool
 }
 
@@ -407,7 +407,7 @@ func (a *Agent) afterExecute(plan []Action, reloaded bool) {
 // UnitFileState). The listing gives the load, active and sub state; such a
 // unit is Light: its job reads its own timeouts before it waits, the read
 // after the job is a full one, and a unit that gets no job is read in full
-// at the next round (execute). A unit is read in full instead when it is
+// at the next round (afterJobs). A unit is read in full instead when it is
 // not loaded now, its active or sub state moved, its UnitFileState must be
 // read (needsFileState), or its files on disk are not what the loop wrote
 // (an edit since: NeedDaemonReload may be set). It returns the units still
@@ -448,6 +448,19 @@ func (a *Agent) refreshReloaded(ctx context.Context, need []string) []string {
 		a.keepState(u, old)
 	}
 	return rest
+}
+
+// afterJobs runs once the pass's jobs are started. A Light state
+// (refreshReloaded, prefetch) served to plan this pass only: a unit it
+// planned no job for is read in full at the next round (a job's unit is
+// read in full when the job ends).
+func (a *Agent) afterJobs() {
+	for u := range a.cache.light {
+		if _, inflight := a.jobs.inflight[u]; !inflight && a.cache.states[u].Light {
+			a.dropState(u)
+		}
+	}
+	clear(a.cache.light)
 }
 
 // readWorkers bounds the state reads prefetch has in flight at once.

@@ -220,14 +220,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		}
 		a.launch(ctx, act, cur.Units[act.Unit])
 	}
-	// A Light state (refreshReloaded, prefetch) served to plan this pass;
-	// a unit it planned no job for is read in full at the next round.
-	for u := range a.cache.light {
-		if _, inflight := a.jobs.inflight[u]; !inflight && a.cache.states[u].Light {
-			a.dropState(u)
-		}
-	}
-	clear(a.cache.light)
+	a.afterJobs()
 	// 7. Slots, level-triggered: queue for the ones needed now, give back
 	// the rest (after any halt this pass wrote).
 	a.rememberInFlight(&cur)

@@ -134,40 +134,40 @@ type unitWatch struct {
 // snapshot copies the list instead of sorting every key again.
 type unitState struct {
 	entries map[string]reconcile.Entry
-	sorted  *[]reconcile.Entry
+	sorted  []reconcile.Entry
 	halts   map[string]reconcile.Halt
 }
 
-func newUnitState() unitState {
-	return unitState{entries: map[string]reconcile.Entry{}, sorted: new([]reconcile.Entry), halts: map[string]reconcile.Halt{}}
+func newUnitState() *unitState {
+	return &unitState{entries: map[string]reconcile.Entry{}, halts: map[string]reconcile.Halt{}}
 }
 
-func (s unitState) snapshot(rev int64) reconcile.Snapshot {
+func (s *unitState) snapshot(rev int64) reconcile.Snapshot {
 	halts := slices.SortedFunc(maps.Values(s.halts), compareHalts)
-	return reconcile.Snapshot{Revision: rev, Entries: slices.Clone(*s.sorted), Halts: halts}
+	return reconcile.Snapshot{Revision: rev, Entries: slices.Clone(s.sorted), Halts: halts}
 }
 
-func (s unitState) setEntry(key string, e reconcile.Entry) {
-	i, found := slices.BinarySearchFunc(*s.sorted, e, reconcile.CompareEntries)
+func (s *unitState) setEntry(key string, e reconcile.Entry) {
+	i, found := slices.BinarySearchFunc(s.sorted, e, reconcile.CompareEntries)
 	if found {
-		(*s.sorted)[i] = e
+		s.sorted[i] = e
 	} else {
-		*s.sorted = slices.Insert(*s.sorted, i, e)
+		s.sorted = slices.Insert(s.sorted, i, e)
 	}
 	s.entries[key] = e
 }
 
-func (s unitState) delete(key string) {
+func (s *unitState) delete(key string) {
 	if e, ok := s.entries[key]; ok {
-		if i, found := slices.BinarySearchFunc(*s.sorted, e, reconcile.CompareEntries); found {
-			*s.sorted = slices.Delete(*s.sorted, i, i+1)
+		if i, found := slices.BinarySearchFunc(s.sorted, e, reconcile.CompareEntries); found {
+			s.sorted = slices.Delete(s.sorted, i, i+1)
 		}
 		delete(s.entries, key)
 	}
 	delete(s.halts, key)
 }
 
-func (w *unitWatch) put(s unitState, kv *mvccpb.KeyValue) {
+func (w *unitWatch) put(s *unitState, kv *mvccpb.KeyValue) {
 	if h, ok, err := w.c.decodeHalt(kv.Key, kv.Value); ok {
 		if err != nil {
 			w.log.Warn("skipping registry key "+string(kv.Key)+": value is not a rollout halt", "key", string(kv.Key), "err", err)
@@ -189,7 +189,7 @@ func (w *unitWatch) put(s unitState, kv *mvccpb.KeyValue) {
 }
 
 // read gets every watched prefix in one transaction, at one revision.
-func (w *unitWatch) read(ctx context.Context) (unitState, int64, error) {
+func (w *unitWatch) read(ctx context.Context) (*unitState, int64, error) {
 	ops := make([]clientv3.Op, len(w.prefixes))
 	for i, p := range w.prefixes {
 		ops[i] = clientv3.OpGet(p, clientv3.WithPrefix())
@@ -198,7 +198,7 @@ func (w *unitWatch) read(ctx context.Context) (unitState, int64, error) {
 	defer cancel()
 	resp, err := w.c.cli.Txn(rctx).Then(ops...).Commit()
 	if err != nil {
-		return unitState{}, 0, fmt.Errorf("read %s: %w", w.prefixes[0], err)
+		return nil, 0, fmt.Errorf("read %s: %w", w.prefixes[0], err)
 	}
 	s := newUnitState()
 	for _, r := range resp.Responses {
@@ -218,7 +218,7 @@ type watchItem struct {
 // watch follows every prefix from rev+1, updating state and handing out
 // snapshots. It returns nil when the periodic resync is due, or the error
 // that ended the watch.
-func (w *unitWatch) watch(ctx context.Context, state unitState, rev int64, onSnapshot func(reconcile.Snapshot)) error {
+func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSnapshot func(reconcile.Snapshot)) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	var wg sync.WaitGroup
 	defer func() {
@@ -276,7 +276,7 @@ func (w *unitWatch) watch(ctx context.Context, state unitState, rev int64, onSna
 // every prefix's watcher has delivered a response at *rev or later (an
 // event, or the progress notification it asks for), or after settleDelay.
 // first is the prefix whose event started it.
-func (w *unitWatch) settle(ctx, wctx context.Context, state unitState, rev *int64, first int, merged <-chan watchItem) error {
+func (w *unitWatch) settle(ctx, wctx context.Context, state *unitState, rev *int64, first int, merged <-chan watchItem) error {
 	if len(w.prefixes) == 1 {
 		return nil
 	}
@@ -316,7 +316,7 @@ func (w *unitWatch) settle(ctx, wctx context.Context, state unitState, rev *int6
 
 // apply folds one watch response into state. It reports whether any key
 // changed.
-func (w *unitWatch) apply(state unitState, rev *int64, it watchItem) (bool, error) {
+func (w *unitWatch) apply(state *unitState, rev *int64, it watchItem) (bool, error) {
 	if it.closed {
 		return false, errWatchClosed
 	}

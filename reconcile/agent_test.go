@@ -633,6 +633,8 @@ type lightSystemd struct {
 	starts    atomic.Int64
 	timeouts  map[string][2]uint64
 	deadlines sync.Map // unit -> time.Duration until the job's deadline (-1: none)
+	queued    sync.Map // unit -> true: its job was queued
+	early     atomic.Int64
 }
 
 func (l *lightSystemd) Reload(ctx context.Context) error {
@@ -665,7 +667,16 @@ func (l *lightSystemd) Summaries(ctx context.Context, units []string) (map[strin
 }
 
 func (l *lightSystemd) Timeouts(_ context.Context, u string) (uint64, uint64, error) {
+	if _, ok := l.queued.Load(u); !ok {
+		l.early.Add(1)
+	}
 	return l.timeouts[u][0], l.timeouts[u][1], nil
+}
+
+// Queue queues a job; its Start runs when it is waited for.
+func (l *lightSystemd) Queue(_ context.Context, job reconcile.Job, u string) (func(context.Context) error, error) {
+	l.queued.Store(u, true)
+	return func(ctx context.Context) error { return reconcile.DoJob(ctx, l, job, u) }, nil
 }
 
 func (l *lightSystemd) Start(ctx context.Context, u string) error {
@@ -704,6 +715,9 @@ func TestFirstSyncPlansNewUnitsFromTheListing(t *testing.T) {
 	waitCalls(t, sd.fakeSystemd, 1+len(names))
 	if n := sd.full.Load(); n != 0 {
 		t.Errorf("%d full state reads of units systemd had just loaded, before their jobs; want them planned from the listing", n)
+	}
+	if n := sd.early.Load(); n != 0 {
+		t.Errorf("the timeouts of %d units were read before their jobs were queued (systemd loads such a unit again for the read)", n)
 	}
 	deadline := func(u string) time.Duration {
 		d, ok := sd.deadlines.Load(u)
@@ -794,6 +808,10 @@ func (l *reloadListing) Summaries(ctx context.Context, units []string) (map[stri
 func (l *reloadListing) Timeouts(ctx context.Context, u string) (uint64, uint64, error) {
 	st := l.state(ctx, u)
 	return st.TimeoutStartUSec, st.TimeoutStopUSec, nil
+}
+
+func (l *reloadListing) Queue(_ context.Context, job reconcile.Job, u string) (func(context.Context) error, error) {
+	return func(ctx context.Context) error { return reconcile.DoJob(ctx, l, job, u) }, nil
 }
 
 func (l *reloadListing) Restart(ctx context.Context, u string) error {

@@ -61,6 +61,31 @@ type TimeoutReader interface {
 	Timeouts(ctx context.Context, unit string) (start, stop uint64, err error)
 }
 
+// JobQueuer is an optional capability of Systemd, which planning from a
+// listing needs beside TimeoutReader: a job in two steps, queued and then
+// waited for, so that a Light unit's timeouts are read once its job holds
+// it loaded. systemd unloads an inactive unit nothing refers to after every
+// call about it and parses its files again at the next one: the first sync
+// of 1,000 new units, reading the timeouts before the start, made systemd
+// load each unit file five times (counted from its UnitNew signals), the
+// batch floor once.
+type JobQueuer interface {
+	Queue(ctx context.Context, job Job, unit string) (wait func(context.Context) error, err error)
+}
+
+// lightSystemd is what a job on a Light unit needs of systemd.
+type lightSystemd interface {
+	TimeoutReader
+	JobQueuer
+}
+
+// lightJobs is Systemd when it can run jobs on Light units (which may then
+// be planned from a listing), else nil.
+func (a *Agent) lightJobs() lightSystemd {
+	l, _ := a.cfg.Systemd.(lightSystemd)
+	return l
+}
+
 // ManagerIdentifier is an optional capability of Systemd: a name for the
 // running service manager instance (Current.Manager), read at every pass
 // over all units (start, reconnect, resync).
@@ -419,7 +444,7 @@ func (a *Agent) refreshReloaded(ctx context.Context, need []string) []string {
 	}
 	defer clear(a.cache.reloaded) // good for the round after the reload only
 	sum, ok := a.cfg.Systemd.(Summarizer)
-	if _, light := a.cfg.Systemd.(TimeoutReader); !ok || !light {
+	if !ok || a.lightJobs() == nil {
 		return need
 	}
 	var names []string
@@ -487,7 +512,7 @@ func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
 		return nil // observe reads it
 	}
 	if sum, ok := a.cfg.Systemd.(Summarizer); ok && len(need) > readWorkers {
-		_, light := a.cfg.Systemd.(TimeoutReader)
+		light := a.lightJobs() != nil
 		if got, err := sum.Summaries(ctx, need); err == nil {
 			rest := need[:0]
 			for _, u := range need {

@@ -119,25 +119,18 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 	deadline := JobDeadline(act.Job, st)
 	a.log.Debug("job started", "unit", act.Unit, "job", act.Job.String(), "deadline", deadline, "light", st.Light)
 	read := a.stateReader(act.Unit)
-	timeouts, _ := a.cfg.Systemd.(TimeoutReader)
+	light := a.lightJobs()
 	a.jobs.wg.Go(func() {
-		if st.Light && timeouts != nil {
-			// Planned from a listing: the unit's own timeouts first.
-			var err error
-			a.jobs.read(ctx, func() { st.TimeoutStartUSec, st.TimeoutStopUSec, err = timeouts.Timeouts(ctx, act.Unit) })
-			if err != nil && ctx.Err() == nil {
-				a.log.Warn(act.Unit+": its job timeouts could not be read; waiting for systemd's default", "unit", act.Unit, "err", err)
+		var err error
+		if st.Light && light != nil {
+			err = a.runLightJob(ctx, light, act, st)
+		} else {
+			jctx, cancel := ctx, context.CancelFunc(func() {})
+			if deadline > 0 {
+				jctx, cancel = context.WithTimeout(ctx, deadline)
 			}
-			deadline = JobDeadline(act.Job, st)
-		}
-		jctx, cancel := ctx, context.CancelFunc(func() {})
-		if deadline > 0 {
-			jctx, cancel = context.WithTimeout(ctx, deadline)
-		}
-		err := a.runJob(jctx, act)
-		cancel()
-		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrOutcomeUnknown) {
-			err = fmt.Errorf("%w: no result within %s: %w", ErrOutcomeUnknown, deadline, err)
+			err = outcomeUnknown(ctx, a.runJob(jctx, act), deadline)
+			cancel()
 		}
 		r := jobResult{id: run.id, unit: act.Unit, err: err, ended: time.Now()}
 		if ctx.Err() != nil {
@@ -160,21 +153,76 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 	})
 }
 
+// runLightJob runs the job of a unit planned from a listing (Light), whose
+// own timeouts are not known yet. They are read once systemd has queued
+// the job — read before, they made systemd load the unit's files again
+// (JobQueuer); until then the wait is bounded by systemd's defaults. A
+// restart that stops other units first (a socket's service) reads them
+// first: the whole of it runs under one deadline.
+func (a *Agent) runLightJob(ctx context.Context, sd lightSystemd, act Action, st UnitState) error {
+	timeouts := func() {
+		var err error
+		a.jobs.read(ctx, func() { st.TimeoutStartUSec, st.TimeoutStopUSec, err = sd.Timeouts(ctx, act.Unit) })
+		if err != nil && ctx.Err() == nil {
+			a.log.Warn(act.Unit+": its job timeouts could not be read; waiting for systemd's default", "unit", act.Unit, "err", err)
+		}
+	}
+	withDeadline := func(f func(context.Context) error) error {
+		deadline := JobDeadline(act.Job, st)
+		jctx, cancel := ctx, context.CancelFunc(func() {})
+		if deadline > 0 {
+			jctx, cancel = context.WithTimeout(ctx, deadline)
+		}
+		defer cancel()
+		return outcomeUnknown(ctx, f(jctx), deadline)
+	}
+	if len(act.AlsoStop) > 0 {
+		timeouts()
+		return withDeadline(func(jctx context.Context) error { return a.runJob(jctx, act) })
+	}
+	var wait func(context.Context) error
+	if err := withDeadline(func(qctx context.Context) (err error) {
+		wait, err = sd.Queue(qctx, act.Job, act.Unit)
+		return err
+	}); err != nil {
+		return err
+	}
+	timeouts()
+	return withDeadline(wait)
+}
+
+// outcomeUnknown marks a job error that came of the agent's own deadline
+// (not of ctx, the agent's life) as ErrOutcomeUnknown.
+func outcomeUnknown(ctx context.Context, err error, deadline time.Duration) error {
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrOutcomeUnknown) {
+		return fmt.Errorf("%w: no result within %s: %w", ErrOutcomeUnknown, deadline, err)
+	}
+	return err
+}
+
 func (a *Agent) runJob(ctx context.Context, act Action) error {
-	switch act.Job {
-	case JobStart:
-		return a.cfg.Systemd.Start(ctx, act.Unit)
-	case JobStop:
-		return a.cfg.Systemd.Stop(ctx, act.Unit)
-	case JobReload:
-		return a.cfg.Systemd.ReloadUnit(ctx, act.Unit)
-	case JobRestart:
+	if act.Job == JobRestart {
 		for _, other := range act.AlsoStop {
 			if err := a.cfg.Systemd.Stop(ctx, other); err != nil {
 				return err
 			}
 		}
-		return a.cfg.Systemd.Restart(ctx, act.Unit)
+	}
+	return DoJob(ctx, a.cfg.Systemd, act.Job, act.Unit)
+}
+
+// DoJob runs job on unit and waits for its end: the whole of a job, for a
+// Systemd that has no JobQueuer (a queue whose wait does it all).
+func DoJob(ctx context.Context, sd Systemd, job Job, unit string) error {
+	switch job {
+	case JobStart:
+		return sd.Start(ctx, unit)
+	case JobStop:
+		return sd.Stop(ctx, unit)
+	case JobReload:
+		return sd.ReloadUnit(ctx, unit)
+	case JobRestart:
+		return sd.Restart(ctx, unit)
 	}
 	return nil
 }

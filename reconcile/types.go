@@ -110,7 +110,8 @@ type UnitState struct {
 	// SubState are systemd's; the rest is what such a unit has — it never
 	// ran, it has no newer file (NeedDaemonReload=no), no result — and its
 	// timeouts and UnitFileState are not known. A job on it reads its
-	// timeouts first (TimeoutReader); the read after the job is a full one.
+	// timeouts once systemd has queued it (TimeoutReader, JobQueuer); the
+	// read after the job is a full one.
 	Light bool
 }
 

@@ -236,6 +236,40 @@ type jobFunc func(c *sddbus.Conn, ctx context.Context, name, mode string, ch cha
 // error wraps ErrJobTimeout (so reconcile.ErrOutcomeUnknown) and
 // context.DeadlineExceeded; a canceled ctx gives a plain context.Canceled.
 func (m *Manager) job(ctx context.Context, op, unit string, enqueue jobFunc) error {
+	wait, err := m.enqueue(ctx, op, unit, enqueue)
+	if err != nil {
+		return err
+	}
+	return wait(ctx)
+}
+
+// Queue enqueues a job (job mode "replace") and returns at once; wait
+// waits for its result as Start, Stop, Restart and ReloadUnit do, until its
+// ctx is done. Between the two the unit is held loaded by its job: systemd
+// unloads an inactive unit nothing refers to after every call about it,
+// and loads it anew — parsing its files — at the next one
+// (reconcile.JobQueuer).
+func (m *Manager) Queue(ctx context.Context, job reconcile.Job, unit string) (wait func(context.Context) error, err error) {
+	switch job {
+	case reconcile.JobStart:
+		return m.enqueue(ctx, "start", unit, (*sddbus.Conn).StartUnitContext)
+	case reconcile.JobStop:
+		wait, err := m.enqueue(ctx, "stop", unit, (*sddbus.Conn).StopUnitContext)
+		if isDBusError(err, "org.freedesktop.systemd1.NoSuchUnit") {
+			return func(context.Context) error { return nil }, nil // as Stop
+		}
+		return wait, err
+	case reconcile.JobRestart:
+		return m.enqueue(ctx, "restart", unit, (*sddbus.Conn).RestartUnitContext)
+	case reconcile.JobReload:
+		return m.enqueue(ctx, "reload", unit, (*sddbus.Conn).ReloadUnitContext)
+	}
+	return nil, fmt.Errorf("queue %s: no such job: %s", unit, job)
+}
+
+// enqueue is job's first half: the call that queues the job. The second,
+// wait, takes the result.
+func (m *Manager) enqueue(ctx context.Context, op, unit string, enqueue jobFunc) (wait func(context.Context) error, err error) {
 	// Buffered: go-systemd sends the result while holding the lock that
 	// every other job call on the connection needs.
 	ch := make(chan string, 1)
@@ -246,10 +280,16 @@ func (m *Manager) job(ctx context.Context, op, unit string, enqueue jobFunc) err
 	if err != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			// The enqueue call may or may not have reached systemd.
-			return fmt.Errorf("%s %s: %w: %w", op, unit, ErrJobTimeout, err)
+			return nil, fmt.Errorf("%s %s: %w: %w", op, unit, ErrJobTimeout, err)
 		}
-		return fmt.Errorf("%s %s: %w", op, unit, err)
+		return nil, fmt.Errorf("%s %s: %w", op, unit, err)
 	}
+	return func(ctx context.Context) error { return m.wait(ctx, c, op, unit, ch) }, nil
+}
+
+// wait is job's second half: the result of the job queued on c, which
+// go-systemd sends to ch.
+func (m *Manager) wait(ctx context.Context, c *conn, op, unit string, ch <-chan string) error {
 	var timeoutC <-chan time.Time
 	if m.JobTimeout > 0 {
 		timer := time.NewTimer(m.JobTimeout)

@@ -367,6 +367,66 @@ func TestManager(t *testing.T) {
 		stop(t, m, "loaded.service")
 	})
 
+	// A job queued first holds its unit loaded: the timeouts read after it
+	// do not make systemd load the unit again, as they do before it (an
+	// inactive unit nothing refers to is unloaded after every call). The
+	// wait ends with the job, and runs out at its own deadline.
+	t.Run("Queue", func(t *testing.T) {
+		loads := h.CountLoads(t)
+		writeUnit(t, h, "queued.service", "[Service]\nType=exec\nExecStart=/bin/sleep 1000\nTimeoutStartSec=77\n")
+		writeUnit(t, h, "unqueued.service", "[Service]\nType=exec\nExecStart=/bin/sleep 1000\nTimeoutStartSec=77\n")
+		writeUnit(t, h, "queued-hung.service", "[Service]\nType=exec\nExecStartPre=/bin/sleep 1000\nExecStart=/bin/true\n")
+		reload(t, m)
+		wait, err := m.Queue(ctx, reconcile.JobStart, "queued.service")
+		if err != nil {
+			t.Fatalf("Queue: %v", err)
+		}
+		if start, _, err := m.Timeouts(ctx, "queued.service"); err != nil || start != 77_000_000 {
+			t.Fatalf("Timeouts after Queue = %d, %v; want 77 s", start, err)
+		}
+		if err := wait(ctx); err != nil {
+			t.Fatalf("wait: %v", err)
+		}
+		if s := state(t, m, "queued.service"); s.ActiveState != "active" || s.MainPID == 0 {
+			t.Fatalf("after the queued start: %+v, want active", s)
+		}
+		// The same, the timeouts read first, as the agent used to.
+		if _, _, err := m.Timeouts(ctx, "unqueued.service"); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Start(ctx, "unqueued.service"); err != nil {
+			t.Fatal(err)
+		}
+		waitLoads := func(unit string, want int) {
+			t.Helper()
+			for deadline := time.Now().Add(5 * time.Second); loads(unit) < want && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			time.Sleep(100 * time.Millisecond) // and no more
+			if got := loads(unit); got != want {
+				t.Errorf("systemd loaded %s %d times, want %d", unit, got, want)
+			}
+		}
+		waitLoads("unqueued.service", 3) // one per property read (two), then the start's: the test can tell
+		waitLoads("queued.service", 1)
+		stop(t, m, "queued.service")
+		stop(t, m, "unqueued.service")
+
+		wait, err = m.Queue(ctx, reconcile.JobStart, "queued-hung.service")
+		if err != nil {
+			t.Fatal(err)
+		}
+		short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		if err := wait(short); !errors.Is(err, systemd.ErrJobTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("wait past its deadline = %v, want ErrJobTimeout and DeadlineExceeded", err)
+		}
+		stop(t, m, "queued-hung.service")
+		if wait, err := m.Queue(ctx, reconcile.JobStop, "never-loaded.service"); err != nil || wait(ctx) != nil {
+			t.Errorf("Queue(stop) of a unit systemd does not have = %v, want nothing to wait for, as Stop", err)
+		}
+	})
+
 	t.Run("Closed", func(t *testing.T) {
 		m := open(t, h)
 		done := make(chan error, 1)

@@ -65,6 +65,15 @@ func (l loopSystemd) Timeouts(ctx context.Context, unit string) (start, stop uin
 	return st.TimeoutStartUSec, st.TimeoutStopUSec, err
 }
 
+// Queue passes the two-step job through, where the systemd underneath has
+// it; otherwise waiting runs the whole job.
+func (l loopSystemd) Queue(ctx context.Context, job reconcile.Job, unit string) (func(context.Context) error, error) {
+	if q, ok := l.Systemd.(reconcile.JobQueuer); ok {
+		return q.Queue(ctx, job, unit)
+	}
+	return func(ctx context.Context) error { return reconcile.DoJob(ctx, l.Systemd, job, unit) }, nil
+}
+
 // ManagerID passes the service manager's instance name through, where the
 // systemd underneath has it.
 func (l loopSystemd) ManagerID(ctx context.Context) (string, error) {

@@ -48,11 +48,15 @@ func TestBurstOf50UnitsOneReload(t *testing.T) {
 // states) and reads each unit in full only after its job. Each still ends
 // as systemd says — services and a oneshot healthy, a timer and a socket
 // waiting — and a start that hangs (TimeoutStartSec=infinity) is still
-// waited for, not given up on, while the others converge.
+// waited for, not given up on, while the others converge. systemd loads
+// each new unit file at most three times (counted from its UnitNew
+// signals: the listing before the files are written, the one after the
+// daemon-reload, the job), not once more for every call about it.
 func TestFirstSyncOfManyKinds(t *testing.T) {
 	t.Parallel() // waits on jobs, not the CPU
 	e := newEnv(t)
 	e.startAgent()
+	loads := e.h.CountLoads(t)
 	units := map[string]string{
 		"fk-once.service":   "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n" + fast,
 		"fk-tick.timer":     "[Timer]\nOnActiveSec=1h\nUnit=fk-ticked.service\n" + fast,
@@ -75,6 +79,26 @@ func TestFirstSyncOfManyKinds(t *testing.T) {
 		"fk-ticked.service": "inactive", "fk-sock.service": "inactive", "fk-hung.service": "activating"}
 	for i := range 10 {
 		want[fmt.Sprintf("fk-%02d.service", i)] = "active"
+	}
+	// The loads, counted before this test asks systemd anything (its own
+	// reads of an inactive unit load it too): once the statuses say the
+	// services run.
+	loaded := map[string]int{}
+	for deadline := time.Now().Add(20 * time.Second); len(loaded) < 10; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the fk-NN services' statuses do not say active: %d of 10 do", len(loaded))
+		}
+		for i := range 10 {
+			u := fmt.Sprintf("fk-%02d.service", i)
+			if s, ok := e.status(u); ok && s.ActiveState == "active" {
+				loaded[u] = loads(u)
+			}
+		}
+	}
+	for u, n := range loaded {
+		if n > 3 {
+			t.Errorf("systemd loaded %s %d times in the first sync, want at most 3", u, n)
+		}
 	}
 	var differs string
 	converged := func() bool {

@@ -10,7 +10,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -444,9 +447,13 @@ func benchIdle(b *testing.B, bin string, n int) {
 
 	v := c.versions(units)
 	first := map[string]time.Duration{}
+	profiled := profileAgent(b, filepath.Join(ag.h.Dir, "agentd.sock"), os.Getenv("AGENTD_BENCH_CPUPROFILE"))
 	for _, s := range []*perfSys{ag, fl} {
 		first[s.name] = c.put(s, v, false)
 		c.settle(s, v)
+		if s == ag {
+			profiled()
+		}
 	}
 	firstRatio := float64(first["agentd"]) / float64(first["floor"])
 	b.Logf("units=%d first sync (all new, one txn): agentd %.0f ms, batch floor %.0f ms, ratio %.2f (target ≤ 1.5: %s)",
@@ -543,4 +550,44 @@ func straceIdle(b *testing.B, pid int, d time.Duration) {
 	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) } // strace prints its summary on SIGINT
 	out, err := cmd.CombinedOutput()
 	b.Logf("strace -f -c -p %d for %s (%v):\n%s", pid, d, err, out)
+}
+
+// profileAgent starts a CPU profile of the agent process through its debug
+// socket, written to path when the returned func is called (nothing when
+// path is empty): AGENTD_BENCH_CPUPROFILE=cpu.out profiles its first sync.
+func profileAgent(b *testing.B, sock, path string) (stop func()) {
+	if path == "" {
+		return func() {}
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	// The profile runs for a fixed time; the first sync must end within it.
+	// The reply comes when it ends.
+	type result struct {
+		resp *http.Response
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := hc.Get("http://agentd/debug/pprof/profile?seconds=30")
+		got <- result{resp, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // the profile has started
+	return func() {
+		r := <-got
+		if r.err != nil {
+			b.Fatalf("cpu profile: %v", r.err)
+		}
+		defer r.resp.Body.Close()
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := io.Copy(f, r.resp.Body); err != nil {
+			b.Fatalf("cpu profile: %v", err)
+		}
+		b.Logf("agent CPU profile (30 s from the first put) in %s", path)
+	}
 }

@@ -313,24 +313,63 @@ func (h *Harness) Log() string {
 // signal may arrive shortly after the Reload call returned: poll.
 func (h *Harness) CountReloads(t testing.TB) func() int {
 	t.Helper()
+	var n atomic.Int64
+	h.onSignal(t, "Reloading", func(sig *godbus.Signal) {
+		if len(sig.Body) != 1 {
+			return
+		}
+		if active, ok := sig.Body[0].(bool); ok && !active {
+			n.Add(1)
+		}
+	})
+	return func() int { return int(n.Load()) }
+}
+
+// CountLoads subscribes to the manager's UnitNew signal and returns a
+// function giving the number of times systemd loaded a unit since the
+// call: it sends UnitNew whenever it creates a unit's object, and it drops
+// the object of an inactive unit nothing refers to after every call about
+// it (garbage collection), so the next call loads the unit — parses its
+// files — again. Poll, as for CountReloads.
+func (h *Harness) CountLoads(t testing.TB) func(unit string) int {
+	t.Helper()
+	var mu sync.Mutex
+	n := map[string]int{}
+	h.onSignal(t, "UnitNew", func(sig *godbus.Signal) {
+		if len(sig.Body) != 2 {
+			return
+		}
+		if unit, ok := sig.Body[0].(string); ok {
+			mu.Lock()
+			n[unit]++
+			mu.Unlock()
+		}
+	})
+	return func(unit string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return n[unit]
+	}
+}
+
+// onSignal calls f, on a goroutine of its own, for each signal member of
+// the manager's interface from now until the test ends.
+func (h *Harness) onSignal(t testing.TB, member string, f func(*godbus.Signal)) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	conn, err := h.rawConn(ctx)
 	if err != nil {
 		cancel()
-		t.Fatalf("CountReloads: %v", err)
+		t.Fatalf("subscribe to %s: %v", member, err)
 	}
-	var n atomic.Int64
 	ch := make(chan *godbus.Signal, 64)
 	conn.Signal(ch)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for sig := range ch { // closed when conn closes
-			if sig.Name != "org.freedesktop.systemd1.Manager.Reloading" || len(sig.Body) != 1 {
-				continue
-			}
-			if active, ok := sig.Body[0].(bool); ok && !active {
-				n.Add(1)
+			if sig.Name == "org.freedesktop.systemd1.Manager."+member {
+				f(sig)
 			}
 		}
 	}()
@@ -340,16 +379,15 @@ func (h *Harness) CountReloads(t testing.TB) func() int {
 	})
 	err = conn.AddMatchSignalContext(ctx,
 		godbus.WithMatchInterface("org.freedesktop.systemd1.Manager"),
-		godbus.WithMatchMember("Reloading"))
+		godbus.WithMatchMember(member))
 	if err == nil {
 		// Without a subscriber systemd emits no signals on the bus.
 		err = conn.Object("org.freedesktop.systemd1", "/org/freedesktop/systemd1").
 			CallWithContext(ctx, "org.freedesktop.systemd1.Manager.Subscribe", 0).Err
 	}
 	if err != nil {
-		t.Fatalf("CountReloads: subscribe: %v", err)
+		t.Fatalf("subscribe to %s: %v", member, err)
 	}
-	return func() int { return int(n.Load()) }
 }
 
 // Close stops the manager: it closes the script's stdin, waits for its

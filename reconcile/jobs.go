@@ -160,13 +160,7 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 // restart that stops other units first (a socket's service) reads them
 // first: the whole of it runs under one deadline.
 func (a *Agent) runLightJob(ctx context.Context, sd lightSystemd, act Action, st UnitState) error {
-	timeouts := func() {
-		var err error
-		a.jobs.read(ctx, func() { st.TimeoutStartUSec, st.TimeoutStopUSec, err = sd.Timeouts(ctx, act.Unit) })
-		if err != nil && ctx.Err() == nil {
-			a.log.Warn(act.Unit+": its job timeouts could not be read; waiting for systemd's default", "unit", act.Unit, "err", err)
-		}
-	}
+	// withDeadline runs f under the job's deadline as far as it is known.
 	withDeadline := func(f func(context.Context) error) error {
 		deadline := JobDeadline(act.Job, st)
 		jctx, cancel := ctx, context.CancelFunc(func() {})
@@ -176,8 +170,16 @@ func (a *Agent) runLightJob(ctx context.Context, sd lightSystemd, act Action, st
 		defer cancel()
 		return outcomeUnknown(ctx, f(jctx), deadline)
 	}
+	timeouts := func(tctx context.Context) error {
+		var err error
+		a.jobs.read(tctx, func() { st.TimeoutStartUSec, st.TimeoutStopUSec, err = sd.Timeouts(tctx, act.Unit) })
+		if err != nil && ctx.Err() == nil {
+			a.log.Warn(act.Unit+": its job timeouts could not be read; waiting for systemd's default", "unit", act.Unit, "err", err)
+		}
+		return nil
+	}
 	if len(act.AlsoStop) > 0 {
-		timeouts()
+		withDeadline(timeouts)
 		return withDeadline(func(jctx context.Context) error { return a.runJob(jctx, act) })
 	}
 	var wait func(context.Context) error
@@ -187,7 +189,7 @@ func (a *Agent) runLightJob(ctx context.Context, sd lightSystemd, act Action, st
 	}); err != nil {
 		return err
 	}
-	timeouts()
+	withDeadline(timeouts)
 	return withDeadline(wait)
 }
 

@@ -559,18 +559,21 @@ var typeProps = func() map[string][]string {
 	return m
 }()
 
-// readState reads a unit's state in one of two ways. Without
-// UnitFileState (the reads of units systemd had loaded before: bursts of
-// changed units, verdicts, signals), the properties it uses one by one,
-// all in flight at once: systemd works out and sends only those. Measured
-// against a real systemd with 1,000 running units, 333 units per figure, 8
-// reads in flight: GetAll of the Service interface made a read after a
-// restart cost systemd 0.42–0.45 ms of CPU, the named properties
-// 0.21–0.24 ms. With UnitFileState (a unit never read: the first sync), one
-// GetAll per interface: for units systemd has just loaded, the named
-// properties measured slower (first syncs of 100 new units 1.50–1.86× the
-// batch floor with GetAll, 1.95–2.20× without), and the agent decodes 2
-// replies instead of 19.
+// readState reads a unit's state. The unit type's properties (a service's
+// Result, MainPID, NRestarts, ...) are always the ones it uses, one Get
+// each, all in flight at once: systemd works out and sends only those, where
+// GetAll of the Service interface serialised some 200. Measured against a
+// real systemd with 1,000 running units, 333 units per figure, 8 reads in
+// flight: a read after a restart cost systemd 0.42–0.45 ms of CPU with
+// GetAll, 0.21–0.24 ms with the named properties; and in the first sync of
+// 1,000 new units (three alternating pairs, BENCHMARKS.md c) the agent's
+// CPU fell from 5.5–6.5 to 4.6–5.5 s and systemd's extra work beside it
+// from 4.2–4.8 to 3.7–4.3 s. The Unit interface is read the same way
+// without UnitFileState (units systemd had loaded before: bursts of changed
+// units, verdicts, signals); with it (a unit never read: the first sync),
+// in one GetAll — for units systemd has just loaded the named properties
+// measured slower there (first syncs of 100 new units 1.50–1.86× the batch
+// floor with GetAll, 1.95–2.20× without).
 func readState(ctx context.Context, c *conn, unit string, fileState bool) (reconcile.UnitState, error) {
 	var s reconcile.UnitState
 	var props map[string]any
@@ -608,12 +611,7 @@ func readState(ctx context.Context, c *conn, unit string, fileState bool) (recon
 	if iface == "" {
 		return s, nil
 	}
-	var tp map[string]any
-	if fileState {
-		tp, err = c.GetUnitTypePropertiesContext(ctx, unit, iface)
-	} else {
-		tp, err = properties(ctx, c.bus, unitPath(unit), iface, typeProps[iface])
-	}
+	tp, err := properties(ctx, c.bus, unitPath(unit), iface, typeProps[iface])
 	if err != nil {
 		return s, err
 	}

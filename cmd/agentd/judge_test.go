@@ -344,7 +344,8 @@ func TestJudgeDropInsOnForeignUnit(t *testing.T) {
 	}
 }
 
-// 3. Enablement follows the current version both ways.
+// 3. Enablement follows the current version both ways, from a unit the
+// agent created without [Install] on.
 func TestJudgeEnablementFollowsVersion(t *testing.T) {
 	e := newEnv(t)
 	e.startAgent()
@@ -355,6 +356,7 @@ func TestJudgeEnablementFollowsVersion(t *testing.T) {
 		what, content string
 		enabled       bool
 	}{
+		{"a new unit without [Install]", base + fast, false}, // its UnitFileState is not asked for
 		{"[Install]", base + install + fast, true},
 		{"[Install] with Enable=no", base + install + "[X-Agentd]\nHealthySec=0\nEnable=no\n", false},
 		{"[Install] again", base + install + fast, true},

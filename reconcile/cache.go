@@ -143,8 +143,9 @@ func newCache() cache {
 // then fileStateUnread until the resync or its removal reads it, or a
 // version with [Install] needs it. Working UnitFileState out costs systemd a
 // look at every unit file and symlink: in the first sync of 1,000 new units
-// (two pairs, BENCHMARKS.md c) systemd's CPU beside the agent's fell from
-// 3.1–4.5 s more than beside the batch floor's to 1.1–1.8 s more.
+// (three alternating pairs, BENCHMARKS.md c) systemd used 2.4–3.8 s of CPU
+// more beside the agent than beside the batch floor with it, 1.1–1.7 s
+// without.
 func needsFileState(unit string, d *DesiredUnit, last string, created bool) bool {
 	install := d != nil && d.File != nil && d.Policy.HasInstall
 	switch {

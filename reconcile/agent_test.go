@@ -635,15 +635,6 @@ type lightSystemd struct {
 	deadlines sync.Map // unit -> time.Duration until the job's deadline (-1: none)
 	queued    sync.Map // unit -> true: its job was queued
 	early     atomic.Int64
-	fullAfter sync.Map        // unit -> true: read in full after its start
-	install   map[string]bool // units whose file has an [Install] section
-}
-
-// StateSkippingFileState is State without UnitFileState.
-func (l *lightSystemd) StateSkippingFileState(ctx context.Context, u string) (reconcile.UnitState, error) {
-	st, err := l.state(ctx, u)
-	st.UnitFileState = ""
-	return st, err
 }
 
 func (l *lightSystemd) Reload(ctx context.Context) error {
@@ -652,27 +643,11 @@ func (l *lightSystemd) Reload(ctx context.Context) error {
 }
 
 func (l *lightSystemd) State(ctx context.Context, u string) (reconcile.UnitState, error) {
-	if l.reloaded.Load() {
-		if l.starts.Load() == 0 {
-			l.full.Add(1)
-		}
-		if _, started := l.deadlines.Load(u); started {
-			l.fullAfter.Store(u, true)
-		}
-	}
-	st, err := l.state(ctx, u)
-	if st.LoadState == "loaded" {
-		st.UnitFileState = "static"
-		if l.install[u] {
-			st.UnitFileState = "disabled"
-		}
-	}
-	return st, err
-}
-
-func (l *lightSystemd) state(ctx context.Context, u string) (reconcile.UnitState, error) {
 	if !l.reloaded.Load() {
 		return reconcile.UnitState{LoadState: "not-found", ActiveState: "inactive", SubState: "dead"}, nil
+	}
+	if l.starts.Load() == 0 {
+		l.full.Add(1)
 	}
 	st, err := l.fakeSystemd.State(ctx, u)
 	st.TimeoutStartUSec, st.TimeoutStopUSec = l.timeouts[u][0], l.timeouts[u][1]
@@ -730,14 +705,11 @@ func TestFirstSyncPlansNewUnitsFromTheListing(t *testing.T) {
 		"slow.service": {600_000_000, 20_000_000},
 	}}
 	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
-	names := []string{"inf.service", "slow.service", "inst.service"}
+	names := []string{"inf.service", "slow.service"}
 	for i := range 10 {
 		names = append(names, fmt.Sprintf("u%02d.service", i))
 	}
-	snap := snapshot(names...)
-	sd.install = map[string]bool{"inst.service": true}
-	snap.Entries[2].Value = []byte("[Service]\nExecStart=/bin/sleep 1\n[Install]\nWantedBy=default.target\n[X-Agentd]\nHealthySec=0\nEnable=no\n")
-	a.SetSnapshot(snap)
+	a.SetSnapshot(snapshot(names...))
 	stop := runAgent(t, a)
 	defer stop()
 	waitCalls(t, sd.fakeSystemd, 1+len(names))
@@ -772,14 +744,6 @@ func TestFirstSyncPlansNewUnitsFromTheListing(t *testing.T) {
 			done = done && s.ActiveState == "active" && s.Health == "healthy"
 		}
 		if done {
-			// The reads after the jobs ask for UnitFileState only where
-			// the file has an [Install] section: working it out costs
-			// systemd a look at every unit file.
-			for _, u := range names {
-				if _, full := sd.fullAfter.Load(u); full != sd.install[u] {
-					t.Errorf("%s read with its UnitFileState after its start: %v, want %v", u, full, sd.install[u])
-				}
-			}
 			return
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -137,31 +137,20 @@ func newCache() cache {
 // last seen static or disabled — only someone else's enable could change
 // that, and the resync reads it again. Pure.
 //
-// Nor for a unit the agent created (created: systemd had no file for it
-// when last asked) whose file has no [Install] section: it is static, short
-// of someone's symlink to a file that did not exist. Its UnitFileState is
-// then fileStateUnread until the resync or its removal reads it, or a
-// version with [Install] needs it. Working UnitFileState out costs systemd a
-// look at every unit file and symlink: in the first sync of 1,000 new units
-// (three alternating pairs, BENCHMARKS.md c) systemd used 2.4–3.8 s of CPU
-// more beside the agent than beside the batch floor with it, 1.1–1.7 s
-// without.
-func needsFileState(unit string, d *DesiredUnit, last string, created bool) bool {
-	install := d != nil && d.File != nil && d.Policy.HasInstall
-	switch {
-	case last == "":
-		return !created || install || d == nil || d.File == nil || IsTemplate(unit) || IsInstance(unit)
-	case last == fileStateUnread:
-		return install || d == nil || d.File == nil
-	case IsTemplate(unit) || IsInstance(unit):
+// A unit systemd had not loaded before (none read) is read in full anyway:
+// the individual reads pay off only where systemd had the unit loaded
+// before the daemon-reload (measured, bursts of 100 changed units: 1.52–1.69×
+// the batch floor with full reads, 1.45–1.49× without UnitFileState; the
+// first sync of 100 new units: 1.50–1.86× full, 1.95–2.20× without).
+func needsFileState(unit string, d *DesiredUnit, last string) bool {
+	if last == "" {
+		return true
+	}
+	if IsTemplate(unit) || IsInstance(unit) {
 		return false
 	}
-	return last == "enabled" || install
+	return last == "enabled" || (d != nil && d.File != nil && d.Policy.HasInstall)
 }
-
-// fileStateUnread stands for a UnitFileState the loop did not ask for (see
-// needsFileState).
-const fileStateUnread = "unread"
 
 // stateReader returns how to read unit's state now: in full, or without
 // UnitFileState (the last one read stands in for it). It runs on the loop's
@@ -169,11 +158,8 @@ const fileStateUnread = "unread"
 func (a *Agent) stateReader(unit string) func(context.Context) (UnitState, error) {
 	skipper, ok := a.cfg.Systemd.(FileStateSkipper)
 	last := a.cache.fileStates[unit]
-	if !ok || needsFileState(unit, a.desired.units[unit], last, a.cache.unknown[unit]) {
+	if !ok || needsFileState(unit, a.desired.units[unit], last) {
 		return func(ctx context.Context) (UnitState, error) { return a.cfg.Systemd.State(ctx, unit) }
-	}
-	if last == "" {
-		last = fileStateUnread
 	}
 	return func(ctx context.Context) (UnitState, error) {
 		st, err := skipper.StateSkippingFileState(ctx, unit)
@@ -479,7 +465,7 @@ func (a *Agent) refreshReloaded(ctx context.Context, need []string) []string {
 		old, ok := a.cache.reloaded[u]
 		s, listed := got[u]
 		if !ok || !listed || s.LoadState != "loaded" || s.ActiveState != old.ActiveState || s.SubState != old.SubState ||
-			needsFileState(u, a.desired.units[u], a.cache.fileStates[u], a.cache.unknown[u]) || !a.asWritten(u) {
+			needsFileState(u, a.desired.units[u], a.cache.fileStates[u]) || !a.asWritten(u) {
 			rest = append(rest, u)
 			continue
 		}
@@ -536,11 +522,7 @@ func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
 					a.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState,
 						LoadError: "Unit " + u + " not found."})
 				case ok && light && a.cache.unknown[u] && s.LoadState == "loaded" && s.ActiveState == "inactive" && s.SubState == "dead":
-					st := UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Light: true}
-					if !needsFileState(u, a.desired.units[u], "", true) {
-						st.UnitFileState = fileStateUnread // so the read after its job need not ask
-					}
-					a.keepState(u, st)
+					a.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Light: true})
 				default:
 					rest = append(rest, u)
 				}

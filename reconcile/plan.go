@@ -640,7 +640,7 @@ func planEnable(a *Action, st UnitState, changed bool) {
 		return
 	}
 	want := a.Policy.Enable && a.Policy.HasInstall
-	unknown := st.UnitFileState == "" || st.UnitFileState == fileStateUnread || st.LoadState == "not-found"
+	unknown := st.UnitFileState == "" || st.LoadState == "not-found"
 	switch {
 	case want && (st.UnitFileState == "disabled" || unknown && changed):
 		a.Enable = true

@@ -98,8 +98,7 @@ type UnitState struct {
 	// NeedDaemonReload is true when the file on disk differs from what
 	// systemd has loaded: a daemon-reload is still owed.
 	NeedDaemonReload bool
-	// UnitFileState is enabled, disabled, static, indirect, generated, ...;
-	// "" or "unread" when the loop did not ask (needsFileState).
+	// UnitFileState is enabled, disabled, static, indirect, generated, ...
 	UnitFileState string
 	// TimeoutStartUSec and TimeoutStopUSec are the unit's own job timeouts
 	// (services, sockets, mounts); 0 when the type has none, math.MaxUint64

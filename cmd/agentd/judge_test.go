@@ -345,7 +345,8 @@ func TestJudgeDropInsOnForeignUnit(t *testing.T) {
 }
 
 // 3. Enablement follows the current version both ways, from a unit the
-// agent created without [Install] on.
+// agent created without [Install] (a link to its name made beforehand is
+// undone) on.
 func TestJudgeEnablementFollowsVersion(t *testing.T) {
 	e := newEnv(t)
 	e.startAgent()
@@ -356,11 +357,19 @@ func TestJudgeEnablementFollowsVersion(t *testing.T) {
 		what, content string
 		enabled       bool
 	}{
-		{"a new unit without [Install]", base + fast, false}, // its UnitFileState is not asked for
+		{"a new unit without [Install], its name linked before", base + fast, false},
 		{"[Install]", base + install + fast, true},
 		{"[Install] with Enable=no", base + install + "[X-Agentd]\nHealthySec=0\nEnable=no\n", false},
 		{"[Install] again", base + install + fast, true},
 		{"no [Install]", base + fast, false},
+	}
+	// A link made before the file existed (by hand, or left over): the
+	// version has no [Install], so the agent disables it.
+	if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../en.service", link); err != nil {
+		t.Fatal(err)
 	}
 	var pid uint32
 	for i, s := range steps {

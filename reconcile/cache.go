@@ -260,6 +260,18 @@ func (a *Agent) forgetUnit(u string) {
 	}
 }
 
+// linkDirOf says whether p is, or is in, a directory of dependency links
+// (<target>.wants/, .requires/, .upholds/), and whose.
+func linkDirOf(p string) (target string, ok bool) {
+	dir, _, _ := strings.Cut(p, "/")
+	for _, suffix := range []string{".wants", ".requires", ".upholds"} {
+		if t, ok := strings.CutSuffix(dir, suffix); ok {
+			return t, true
+		}
+	}
+	return "", false
+}
+
 // forgetPath drops a file (or, for a drop-in directory, every file in it)
 // and the state of the unit it belongs to: systemd's NeedDaemonReload
 // changes with it.
@@ -274,6 +286,19 @@ func (a *Agent) forgetPath(p string) {
 		if strings.HasPrefix(q, dir) {
 			delete(a.cache.files, q)
 		}
+	}
+	if target, ok := linkDirOf(p); ok {
+		// Enablement links (enable, add-wants — the agent's own enables
+		// too: the first one makes the directory): they change the
+		// UnitFileState of the units linked, and target's dependencies
+		// at the next daemon-reload, not any unit's own files. Forgetting
+		// everything here made the first sync of 1,000 units with
+		// [Install] read each unit in full before its job (1.8 s).
+		clear(a.cache.fileStates)
+		if ValidateUnitName(target) == nil {
+			a.forgetUnit(target)
+		}
+		return
 	}
 	u := UnitOfPath(p)
 	if strings.HasSuffix(p, ".d") && !strings.Contains(p, "/") {

@@ -164,6 +164,64 @@ func TestOneReloadPerBatchThenJobs(t *testing.T) {
 	}
 }
 
+// refusesEnable is a fake systemd that refuses to enable one unit, as
+// EnableUnitFiles does: the whole call fails.
+type refusesEnable struct {
+	*fakeSystemd
+	bad string
+}
+
+func (r *refusesEnable) Enable(ctx context.Context, u ...string) error {
+	r.fakeSystemd.Enable(ctx, u...)
+	if slices.Contains(u, r.bad) {
+		return errors.New("Cannot alias " + r.bad)
+	}
+	return nil
+}
+
+// Units to enable together are enabled in one call (a first sync of 1,000
+// units with [Install] made 1,000 calls, one after another); when systemd
+// refuses it, unit by unit, so that only the refused unit fails.
+func TestEnablesInOneCall(t *testing.T) {
+	files, m, _ := testDirs(t)
+	sd := &refusesEnable{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	withInstall := func(units ...string) reconcile.Snapshot {
+		s := snapshot(units...)
+		for i := range s.Entries {
+			s.Entries[i].Value = []byte("[Service]\nExecStart=/bin/sleep 1\n[Install]\nWantedBy=default.target\n[X-Agentd]\nHealthySec=0\n")
+		}
+		return s
+	}
+	a.SetSnapshot(withInstall("c.service", "a.service", "b.service"))
+	stop := runAgent(t, a)
+	got := waitCalls(t, sd.fakeSystemd, 5)
+	stop()
+	if got[0] != "enable a.service b.service c.service" || got[1] != "daemon-reload" {
+		t.Fatalf("calls = %v, want one enable of the three, then the reload", got)
+	}
+
+	files, m, _ = testDirs(t)
+	sd = &refusesEnable{fakeSystemd: &fakeSystemd{active: map[string]bool{}}, bad: "b.service"}
+	a = reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	a.SetSnapshot(withInstall("c.service", "a.service", "b.service"))
+	stop = runAgent(t, a)
+	defer stop()
+	got = waitCalls(t, sd.fakeSystemd, 5)
+	if want := []string{"enable a.service b.service c.service", "enable a.service", "enable b.service", "enable c.service", "daemon-reload"}; !slices.Equal(got[:5], want) {
+		t.Fatalf("calls = %v, want %v first", got, want)
+	}
+	_, st := a.Statuses()
+	if len(st) != 3 {
+		t.Fatalf("statuses %+v, want 3", st)
+	}
+	for _, s := range st {
+		if refused := strings.Contains(s.Error, "Cannot alias"); refused != (s.Unit == "b.service") {
+			t.Errorf("%s: status error %q; only b.service's enable was refused", s.Unit, s.Error)
+		}
+	}
+}
+
 // Dry-run uses the planning code and changes nothing; sync then applies
 // the same plan.
 func TestDryRunChangesNothing(t *testing.T) {

@@ -122,9 +122,10 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 
 	// 2. Disables see the [Install] of the file on disk now.
 	failed := map[string]bool{}
+	disableErrs := eachUnit(ctx, plan, func(act Action) bool { return act.Disable }, a.cfg.Systemd.Disable)
 	for _, act := range plan {
 		if act.Disable {
-			if err := a.cfg.Systemd.Disable(ctx, act.Unit); err != nil {
+			if err := disableErrs[act.Unit]; err != nil {
 				a.mem.enableErr[act.Unit] = err.Error()
 				a.record(act, "failed", err)
 				failed[act.Unit] = act.Kind != KindRemove // a removal goes on: its files must not stay for ever
@@ -159,9 +160,10 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		}
 	}
 	// 4. Enables: symlinks only, the reload below picks them up.
+	enableErrs := eachUnit(ctx, plan, func(act Action) bool { return act.Enable && !failed[act.Unit] }, a.cfg.Systemd.Enable)
 	for _, act := range plan {
 		if act.Enable && !failed[act.Unit] {
-			if err := a.cfg.Systemd.Enable(ctx, act.Unit); err != nil {
+			if err := enableErrs[act.Unit]; err != nil {
 				a.mem.enableErr[act.Unit] = err.Error()
 				a.record(act, "failed", err)
 				failed[act.Unit] = true
@@ -226,6 +228,38 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	a.rememberInFlight(&cur)
 	a.syncSlots(ctx, SlotsNeeded(plan, cur))
 	return false, nil
+}
+
+// eachUnit calls f (Enable, Disable) for the units of the actions that pick
+// says, in one call: a first sync of 1,000 units with [Install] sections
+// made 1,000 calls, one after the other, each a look of systemd's at every
+// unit file. When the one call fails, f is called unit by unit, so that one
+// unit's error is its own and the others go on (enabling and disabling are
+// idempotent). It returns the error of each unit that failed.
+func eachUnit(ctx context.Context, plan []Action, pick func(Action) bool, f func(context.Context, ...string) error) map[string]error {
+	var units []string
+	for _, act := range plan {
+		if pick(act) {
+			units = append(units, act.Unit)
+		}
+	}
+	if len(units) == 0 {
+		return nil
+	}
+	err := f(ctx, units...)
+	if err == nil {
+		return nil
+	}
+	if len(units) == 1 {
+		return map[string]error{units[0]: err}
+	}
+	errs := map[string]error{}
+	for _, u := range units {
+		if err := f(ctx, u); err != nil {
+			errs[u] = err
+		}
+	}
+	return errs
 }
 
 // bookkeep records what the plan says about units that need no job: a

@@ -128,6 +128,51 @@ func TestFirstSyncOfManyKinds(t *testing.T) {
 	}
 }
 
+// Units with [Install] sections that arrive together are enabled in one
+// call to systemd; one it refuses to enable fails alone, with systemd's
+// words in its status, and the others are enabled and run.
+func TestEnableManyOneRefused(t *testing.T) {
+	t.Parallel() // waits on jobs, not the CPU
+	e := newEnv(t)
+	e.startAgent()
+	install := "[Install]\nWantedBy=default.target\n"
+	units := map[string]string{
+		"eb-bad.service": "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n" + install + "Alias=eb-bad.socket\n" + fast,
+	}
+	for i := range 3 {
+		units[fmt.Sprintf("eb-%d.service", i)] = fmt.Sprintf("[Service]\nType=exec\nExecStart=/bin/sleep %d\n", 1000+i) + install + fast
+	}
+	args := []string{"unit", "put"}
+	for name, content := range units {
+		args = append(args, e.writeUnit(name, content))
+	}
+	if out, code := e.cli(append(args, "--host", e.host)...); code != 0 {
+		t.Fatalf("exit %d\n%s", code, out)
+	}
+	var differs string
+	done := func() bool {
+		for i := range 3 {
+			u := fmt.Sprintf("eb-%d.service", i)
+			if st, ufs := e.h.ActiveState(t, u), judgeStr(t, e, u, "UnitFileState"); st != "active" || ufs != "enabled" {
+				differs = fmt.Sprintf("%s: %s, %s; want active, enabled", u, st, ufs)
+				return false
+			}
+		}
+		if s, ok := e.status("eb-bad.service"); !ok || !strings.Contains(s.Error, "Cannot alias") {
+			differs = fmt.Sprintf("eb-bad.service: status %+v, want systemd's refusal", s)
+			return false
+		}
+		return true
+	}
+	for deadline := time.Now().Add(20 * time.Second); !done(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal(differs)
+		}
+	}
+	s, _ := e.status("eb-bad.service")
+	t.Logf("eb-bad.service: systemd %s; status %+v", e.h.ActiveState(t, "eb-bad.service"), s)
+}
+
 // A file the agent did not write is never overwritten; status says why.
 func TestUnmanagedFileIsNeverOverwritten(t *testing.T) {
 	e := newEnv(t)

@@ -92,10 +92,16 @@ func perfUnitName(i int) string { return fmt.Sprintf("p%04d.service", i) }
 // perfUnit is a long-running service that, once started, appends
 // "<unit> <version>" to logPath: the unit itself says which version runs.
 // The [X-Agentd] section (HealthySec=0) is ignored by systemd, so the
-// agent and the floor run byte-identical files.
+// agent and the floor run byte-identical files. AGENTD_BENCH_INSTALL=1
+// gives it an [Install] section (WantedBy=default.target), as most units
+// have: the agent then enables it, the floor does not.
 func perfUnit(logPath, version string) []byte {
-	return fmt.Appendf(nil, "[Service]\nType=exec\nExecStart=/bin/sh -c 'echo %%n %s >> %s; exec sleep infinity'\n%s",
-		version, logPath, fast)
+	install := ""
+	if os.Getenv("AGENTD_BENCH_INSTALL") == "1" {
+		install = "[Install]\nWantedBy=default.target\n"
+	}
+	return fmt.Appendf(nil, "[Service]\nType=exec\nExecStart=/bin/sh -c 'echo %%n %s >> %s; exec sleep infinity'\n%s%s",
+		version, logPath, install, fast)
 }
 
 // --- versionLog: what the units say they run ---

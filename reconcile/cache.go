@@ -260,16 +260,16 @@ func (a *Agent) forgetUnit(u string) {
 	}
 }
 
-// linkDirOf says whether p is, or is in, a directory of dependency links
-// (<target>.wants/, .requires/, .upholds/), and whose.
-func linkDirOf(p string) (target string, ok bool) {
+// isLinkDir says whether p is, or is in, a directory of dependency links
+// (<target>.wants/, .requires/, .upholds/).
+func isLinkDir(p string) bool {
 	dir, _, _ := strings.Cut(p, "/")
 	for _, suffix := range []string{".wants", ".requires", ".upholds"} {
-		if t, ok := strings.CutSuffix(dir, suffix); ok {
-			return t, true
+		if strings.HasSuffix(dir, suffix) {
+			return true
 		}
 	}
-	return "", false
+	return false
 }
 
 // forgetPath drops a file (or, for a drop-in directory, every file in it)
@@ -287,17 +287,17 @@ func (a *Agent) forgetPath(p string) {
 			delete(a.cache.files, q)
 		}
 	}
-	if target, ok := linkDirOf(p); ok {
+	if isLinkDir(p) {
 		// Enablement links (enable, add-wants — the agent's own enables
-		// too: the first one makes the directory): they change the
-		// UnitFileState of the units linked, and target's dependencies
-		// at the next daemon-reload, not any unit's own files. Forgetting
-		// everything here made the first sync of 1,000 units with
-		// [Install] read each unit in full before its job (1.8 s).
-		clear(a.cache.fileStates)
-		if ValidateUnitName(target) == nil {
-			a.forgetUnit(target)
-		}
+		// too: the first one makes the directory): any unit's
+		// UnitFileState may have changed, so everything is read again —
+		// but which units systemd had no file for stays known: a link
+		// gives no unit a file, and without it the first sync of 1,000
+		// units with [Install] read each unit in full before its job
+		// (1.8 s) instead of planning them from one listing.
+		unknown := a.cache.unknown
+		a.forgetAll()
+		a.cache.unknown = unknown
 		return
 	}
 	u := UnitOfPath(p)

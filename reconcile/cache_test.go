@@ -34,27 +34,25 @@ func TestNeedsFileState(t *testing.T) {
 }
 
 // A change in a directory of dependency links (the agent's own first
-// enable makes default.target.wants/) forgets the UnitFileStates and the
-// target's state, not the rest of the cache: forgetting everything made a
-// first sync of units with [Install] read each of them in full before its
-// job. A drop-in directory for a whole type still forgets everything.
+// enable makes default.target.wants/) forgets every unit's state, as any
+// path that is not a unit's file does, but not which units systemd had no
+// file for: forgetting that too made a first sync of units with [Install]
+// read each of them in full before its job. A drop-in directory for a whole
+// type forgets everything.
 func TestForgetPathOfLinks(t *testing.T) {
 	a := &Agent{}
 	setUp := func() {
 		a.forgetAll()
-		a.focus.touched = map[string]bool{}
+		a.focus.touched, a.focus.all = map[string]bool{}, false
 		a.keepState("new.service", UnitState{LoadState: "not-found", ActiveState: "inactive", SubState: "dead"})
-		a.keepState("default.target", UnitState{LoadState: "loaded", ActiveState: "active", SubState: "active", UnitFileState: "static"})
 		a.keepState("run.service", UnitState{LoadState: "loaded", ActiveState: "active", SubState: "running", UnitFileState: "enabled"})
 	}
 	for _, p := range []string{"default.target.wants", "default.target.wants/run.service", "default.target.requires"} {
 		setUp()
 		a.forgetPath(p)
-		_, target := a.cache.states["default.target"]
-		_, run := a.cache.states["run.service"]
-		if target || !run || !a.cache.unknown["new.service"] || len(a.cache.fileStates) != 0 {
-			t.Errorf("after %s: default.target kept %v (want not), run.service kept %v (want), new.service unknown %v (want), file states %v (want none)",
-				p, target, run, a.cache.unknown["new.service"], a.cache.fileStates)
+		if len(a.cache.states) != 0 || len(a.cache.fileStates) != 0 || !a.cache.unknown["new.service"] || !a.focus.all {
+			t.Errorf("after %s: states %v, file states %v (want none), new.service unknown %v (want), every unit planned %v (want)",
+				p, a.cache.states, a.cache.fileStates, a.cache.unknown["new.service"], a.focus.all)
 		}
 	}
 	setUp()

@@ -204,29 +204,25 @@ func (m *Manager) Reload(ctx context.Context) error {
 
 // Start starts unit (job mode "replace") and waits for the job.
 func (m *Manager) Start(ctx context.Context, unit string) error {
-	return m.job(ctx, "start", unit, (*sddbus.Conn).StartUnitContext)
+	return m.job(ctx, reconcile.JobStart, unit)
 }
 
 // Stop stops unit and waits for the job. Stopping a unit that is not
 // loaded (so not running) succeeds.
 func (m *Manager) Stop(ctx context.Context, unit string) error {
-	err := m.job(ctx, "stop", unit, (*sddbus.Conn).StopUnitContext)
-	if isDBusError(err, "org.freedesktop.systemd1.NoSuchUnit") {
-		return nil
-	}
-	return err
+	return m.job(ctx, reconcile.JobStop, unit)
 }
 
 // Restart restarts unit (starting it if it is not running) and waits for
 // the job.
 func (m *Manager) Restart(ctx context.Context, unit string) error {
-	return m.job(ctx, "restart", unit, (*sddbus.Conn).RestartUnitContext)
+	return m.job(ctx, reconcile.JobRestart, unit)
 }
 
 // ReloadUnit reloads a running unit's configuration (its ExecReload) and
 // waits for the job.
 func (m *Manager) ReloadUnit(ctx context.Context, unit string) error {
-	return m.job(ctx, "reload", unit, (*sddbus.Conn).ReloadUnitContext)
+	return m.job(ctx, reconcile.JobReload, unit)
 }
 
 type jobFunc func(c *sddbus.Conn, ctx context.Context, name, mode string, ch chan<- string) (int, error)
@@ -235,8 +231,8 @@ type jobFunc func(c *sddbus.Conn, ctx context.Context, name, mode string, ch cha
 // most m.JobTimeout when that is set). When ctx's deadline passes first the
 // error wraps ErrJobTimeout (so reconcile.ErrOutcomeUnknown) and
 // context.DeadlineExceeded; a canceled ctx gives a plain context.Canceled.
-func (m *Manager) job(ctx context.Context, op, unit string, enqueue jobFunc) error {
-	wait, err := m.enqueue(ctx, op, unit, enqueue)
+func (m *Manager) job(ctx context.Context, job reconcile.Job, unit string) error {
+	wait, err := m.Queue(ctx, job, unit)
 	if err != nil {
 		return err
 	}
@@ -256,7 +252,7 @@ func (m *Manager) Queue(ctx context.Context, job reconcile.Job, unit string) (wa
 	case reconcile.JobStop:
 		wait, err := m.enqueue(ctx, "stop", unit, (*sddbus.Conn).StopUnitContext)
 		if isDBusError(err, "org.freedesktop.systemd1.NoSuchUnit") {
-			return func(context.Context) error { return nil }, nil // as Stop
+			return func(context.Context) error { return nil }, nil // not loaded, so not running
 		}
 		return wait, err
 	case reconcile.JobRestart:

@@ -125,12 +125,7 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 		if st.Light && light != nil {
 			err = a.runLightJob(ctx, light, act, st)
 		} else {
-			jctx, cancel := ctx, context.CancelFunc(func() {})
-			if deadline > 0 {
-				jctx, cancel = context.WithTimeout(ctx, deadline)
-			}
-			err = outcomeUnknown(ctx, a.runJob(jctx, act), deadline)
-			cancel()
+			err = underDeadline(ctx, deadline, func(jctx context.Context) error { return a.runJob(jctx, act) })
 		}
 		r := jobResult{id: run.id, unit: act.Unit, err: err, ended: time.Now()}
 		if ctx.Err() != nil {
@@ -162,13 +157,7 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 func (a *Agent) runLightJob(ctx context.Context, sd lightSystemd, act Action, st UnitState) error {
 	// withDeadline runs f under the job's deadline as far as it is known.
 	withDeadline := func(f func(context.Context) error) error {
-		deadline := JobDeadline(act.Job, st)
-		jctx, cancel := ctx, context.CancelFunc(func() {})
-		if deadline > 0 {
-			jctx, cancel = context.WithTimeout(ctx, deadline)
-		}
-		defer cancel()
-		return outcomeUnknown(ctx, f(jctx), deadline)
+		return underDeadline(ctx, JobDeadline(act.Job, st), f)
 	}
 	timeouts := func(tctx context.Context) error {
 		var err error
@@ -193,9 +182,16 @@ func (a *Agent) runLightJob(ctx context.Context, sd lightSystemd, act Action, st
 	return withDeadline(wait)
 }
 
-// outcomeUnknown marks a job error that came of the agent's own deadline
-// (not of ctx, the agent's life) as ErrOutcomeUnknown.
-func outcomeUnknown(ctx context.Context, err error, deadline time.Duration) error {
+// underDeadline runs f with ctx bounded by deadline (0: none) and marks an
+// error that came of that deadline (not of ctx, the agent's life) as
+// ErrOutcomeUnknown.
+func underDeadline(ctx context.Context, deadline time.Duration, f func(context.Context) error) error {
+	jctx, cancel := ctx, context.CancelFunc(func() {})
+	if deadline > 0 {
+		jctx, cancel = context.WithTimeout(ctx, deadline)
+	}
+	defer cancel()
+	err := f(jctx)
 	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, ErrOutcomeUnknown) {
 		return fmt.Errorf("%w: no result within %s: %w", ErrOutcomeUnknown, deadline, err)
 	}

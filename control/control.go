@@ -188,6 +188,27 @@ func (c *Client) call(ctx context.Context, method, path string, out any) error {
 	return json.Unmarshal(body, out)
 }
 
+// Profile writes a CPU profile of the agent over the next d (Go's pprof
+// format, from /debug/pprof/profile) to w. It returns when d is over.
+func (c *Client) Profile(ctx context.Context, d time.Duration, w io.Writer) error {
+	u := fmt.Sprintf("http://agentd/debug/pprof/profile?seconds=%d", int(d.Seconds()))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach the agent at %s: %w", c.path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("agent: %s", string(bytesTrim(body)))
+	}
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
+
 func bytesTrim(b []byte) []byte {
 	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == ' ') {
 		b = b[:len(b)-1]

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
@@ -71,5 +72,9 @@ func TestServe(t *testing.T) {
 	}
 	if got := get("/debug/pprof/goroutine?debug=1"); !strings.Contains(got, "goroutine profile:") {
 		t.Errorf("goroutine profile: %.200s", got)
+	}
+	var prof bytes.Buffer // gzip-compressed protobuf
+	if err := NewClient(sock).Profile(ctx, time.Second, &prof); err != nil || !bytes.HasPrefix(prof.Bytes(), []byte{0x1f, 0x8b}) {
+		t.Errorf("CPU profile: %v, %d bytes starting % x", err, prof.Len(), prof.Bytes()[:min(prof.Len(), 4)])
 	}
 }

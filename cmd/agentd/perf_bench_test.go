@@ -10,10 +10,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +21,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/agentd/agentd/control"
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
@@ -569,33 +567,18 @@ func profileAgent(b *testing.B, sock, path string) (stop func()) {
 	if path == "" {
 		return func() {}
 	}
-	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
-	// The profile runs for a fixed time; the first sync must end within it.
-	// The reply comes when it ends.
-	type result struct {
-		resp *http.Response
-		err  error
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
 	}
-	got := make(chan result, 1)
-	go func() {
-		resp, err := hc.Get("http://agentd/debug/pprof/profile?seconds=30")
-		got <- result{resp, err}
-	}()
+	// The profile runs for a fixed time; the first sync must end within it.
+	got := make(chan error, 1)
+	go func() { got <- control.NewClient(sock).Profile(context.Background(), 30*time.Second, f) }()
 	time.Sleep(100 * time.Millisecond) // the profile has started
 	return func() {
-		r := <-got
-		if r.err != nil {
-			b.Fatalf("cpu profile: %v", r.err)
-		}
-		defer r.resp.Body.Close()
-		f, err := os.Create(path)
+		err := <-got
+		f.Close()
 		if err != nil {
-			b.Fatal(err)
-		}
-		defer f.Close()
-		if _, err := io.Copy(f, r.resp.Body); err != nil {
 			b.Fatalf("cpu profile: %v", err)
 		}
 		b.Logf("agent CPU profile (30 s from the first put) in %s", path)

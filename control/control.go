@@ -169,6 +169,18 @@ func NewClient(path string) *Client {
 }
 
 func (c *Client) call(ctx context.Context, method, path string, out any) error {
+	return c.do(ctx, method, path, func(body io.Reader) error {
+		b, err := io.ReadAll(body)
+		if err != nil {
+			return err
+		}
+		return json.Unmarshal(b, out)
+	})
+}
+
+// do sends a request to the agent and hands read the body of a 200 reply;
+// any other reply is an error with the agent's words.
+func (c *Client) do(ctx context.Context, method, path string, read func(io.Reader) error) error {
 	req, err := http.NewRequestWithContext(ctx, method, "http://agentd"+path, nil)
 	if err != nil {
 		return err
@@ -178,35 +190,24 @@ func (c *Client) call(ctx context.Context, method, path string, out any) error {
 		return fmt.Errorf("cannot reach the agent at %s (is `agentd run` running? pass --debug-socket): %w", c.path, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
 	if resp.StatusCode != http.StatusOK {
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
 		return fmt.Errorf("agent: %s", string(bytesTrim(body)))
 	}
-	return json.Unmarshal(body, out)
+	return read(resp.Body)
 }
 
 // Profile writes a CPU profile of the agent over the next d (Go's pprof
 // format, from /debug/pprof/profile) to w. It returns when d is over.
 func (c *Client) Profile(ctx context.Context, d time.Duration, w io.Writer) error {
-	u := fmt.Sprintf("http://agentd/debug/pprof/profile?seconds=%d", int(d.Seconds()))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
+	path := fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds()))
+	return c.do(ctx, http.MethodGet, path, func(body io.Reader) error {
+		_, err := io.Copy(w, body)
 		return err
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("cannot reach the agent at %s: %w", c.path, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("agent: %s", string(bytesTrim(body)))
-	}
-	_, err = io.Copy(w, resp.Body)
-	return err
+	})
 }
 
 func bytesTrim(b []byte) []byte {

@@ -275,11 +275,29 @@ func benchPutToRunning(b *testing.B, n int) {
 		for i := range changes {
 			unit := units[i%n]
 			v := c.versions([]string{unit})
-			agLat = append(agLat, c.put(ag, v, false))
-			c.settle(ag, v)
-			flLat = append(flLat, c.put(fl, v, false))
-			dLat = append(dLat, direct(unit, c.versions([]string{unit})[unit]))
-			daLat = append(daLat, directAg(unmanaged, c.versions([]string{unmanaged})[unmanaged]))
+			agent := func() {
+				agLat = append(agLat, c.put(ag, v, false))
+				c.settle(ag, v)
+			}
+			floor := func() { flLat = append(flLat, c.put(fl, v, false)) }
+			dFl := func() { dLat = append(dLat, direct(unit, c.versions([]string{unit})[unit])) }
+			dAg := func() {
+				daLat = append(daLat, directAg(unmanaged, c.versions([]string{unmanaged})[unmanaged]))
+			}
+			// On each systemd the system and its direct change take turns
+			// at going first: a change right after another on the same
+			// systemd measured tens of ms slower at 1,000 units.
+			if i%2 == 0 {
+				agent()
+				dAg()
+				floor()
+				dFl()
+			} else {
+				dAg()
+				agent()
+				dFl()
+				floor()
+			}
 		}
 		time.Sleep(200 * time.Millisecond) // the last Reloading signal
 		// direct does exactly one Reload per change on each systemd.

@@ -141,9 +141,9 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 			// a ping sent when data arrives, so the idle agent's one
 			// message, the lease renewal every 7.5 s, cost a second round
 			// trip and twice the socket reads (strace, 20 renewals: 89
-			// reads → 45). 4 MiB may be in flight,
-			// 64× gRPC's starting window; a larger response waits for the
-			// agent's reads, a round trip per MiB.
+			// reads → 45). 4 MiB may be in flight, 64× gRPC's starting
+			// window; a larger response waits for the agent's reads, a
+			// round trip per MiB.
 			grpc.WithStaticStreamWindowSize(4 << 20),
 			grpc.WithStaticConnWindowSize(4 << 20),
 			// gRPC's default reconnect backoff grows to 120 s; an agent

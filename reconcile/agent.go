@@ -75,6 +75,8 @@ type Reporter interface {
 type Observer interface {
 	// Action is called once per executed action with its kind and result.
 	Action(unit string, kind Kind, result string)
+	// PassStart is called before every pass.
+	PassStart()
 	// Pass is called after every pass with its duration and error.
 	Pass(d time.Duration, err error)
 	// Reported is called after every pass with the statuses it computed.
@@ -92,6 +94,7 @@ type Observer interface {
 type NopObserver struct{}
 
 func (NopObserver) Action(string, Kind, string) {}
+func (NopObserver) PassStart()                  {}
 func (NopObserver) Pass(time.Duration, error)   {}
 func (NopObserver) Reported(int64, []Status)    {}
 func (NopObserver) Heartbeat()                  {}
@@ -349,8 +352,11 @@ func (a *Agent) Sync(ctx context.Context) ([]Action, error) {
 	var gen uint64
 	err := a.do(ctx, func(ctx context.Context) error {
 		a.forgetAll()
+		start := time.Now()
+		a.cfg.Observer.PassStart()
 		var err error
 		plan, err = a.pass(ctx)
+		a.cfg.Observer.Pass(time.Since(start), err)
 		gen = a.gen
 		return err
 	})
@@ -436,6 +442,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		hot = false
 		resync.Reset(jitter(a.cfg.ResyncInterval))
 		start := time.Now()
+		a.cfg.Observer.PassStart()
 		_, err := a.pass(ctx)
 		lastEnd = time.Now()
 		a.cfg.Observer.Pass(lastEnd.Sub(start), err)

@@ -342,8 +342,8 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		sys = wedgeSystemd{Systemd: sys, file: o.wedgeFile, log: log}
 	}
 	reporter := &sessionReporter{svc: svc, met: met}
-	mem := &memoryReturner{}
-	defer mem.Stop()
+	quiet := newQuietSpell(ecfg == nil)
+	defer quiet.Stop()
 	agent := reconcile.New(reconcile.Config{
 		Systemd:           loopSystemd{Systemd: sys, met: met},
 		Files:             files,
@@ -351,7 +351,7 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		Reporter:          reporter,
 		Coordinator:       sessionCoordinator{reporter},
 		Log:               log,
-		Observer:          multiObserver{svc, met, mem},
+		Observer:          multiObserver{svc, met, quiet},
 		HeartbeatInterval: svc.heartbeatInterval(),
 		Pause:             pauseAt(o.pauseAt, o.stateDir, log),
 		// Test only: every pass also plans every unit and panics if the

@@ -273,6 +273,12 @@ func (m multiObserver) Action(unit string, kind reconcile.Kind, result string) {
 	}
 }
 
+func (m multiObserver) PassStart() {
+	for _, o := range m {
+		o.PassStart()
+	}
+}
+
 func (m multiObserver) Pass(d time.Duration, err error) {
 	for _, o := range m {
 		o.Pass(d, err)

@@ -38,7 +38,8 @@ const (
 // processes each way, 0.106–0.160 ms of CPU per second with two Ps and
 // 0.064–0.089 with one. A pass, a burst's jobs and a first sync use both.
 // Not with the embedded etcd: it serves other clients (the CLI, other
-// hosts' agents) whether or not this agent's loop is busy.
+// hosts' agents) whether or not this agent's loop is busy. Not in a
+// process the agent shares (tests): GOMAXPROCS is the whole process's.
 //
 // Observer methods run on the loop's goroutine; the quiet spell's work runs
 // on a timer's.

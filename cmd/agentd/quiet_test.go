@@ -1,9 +1,21 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentd/agentd/internal/systemdtest"
+	"github.com/agentd/agentd/registry"
 )
 
 // The memory a burst of passes used goes back to the OS once the loop has
@@ -98,4 +110,105 @@ func TestQuietSpellKeepsProcsForEmbeddedEtcd(t *testing.T) {
 	if n := runtime.GOMAXPROCS(0); n != 2 {
 		t.Errorf("GOMAXPROCS %d after a quiet spell beside the embedded etcd, want 2", n)
 	}
+}
+
+// As an operator sees it (go_sched_gomaxprocs_threads in /metrics): the
+// agent process runs on one CPU once its loop is quiet, gets both back
+// for a pass, and keeps both beside the embedded etcd.
+func TestQuietAgentProcessRunsOnOneCPU(t *testing.T) {
+	t.Parallel() // waits on a quiet spell, not the CPU
+	bin := buildAgent(t)
+	e := registry.StartTestEtcd(t)
+	reg := registry.NewTestClient(t, e.Endpoint())
+	h := systemdtest.Start(t)
+	wedge := filepath.Join(h.Dir, "wedge")
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cmd := exec.Command(bin, "run", "--user", "--host", "h1", "--etcd-endpoints", e.Endpoint(),
+		"--unit-dir", h.UnitDir, "--state-dir", h.StateDir, "--debug-socket", filepath.Join(h.Dir, "agentd.sock"),
+		"--metrics-addr", addr, "--test-wedge-file", wedge, "--log-level", "warn")
+	cmd.Env = childEnv("DBUS_SESSION_BUS_ADDRESS="+h.BusAddress, "GOMAXPROCS=2")
+	cmd.Stdout, cmd.Stderr = t.Output(), t.Output()
+	startProc(t, cmd)
+
+	put := func(v string) {
+		unit := "[Service]\nExecStart=/bin/sleep 1000\nEnvironment=V=" + v + "\n"
+		if _, err := reg.Put(context.Background(), registry.Target{Host: "h1"}, map[string][]byte{"app.service": []byte(unit)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("1")
+	waitProcs(t, addr, 1, "after the first sync, quiet")
+	if err := os.WriteFile(wedge, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	put("2") // its pass reads the unit's state and wedges there
+	waitProcs(t, addr, 2, "in a pass")
+	time.Sleep(quietFor + quietFor/2)
+	if n := gomaxprocs(t, addr); n != 2 {
+		t.Fatalf("GOMAXPROCS %d while a pass runs (wedged), want 2", n)
+	}
+
+	// The same agent with the embedded etcd keeps both.
+	h2 := systemdtest.Start(t)
+	addr2 := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cmd2 := exec.Command(bin, "run", "--user", "--host", "h2",
+		"--embedded-listen", "unix://"+filepath.Join(registry.TestSocketDir(t), "etcd.sock"),
+		"--unit-dir", h2.UnitDir, "--state-dir", h2.StateDir, "--debug-socket", filepath.Join(h2.Dir, "agentd.sock"),
+		"--metrics-addr", addr2, "--log-level", "warn")
+	cmd2.Env = childEnv("DBUS_SESSION_BUS_ADDRESS="+h2.BusAddress, "GOMAXPROCS=2")
+	cmd2.Stdout, cmd2.Stderr = t.Output(), t.Output()
+	startProc(t, cmd2)
+	waitMetric(t, addr2, "agentd_last_successful_pass_timestamp_seconds")
+	time.Sleep(2 * quietFor)
+	if n := gomaxprocs(t, addr2); n != 2 {
+		t.Errorf("GOMAXPROCS %d beside the embedded etcd, quiet, want 2", n)
+	}
+}
+
+// metric is the value of the unlabelled metric name at addr's /metrics
+// (ok false while the agent does not serve it, or it is not there).
+func metric(addr, name string) (v float64, ok bool) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, false
+	}
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if rest, found := strings.CutPrefix(line, name+" "); found {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+func gomaxprocs(t *testing.T, addr string) int {
+	t.Helper()
+	v, ok := metric(addr, "go_sched_gomaxprocs_threads")
+	if !ok {
+		t.Fatalf("no go_sched_gomaxprocs_threads at %s/metrics", addr)
+	}
+	return int(v)
+}
+
+// waitProcs waits until the agent at addr runs on n Ps.
+func waitProcs(t *testing.T, addr string, n int, when string) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("GOMAXPROCS %d %s", n, when), func() bool {
+		v, ok := metric(addr, "go_sched_gomaxprocs_threads")
+		return ok && int(v) == n
+	})
+}
+
+// waitMetric waits until name is above zero at addr.
+func waitMetric(t *testing.T, addr, name string) {
+	t.Helper()
+	eventually(t, name+" > 0", func() bool {
+		v, ok := metric(addr, name)
+		return ok && v > 0
+	})
 }

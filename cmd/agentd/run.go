@@ -56,6 +56,10 @@ type runOptions struct {
 	ready chan<- *reconcile.Agent
 	// logOut overrides where logs go (tests: t.Output()).
 	logOut io.Writer
+	// ownProcess is set by `agentd run`: the process is the agent's alone,
+	// so it may change process-wide runtime settings (one CPU when quiet).
+	// An agent a test starts inside the test process leaves them alone.
+	ownProcess bool
 }
 
 func newRunCmd() *cobra.Command {
@@ -93,6 +97,7 @@ OBJECT_SYSTEMD_UNIT, so "journalctl -u UNIT" shows what agentd did to UNIT).`,
   AGENTD_METRICS_ADDR=127.0.0.1:9100 agentd run   # every flag has an AGENTD_* variable`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.ownProcess = true
 			return runAgent(cmd.Context(), o)
 		},
 	}
@@ -342,7 +347,7 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		sys = wedgeSystemd{Systemd: sys, file: o.wedgeFile, log: log}
 	}
 	reporter := &sessionReporter{svc: svc, met: met}
-	quiet := newQuietSpell(ecfg == nil)
+	quiet := newQuietSpell(o.ownProcess && ecfg == nil)
 	defer quiet.Stop()
 	agent := reconcile.New(reconcile.Config{
 		Systemd:           loopSystemd{Systemd: sys, met: met},

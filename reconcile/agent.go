@@ -136,8 +136,10 @@ type Config struct {
 
 	// Pause, when set, is called at named points of a pass ("files-written":
 	// files are on disk, the daemon-reload not done; "reloaded": reloaded,
-	// no job started; "job-done": a job's result taken, not yet recorded
-	// in the state directory). Crash tests block there and kill the agent.
+	// no job started; "jobs-started": the pass's jobs under way, its
+	// records not written; "job-done": a job's result taken, not yet
+	// recorded in the state directory). Crash tests block there and kill
+	// the agent.
 	Pause func(ctx context.Context, at string)
 }
 

@@ -306,6 +306,12 @@ func crashAtPausePoint(t *testing.T, point, host string, check func(s *crashScen
 // v2 of changed.service, waits until the agent is blocked there, SIGKILLs
 // it and returns when.
 func (s *crashScene) killAtPause(point, v2 string) time.Time {
+	return s.killAtPauseOnce(point, v2, "", nil)
+}
+
+// killAtPauseOnce is killAtPause that, with the agent blocked, also waits
+// until cond (what) holds before the kill.
+func (s *crashScene) killAtPauseOnce(point, v2, what string, cond func() bool) time.Time {
 	t := s.t
 	t.Helper()
 	a := s.agent("--test-pause-at", point)
@@ -319,6 +325,9 @@ func (s *crashScene) killAtPause(point, v2 string) time.Time {
 		return err == nil
 	})
 	t.Logf("paused at %s %v after the put", point, d.Round(time.Millisecond))
+	if cond != nil {
+		waitFor(t, a, 30*time.Second, what, cond)
+	}
 	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -406,6 +415,35 @@ func TestCrashAfterRestartBeforeItsRecord(t *testing.T) {
 	if pid == s.changedPID || !environHas(pid, "V=2") || needDaemonReload(t, s.h, changedUnit) {
 		t.Fatalf("killed after the job: %s should run v2 already (MainPID %d → %d)", changedUnit, s.changedPID, pid)
 	}
+
+	a3 := s.agent()
+	s.assertResumed(a3, v2, killedAt)
+	if p := s.h.MainPID(t, changedUnit); p != pid {
+		t.Errorf("%s restarted again after the agent's restart: MainPID %d → %d", changedUnit, pid, p)
+	}
+	if st := starts(s.events, changedUnit); len(st) != 2 {
+		t.Errorf("%s started %d times by its own hook, want 2 (v1, v2): %q", changedUnit, len(st), st)
+	}
+}
+
+// Killed after its restart job ran but before the pass that started it
+// recorded anything more than its intent (the loop blocked right after
+// starting the jobs): the daemon-reload was recorded before the job
+// started, so the next agent sees the unit started after systemd loaded
+// its files and does not restart it again.
+func TestCrashAfterJobRanBeforeThePassRecords(t *testing.T) {
+	buildAgent(t) // before t.Parallel: buildAgent is not safe for concurrent use
+	t.Parallel()  // waits on timers, not the CPU
+	s := newCrashScene(t, "crash-jobs-started")
+	v1, v2 := crashUnit(s.events, "1", false), crashUnit(s.events, "2", false)
+	a1 := s.agent()
+	s.installV1(a1, v1)
+	a1.stop(t)
+	killedAt := s.killAtPauseOnce("jobs-started", v2, changedUnit+" runs v2", func() bool {
+		p := s.h.MainPID(t, changedUnit)
+		return p != s.changedPID && environHas(p, "V=2")
+	})
+	pid := s.h.MainPID(t, changedUnit)
 
 	a3 := s.agent()
 	s.assertResumed(a3, v2, killedAt)

@@ -120,7 +120,7 @@ OBJECT_SYSTEMD_UNIT, so "journalctl -u UNIT" shows what agentd did to UNIT).`,
 		"with the registry unreachable this long after start, run on the last-known-good snapshot saved in the state directory and report ready (0: wait for the registry forever)")
 	fs.StringVar(&o.wedgeFile, "test-wedge-file", "", "test only: while this file exists the reconcile loop blocks")
 	_ = fs.MarkHidden("test-wedge-file")
-	fs.StringVar(&o.pauseAt, "test-pause-at", "", "test only: at this point of a pass (files-written, reloaded, job-done) write <state-dir>/paused-at-<point> and block, so a test can kill the agent there")
+	fs.StringVar(&o.pauseAt, "test-pause-at", "", "test only: at this point of a pass (files-written, reloaded, jobs-started, job-done) write <state-dir>/paused-at-<point> and block, so a test can kill the agent there")
 	_ = fs.MarkHidden("test-pause-at")
 	return cmd
 }

@@ -405,25 +405,7 @@ func TestCrashDuringRestart(t *testing.T) {
 func TestCrashAfterRestartBeforeItsRecord(t *testing.T) {
 	buildAgent(t) // before t.Parallel: buildAgent is not safe for concurrent use
 	t.Parallel()  // waits on timers, not the CPU
-	s := newCrashScene(t, "crash-job-done")
-	v1, v2 := crashUnit(s.events, "1", false), crashUnit(s.events, "2", false)
-	a1 := s.agent()
-	s.installV1(a1, v1)
-	a1.stop(t)
-	killedAt := s.killAtPause("job-done", v2)
-	pid := s.h.MainPID(t, changedUnit)
-	if pid == s.changedPID || !environHas(pid, "V=2") || needDaemonReload(t, s.h, changedUnit) {
-		t.Fatalf("killed after the job: %s should run v2 already (MainPID %d → %d)", changedUnit, s.changedPID, pid)
-	}
-
-	a3 := s.agent()
-	s.assertResumed(a3, v2, killedAt)
-	if p := s.h.MainPID(t, changedUnit); p != pid {
-		t.Errorf("%s restarted again after the agent's restart: MainPID %d → %d", changedUnit, pid, p)
-	}
-	if st := starts(s.events, changedUnit); len(st) != 2 {
-		t.Errorf("%s started %d times by its own hook, want 2 (v1, v2): %q", changedUnit, len(st), st)
-	}
+	crashAfterRestart(t, "crash-job-done", "job-done", false)
 }
 
 // Killed after its restart job ran but before the pass that started it
@@ -434,16 +416,32 @@ func TestCrashAfterRestartBeforeItsRecord(t *testing.T) {
 func TestCrashAfterJobRanBeforeThePassRecords(t *testing.T) {
 	buildAgent(t) // before t.Parallel: buildAgent is not safe for concurrent use
 	t.Parallel()  // waits on timers, not the CPU
-	s := newCrashScene(t, "crash-jobs-started")
+	crashAfterRestart(t, "crash-jobs-started", "jobs-started", true)
+}
+
+// crashAfterRestart kills the agent blocked at point once changed.service
+// runs v2 (waiting for it there if waitV2, else it must run already) and
+// checks that the next agent finishes without restarting it again.
+func crashAfterRestart(t *testing.T, host, point string, waitV2 bool) {
+	s := newCrashScene(t, host)
 	v1, v2 := crashUnit(s.events, "1", false), crashUnit(s.events, "2", false)
 	a1 := s.agent()
 	s.installV1(a1, v1)
 	a1.stop(t)
-	killedAt := s.killAtPauseOnce("jobs-started", v2, changedUnit+" runs v2", func() bool {
+	runsV2 := func() bool {
 		p := s.h.MainPID(t, changedUnit)
-		return p != s.changedPID && environHas(p, "V=2")
-	})
+		return p != s.changedPID && environHas(p, "V=2") && !needDaemonReload(t, s.h, changedUnit)
+	}
+	var killedAt time.Time
+	if waitV2 {
+		killedAt = s.killAtPauseOnce(point, v2, changedUnit+" runs v2", runsV2)
+	} else {
+		killedAt = s.killAtPause(point, v2)
+	}
 	pid := s.h.MainPID(t, changedUnit)
+	if !runsV2() {
+		t.Fatalf("killed after the job: %s should run v2 already (MainPID %d → %d)", changedUnit, s.changedPID, pid)
+	}
 
 	a3 := s.agent()
 	s.assertResumed(a3, v2, killedAt)

@@ -182,25 +182,19 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 			return false, fmt.Errorf("daemon-reload: %w", err)
 		}
 		a.log.Debug("daemon-reload done", "took", time.Since(began))
+		// Recorded before any job starts (below), or else with the pass's
+		// records: a crash before that costs one more daemon-reload at the
+		// next start, nothing else.
 		a.mem.intent.Reload = false
 		a.mem.loaded = 0 // Current.Loaded: no longer when systemd last loaded the files
-		if jobsToRun(plan) {
-			// Recorded before the jobs start, not with the pass's records:
-			// an owed reload hides when systemd loaded the files from the
-			// next start (Current.Loaded), so a job that ran before a crash
-			// would be run again. Without jobs a crash before the records
-			// costs one more daemon-reload at the next start, nothing else.
-			if err := a.cfg.Manifest.SetIntent(a.mem.intent); err != nil {
-				return false, fmt.Errorf("record the daemon-reload in the state directory: %w", err)
-			}
-		}
 	}
 	a.afterExecute(plan, reload)
 	a.bookkeep(ctx, plan, cur, failed)
 	if reload && !last {
 		return true, nil
 	}
-	if jobsToRun(plan) {
+	jobs := jobsToRun(plan)
+	if jobs {
 		a.pause(ctx, "reloaded")
 	}
 	if ctx.Err() != nil {
@@ -208,6 +202,16 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	}
 
 	// 6. Jobs, in the background; their results come back to the loop.
+	if jobs && a.cfg.Manifest.Intent().Reload {
+		// The reload this pass did (in this round or an earlier one) is
+		// recorded before its jobs start, not with the pass's records: an
+		// owed reload hides when systemd loaded the files from the next
+		// start (Current.Loaded), so a job that ran before a crash would
+		// be run again.
+		if err := a.cfg.Manifest.SetIntent(a.mem.intent); err != nil {
+			return false, fmt.Errorf("record the daemon-reload in the state directory: %w", err)
+		}
+	}
 	for _, act := range plan {
 		if failed[act.Unit] {
 			continue
@@ -231,7 +235,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		a.launch(ctx, act, cur.Units[act.Unit])
 	}
 	a.afterJobs()
-	if jobsToRun(plan) {
+	if jobs {
 		a.pause(ctx, "jobs-started") // crash tests: jobs under way, the pass's records not written
 	}
 	// 7. Slots, level-triggered: queue for the ones needed now, give back

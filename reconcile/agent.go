@@ -354,11 +354,8 @@ func (a *Agent) Sync(ctx context.Context) ([]Action, error) {
 	var gen uint64
 	err := a.do(ctx, func(ctx context.Context) error {
 		a.forgetAll()
-		start := time.Now()
-		a.cfg.Observer.PassStart()
 		var err error
-		plan, err = a.pass(ctx)
-		a.cfg.Observer.Pass(time.Since(start), err)
+		plan, err = a.observedPass(ctx)
 		gen = a.gen
 		return err
 	})
@@ -443,11 +440,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		hot = false
 		resync.Reset(jitter(a.cfg.ResyncInterval))
-		start := time.Now()
-		a.cfg.Observer.PassStart()
-		_, err := a.pass(ctx)
+		_, err := a.observedPass(ctx)
 		lastEnd = time.Now()
-		a.cfg.Observer.Pass(lastEnd.Sub(start), err)
 		a.cfg.Observer.Heartbeat()
 		if next, ok := a.nextHealthDeadline(); ok {
 			wake.Reset(time.Until(next) + 10*time.Millisecond)
@@ -466,6 +460,15 @@ func (a *Agent) Run(ctx context.Context) error {
 			backoff = 0
 		}
 	}
+}
+
+// observedPass is a pass between the Observer's PassStart and Pass.
+func (a *Agent) observedPass(ctx context.Context) ([]Action, error) {
+	start := time.Now()
+	a.cfg.Observer.PassStart()
+	plan, err := a.pass(ctx)
+	a.cfg.Observer.Pass(time.Since(start), err)
+	return plan, err
 }
 
 // settleAfter starts the pass at once when the loop was quiet for a

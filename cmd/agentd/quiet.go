@@ -51,7 +51,6 @@ type quietSpell struct {
 	mu       sync.Mutex
 	timer    *time.Timer
 	passes   uint64 // passes started; a quiet spell is one with no new pass
-	passing  bool
 	single   bool   // running on one P
 	returned uint64 // heap bytes allocated when memory was last returned
 	stopped  bool
@@ -68,7 +67,6 @@ func (q *quietSpell) PassStart() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.passes++
-	q.passing = true
 	if q.single {
 		runtime.GOMAXPROCS(q.busyProcs)
 		q.single = false
@@ -78,7 +76,6 @@ func (q *quietSpell) PassStart() {
 func (q *quietSpell) Pass(time.Duration, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.passing = false
 	if q.stopped {
 		return
 	}
@@ -92,7 +89,7 @@ func (q *quietSpell) Pass(time.Duration, error) {
 // quiet ends a second with no pass since the passes'th.
 func (q *quietSpell) quiet(passes uint64) {
 	q.mu.Lock()
-	if q.stopped || q.passing || q.passes != passes {
+	if q.stopped || q.passes != passes { // stopped, or a pass started since
 		q.mu.Unlock()
 		return
 	}
@@ -100,9 +97,10 @@ func (q *quietSpell) quiet(passes uint64) {
 		runtime.GOMAXPROCS(1)
 		q.single = true
 	}
-	give := heapAllocated()-q.returned >= returnAfter
+	allocated := heapAllocated()
+	give := allocated-q.returned >= returnAfter
 	if give {
-		q.returned = heapAllocated()
+		q.returned = allocated
 	}
 	q.mu.Unlock()
 	if give {

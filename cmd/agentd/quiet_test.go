@@ -3,14 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -168,22 +164,8 @@ func TestQuietAgentProcessRunsOnOneCPU(t *testing.T) {
 // metric is the value of the unlabelled metric name at addr's /metrics
 // (ok false while the agent does not serve it, or it is not there).
 func metric(addr, name string) (v float64, ok bool) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0, false
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, false
-	}
-	for line := range strings.SplitSeq(string(body), "\n") {
-		if rest, found := strings.CutPrefix(line, name+" "); found {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			return v, err == nil
-		}
-	}
-	return 0, false
+	v, ok = scrapeMetrics("http://" + addr)[name]
+	return v, ok
 }
 
 func gomaxprocs(t *testing.T, addr string) int {

@@ -1019,10 +1019,14 @@ func scaleProcMem(pid string) (rss, hwm int64) {
 }
 
 // metrics scrapes etcd's /metrics: every sample summed by metric name.
-func (e *scaleEtcd) metrics() map[string]float64 {
+func (e *scaleEtcd) metrics() map[string]float64 { return scrapeMetrics(e.client) }
+
+// scrapeMetrics reads base+"/metrics" (Prometheus' text format): every
+// sample summed by metric name; empty when nothing answers there.
+func scrapeMetrics(base string) map[string]float64 {
 	out := map[string]float64{}
 	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get(e.client + "/metrics")
+	resp, err := c.Get(base + "/metrics")
 	if err != nil {
 		return out
 	}

@@ -1,0 +1,248 @@
+package reconcile
+
+import "fmt"
+
+// Kind is what the agent does to one unit in one pass.
+type Kind int
+
+const (
+	KindNone      Kind = iota // converged: nothing to do
+	KindStart                 // start a unit that should run (files written first, if any)
+	KindRestart               // restart in place (files written first)
+	KindReload                // ExecReload (or remount) in place; the main PID stays
+	KindStopStart             // stop with the OLD definition; the next pass writes and starts
+	KindStop                  // the unit should not run (State=stopped) but does
+	KindUpdate                // write files and daemon-reload only; the unit keeps running untouched
+	KindRemove                // gone from the registry: stop, then disable and remove its files
+	KindWait                  // waits its turn: a rolling update, a slot, a job in progress
+	KindBlocked               // cannot be applied; Action.Err says why. Nothing is touched.
+	KindRollback              // put back the version that ran before a failed change
+)
+
+var kindNames = [...]string{"none", "start", "restart", "reload", "stop-start", "stop", "update", "remove", "wait", "blocked", "rolled-back"}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Disruptive reports whether the action interrupts the running unit.
+func (k Kind) Disruptive() bool {
+	return k == KindRestart || k == KindStopStart || k == KindStop
+}
+
+// Job is the systemd job an action runs once its files are in place and
+// loaded. Jobs run in the background: the loop never waits for one.
+type Job int
+
+const (
+	JobNone Job = iota
+	JobStart
+	JobStop
+	JobRestart
+	JobReload
+)
+
+var jobNames = [...]string{"none", "start", "stop", "restart", "reload"}
+
+func (j Job) String() string { return jobNames[j] }
+
+// Ownership is what the agent owns of a unit; removal follows it.
+type Ownership int
+
+const (
+	OwnNone     Ownership = iota
+	OwnFile               // the agent installed the unit file: removal stops, disables, deletes
+	OwnDropIns            // only drop-ins on a unit it did not install: removal deletes them, never stops
+	OwnInstance           // a template instance it started from an empty key: removal stops it
+)
+
+var ownNames = [...]string{"", "file", "drop-ins", "instance"}
+
+func (o Ownership) String() string { return ownNames[o] }
+
+// MarshalText stores the ownership by name in the state directory.
+func (o Ownership) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
+
+// UnmarshalText reads an ownership name.
+func (o *Ownership) UnmarshalText(b []byte) error {
+	for i, n := range ownNames {
+		if n == string(b) {
+			*o = Ownership(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown ownership %q", b)
+}
+
+// InstanceMarker is the manifest "hash" of a template instance the agent
+// started from an empty-valued key: it owns the running instance, not a file.
+const InstanceMarker = "instance"
+
+// Action is the plan for one unit.
+type Action struct {
+	Unit    string
+	Kind    Kind
+	Reason  string        // for humans: why this kind
+	Writes  []DesiredFile // files to (re)write, in path order
+	Removes []string      // managed paths to delete
+	Forget  []string      // manifest entries to drop without touching a file (instance markers)
+	Enable  bool          // enable per [Install] after writing
+	Disable bool          // disable before removing or rewriting the unit file
+	// Job is the systemd job to run once the files are written and loaded.
+	Job Job
+	// AlsoStop lists units to stop before a restart (a socket's service).
+	AlsoStop []string
+	// Instance marks an empty-valued instance key: the agent records that it
+	// owns the running instance (InstanceMarker) instead of writing a file.
+	Instance bool
+	Err      string // set for KindBlocked, and for a change that cannot be applied as asked
+	// ContentKey identifies the desired content (the unit's files, and its
+	// template's for an instance); refusals and failures are remembered
+	// against it so the same bad content is not retried.
+	ContentKey string
+	// Effective is path -> hash of every file the running unit will be on
+	// once the action is done: recorded as UnitRecord.Applied.
+	Effective map[string]string
+	// Adopt: the unit already runs Effective without a job (a change that
+	// needs only a daemon-reload): record it as applied now.
+	Adopt bool
+	// Ran: the job an interrupted pass owed has run (Current.Loaded): the
+	// adopted version is judged like one a job just started.
+	Ran bool
+	// Refuse: systemd would not load this content; remember it (the
+	// Writes and Removes put back what ran before).
+	Refuse *Refusal
+	// DropRecord: the unit is gone; forget what the agent remembered of it.
+	DropRecord bool
+	// ResetFailed: a removed unit ended failed (its stop killed a start,
+	// say): forget that, so it does not linger in systemd's failed list.
+	ResetFailed bool
+	// Own is what the agent owns of the unit.
+	Own Ownership
+	// Policy is the unit's policy (the template's for an instance).
+	Policy Policy
+	// Change is the classification that chose Kind, when one was made.
+	Change *Change
+	// Scope is the registry target the content came from when it is a
+	// group ("groups/web"): MaxUnavailable slots and halts are per scope.
+	Scope string
+	// Hash is the desired unit file hash (the template's for an instance).
+	Hash string
+	// NeedSlot marks a KindWait that waits for a MaxUnavailable slot.
+	NeedSlot bool
+	// TemplateKey is the template's content key when an instance runs its
+	// template's new content: a failure of the instance fails it too.
+	TemplateKey string
+}
+
+// Changes reports whether the action touches files (and so needs a daemon-reload).
+func (a Action) Changes() bool { return len(a.Writes) > 0 || len(a.Removes) > 0 }
+
+// LocalFile is what the unit directory holds at one path.
+type LocalFile struct {
+	Exists  bool
+	Hash    string
+	Content []byte
+	Err     string // not a regular file, unreadable, ...
+}
+
+// UnitRecord is what the agent remembers about a unit across restarts
+// (persisted in the state directory).
+type UnitRecord struct {
+	// Applied is path -> hash of the files the running unit was last
+	// started, restarted or reloaded with (or judged current without one).
+	// It is recorded only once the job's outcome is known.
+	Applied map[string]string `json:"applied,omitempty"`
+	// Previous is what ran before Applied, kept until Applied is judged
+	// healthy: what a rollback restores, verified or not.
+	Previous map[string]string `json:"previous,omitempty"`
+	// Good is the last version that was judged healthy.
+	Good map[string]string `json:"good,omitempty"`
+	// Failed is the content key that failed (it is not retried until the
+	// registry content changes); FailedOp the job that failed with it.
+	Failed     string `json:"failed,omitempty"`
+	FailReason string `json:"failReason,omitempty"`
+	FailedOp   string `json:"failedOp,omitempty"`
+	// Own is what the agent owns of the unit (kept after its drop-ins are
+	// removed, until the change has been applied to the running unit).
+	Own Ownership `json:"own,omitempty"`
+	// StartedIn is the service manager instance (Current.Manager) under
+	// which the agent last started or restarted the unit: systemd forgets
+	// that an inactive unit ran once it unloads it, and an operator's stop
+	// must outlive an agent restart.
+	StartedIn string `json:"startedIn,omitempty"`
+}
+
+// Empty reports whether there is nothing worth remembering.
+func (r UnitRecord) Empty() bool {
+	return len(r.Applied) == 0 && len(r.Previous) == 0 && len(r.Good) == 0 && r.Failed == "" && r.Own == OwnNone
+}
+
+// Intent is the work a pass has begun and not finished, recorded in the
+// state directory before its first side effect: after a crash, SIGTERM or
+// a failed daemon-reload, the next pass finishes it.
+type Intent struct {
+	// Reload: files were (or were about to be) written and the
+	// daemon-reload that loads them has not succeeded yet.
+	Reload bool `json:"reload,omitempty"`
+	// Jobs maps a unit to the content key of a job whose outcome is not
+	// known yet.
+	Jobs map[string]string `json:"jobs,omitempty"`
+}
+
+// Empty reports whether nothing is owed.
+func (i Intent) Empty() bool { return !i.Reload && len(i.Jobs) == 0 }
+
+// InFlight is a job the agent started and has not heard back from.
+type InFlight struct {
+	Job        Job
+	ContentKey string
+	Rollback   bool // the job restores the version that ran before
+}
+
+// Current is everything Plan needs to know about the host.
+type Current struct {
+	Files   map[string]LocalFile // every desired or managed path
+	Managed map[string]string    // the manifest: path -> hash (or InstanceMarker)
+	Units   map[string]UnitState // every desired or managed unit
+	Records map[string]UnitRecord
+	// Blobs holds content by hash for the files of Applied and Previous
+	// records, so a change can be classified against what the unit
+	// actually runs, and rolled back.
+	Blobs map[string][]byte
+	// Refused maps a unit to the content key systemd refused to load and why.
+	Refused map[string]Refusal
+	// Manager names the running service manager instance ("" when
+	// unknown): see UnitRecord.StartedIn.
+	Manager string
+	// Loaded is when systemd last loaded the unit files (CLOCK_MONOTONIC
+	// µs: its daemon-reload, or its start), read when the agent starts;
+	// 0 once the agent reloaded itself or when unknown. A unit started
+	// after it runs the files on disk.
+	Loaded uint64
+	// Started maps a unit to the content key this agent process last
+	// started or restarted it with. systemd forgets that a unit ran once it
+	// unloads it (an unreferenced unit is unloaded when stopped), so this is
+	// what keeps an operator's stop from being undone on the next pass.
+	Started map[string]string
+	// Verifying lists units inside their HealthySec window after a (re)start.
+	Verifying map[string]bool
+	// Slots maps a unit to the hash for which this host holds its
+	// MaxUnavailable slot.
+	Slots map[string]string
+	// Halts are the halted rollouts of this host's groups, by unit.
+	Halts map[string]Halt
+	// Jobs are the jobs in flight, by unit.
+	Jobs map[string]InFlight
+	// Intent is the unfinished work of an earlier pass.
+	Intent Intent
+}
+
+// Refusal remembers content systemd would not load.
+type Refusal struct {
+	ContentKey string
+	Reason     string
+}

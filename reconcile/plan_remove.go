@@ -1,0 +1,187 @@
+package reconcile
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+)
+
+// planRemove: the registry no longer wants the unit. What happens follows
+// what the agent owns of it.
+func planRemove(a Action, managed []string, cur Current) Action {
+	st := cur.Units[a.Unit]
+	rec := cur.Records[a.Unit]
+	a.Kind = KindRemove
+	if j, ok := cur.Jobs[a.Unit]; ok && (j.Job == JobStop || a.Own == OwnDropIns) {
+		// A hung start is replaced by the stop; anything else is waited out.
+		return waiting(a, "removed from the registry: "+j.Job.String()+" job in progress")
+	}
+	switch a.Own {
+	case OwnDropIns:
+		if len(managed) > 0 {
+			a.Removes = managed
+			a.Reason = "drop-ins removed from the registry; " + a.Unit + " itself is not agentd's: never stopped, disabled or deleted"
+			a.Own = OwnDropIns
+			return a
+		}
+		// The drop-ins are gone from disk and systemd has reloaded: apply
+		// their removal to the running unit, if it had an effect.
+		a.Reason = "drop-ins removed"
+		if !st.Active() || len(rec.Applied) == 0 {
+			a.Kind, a.DropRecord = KindNone, true
+			return a
+		}
+		var old []File
+		for _, p := range sortUnitFirst(rec.Applied) {
+			b, ok := cur.Blobs[rec.Applied[p]]
+			if !ok {
+				old = nil // unknown: compare against nothing → restart
+				break
+			}
+			old = append(old, File{p, b})
+		}
+		c := Classify(a.Unit, old, nil)
+		if old == nil {
+			c = Change{Kind: ChangeRestart, Note: "the removed drop-ins are not kept; restarting to be safe"}
+		}
+		a.Change = &c
+		if c.Kind == ChangeNone || c.Kind == ChangeCosmetic {
+			a.Kind, a.DropRecord = KindNone, true
+			a.Reason = "drop-ins removed: " + c.Reason()
+			return a
+		}
+		a.Kind, a.Job = KindRestart, JobRestart
+		a.Reason = "drop-ins removed: " + c.Reason() + ": restart (the unit is not agentd's: never stopped)"
+		a.Effective = map[string]string{}
+		a.ContentKey = KeyOf(a.Effective)
+		a.Policy = Policy{State: StateStarted} // no HealthySec, no rollback: there is nothing to go back to
+		return a
+	case OwnFile, OwnInstance:
+		if st.Active() || st.ActiveState == "deactivating" {
+			a.Job = JobStop
+			a.Reason = "removed from the registry: stopping"
+			return a
+		}
+		// Stopped: disable, delete, and one daemon-reload for both.
+		a.Disable = st.UnitFileState == "enabled" && a.Own == OwnFile && !IsTemplate(a.Unit) && !IsInstance(a.Unit)
+		for _, p := range managed {
+			if cur.Managed[p] == InstanceMarker {
+				a.Forget = append(a.Forget, p) // no file: the agent owns only the running instance
+			} else {
+				a.Removes = append(a.Removes, p)
+			}
+		}
+		a.Reason = "removed from the registry"
+		a.DropRecord = true
+		a.ResetFailed = st.ActiveState == "failed"
+		return a
+	}
+	a.Kind, a.DropRecord = KindNone, true
+	return a
+}
+
+// planRefused: systemd would not load the content just written. Put back
+// the files the unit ran with (or remove the new ones) and remember the
+// content, so it is not tried again until the registry changes.
+func planRefused(a Action, rec UnitRecord, st UnitState, cur Current) Action {
+	reason := fmt.Sprintf("systemd refused to load %s (%s): %s", a.Unit, st.LoadState, orUnknown(st.LoadError))
+	key, effective := a.ContentKey, a.Effective
+	b := blocked(a, reason)
+	b.Refuse = &Refusal{ContentKey: key, Reason: reason}
+	for _, p := range slices.Sorted(maps.Keys(effective)) {
+		old, ran := rec.Applied[p]
+		switch {
+		case ran && old == effective[p]:
+		case ran:
+			content, ok := cur.Blobs[old]
+			if !ok {
+				b.Err += fmt.Sprintf("; the previous version of %s (%s) is not kept, left as it is", p, short(old))
+				continue
+			}
+			b.Writes = append(b.Writes, DesiredFile{Path: p, Content: content, Hash: old})
+		case cur.Managed[p] != "":
+			b.Removes = append(b.Removes, p)
+		}
+	}
+	return b
+}
+
+// planRollback: a change failed and the unit still runs it. Put back the
+// version that ran before it (verified or not) and restart onto it. ok is
+// false when there is nothing to do: Rollback=no, no earlier version, or
+// already rolled back.
+func planRollback(a Action, rec UnitRecord, managed []string, cur Current) (Action, bool) {
+	if !a.Policy.Rollback || len(rec.Previous) == 0 || KeyOf(rec.Applied) == KeyOf(rec.Previous) || KeyOf(rec.Previous) == rec.Failed {
+		return a, false
+	}
+	r := a
+	r.Kind, r.Job, r.Enable, r.Disable, r.Adopt = KindRollback, JobRestart, false, false, false
+	r.Writes, r.Removes, r.Forget = nil, nil, nil
+	r.Reason = rec.FailReason + "; rolling back to " + short(headHash(a.Unit, rec.Previous)) + " (the version that ran before)"
+	for _, p := range slices.Sorted(maps.Keys(rec.Previous)) {
+		h := rec.Previous[p]
+		if lf := cur.Files[p]; lf.Exists && lf.Hash == h {
+			continue
+		}
+		content, ok := cur.Blobs[h]
+		if !ok {
+			return blocked(a, fmt.Sprintf("%s; cannot roll back: the previous version of %s (%s) is not kept", rec.FailReason, p, short(h))), true
+		}
+		r.Writes = append(r.Writes, DesiredFile{Path: p, Content: content, Hash: h})
+	}
+	// Files the failed version added (a new drop-in, here or on the
+	// template) go: the rolled-back unit must not run with them.
+	gone := map[string]bool{}
+	for p := range a.Effective {
+		gone[p] = true
+	}
+	for _, p := range managed {
+		gone[p] = true
+	}
+	for _, p := range slices.Sorted(maps.Keys(gone)) {
+		if _, keep := rec.Previous[p]; !keep && cur.Managed[p] != "" && cur.Managed[p] != InstanceMarker {
+			r.Removes = append(r.Removes, p)
+		}
+	}
+	if rec.FailedOp == KindReload.String() {
+		r.Job = JobNone // a failed reload left the old process running: put the files back only
+		r.Adopt = true
+	}
+	r.Effective = rec.Previous
+	return r, true
+}
+
+// planTemplateRollback: an instance failed on this template set. The set
+// goes back on disk as it was (rec.Applied: the template file and drop-ins
+// the instances ran); files the failed set added go. The instances that had
+// moved are then restarted onto it by their own plans (they are stale). ok
+// is false when the disk already holds the old set.
+func planTemplateRollback(a Action, rec UnitRecord, managed []string, cur Current) (Action, bool) {
+	if len(rec.Applied) == 0 {
+		return a, false
+	}
+	r := a
+	r.Kind, r.Job, r.Enable, r.Disable, r.Adopt, r.Effective = KindRollback, JobNone, false, false, false, nil
+	r.Writes, r.Removes, r.Forget = nil, nil, nil
+	for _, p := range slices.Sorted(maps.Keys(rec.Applied)) {
+		h := rec.Applied[p]
+		if lf := cur.Files[p]; lf.Exists && lf.Hash == h {
+			continue
+		}
+		content, ok := cur.Blobs[h]
+		if !ok {
+			return blocked(a, fmt.Sprintf("%s; cannot roll back: the previous version of %s (%s) is not kept", rec.FailReason, p, short(h))), true
+		}
+		r.Writes = append(r.Writes, DesiredFile{Path: p, Content: content, Hash: h})
+	}
+	for _, p := range managed {
+		if _, keep := rec.Applied[p]; !keep && cur.Managed[p] != InstanceMarker {
+			r.Removes = append(r.Removes, p)
+		}
+	}
+	if !r.Changes() {
+		return a, false
+	}
+	r.Reason = rec.FailReason + "; rolling the template set back to " + short(headHash(a.Unit, rec.Applied)) + " (what the instances ran before)"
+	return r, true
+}

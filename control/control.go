@@ -203,7 +203,11 @@ func (c *Client) do(ctx context.Context, method, path string, read func(io.Reade
 // Profile writes a CPU profile of the agent over the next d (Go's pprof
 // format, from /debug/pprof/profile) to w. It returns when d is over.
 func (c *Client) Profile(ctx context.Context, d time.Duration, w io.Writer) error {
-	path := fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds()))
+	return c.Fetch(ctx, fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(d.Seconds())), w)
+}
+
+// Fetch copies what the agent serves at path (one of /debug/pprof/) to w.
+func (c *Client) Fetch(ctx context.Context, path string, w io.Writer) error {
 	return c.do(ctx, http.MethodGet, path, func(body io.Reader) error {
 		_, err := io.Copy(w, body)
 		return err

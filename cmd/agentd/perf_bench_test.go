@@ -8,6 +8,7 @@ package main
 // reported, never asserted. The floors are in floor_bench_test.go.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -506,6 +509,7 @@ func benchIdle(b *testing.B, bin string, n int) {
 
 	for b.Loop() {
 		time.Sleep(settle)
+		gcs, allocs := agentMem(b, ag.h) // outside the window's figures: the read is a heap profile
 		procs := map[string]*proc{"agentd": agent, "floor": floor}
 		buses := map[string]string{"agentd": ag.h.BusAddress, "floor": fl.h.BusAddress}
 		mons := map[string]*busMonitor{}
@@ -528,6 +532,7 @@ func benchIdle(b *testing.B, bin string, n int) {
 		start := time.Now()
 		time.Sleep(idle)
 		secs := time.Since(start).Seconds()
+
 		b.Logf("units=%d idle %.0f s     cpu ms/s  wakeups/s  ctxsw/s (vol+invol)  RSS MiB (peak) [anon+files]  threads  D-Bus calls  D-Bus msgs in", n, secs)
 		for _, name := range []string{"agentd", "floor"} {
 			after, err := readProcStats(procs[name].pid())
@@ -555,6 +560,8 @@ func benchIdle(b *testing.B, bin string, n int) {
 					verdict(cpu <= 0.1), verdict(rss <= 40))
 			}
 		}
+		gcs1, allocs1 := agentMem(b, ag.h)
+		b.Logf("  agentd in the window: %d GCs, %.0f KiB allocated (runtime.MemStats NumGC, TotalAlloc)", gcs1-gcs, float64(allocs1-allocs)/1024)
 	}
 	// The monitor at work, and a figure of its own: the D-Bus messages of
 	// one changed unit, agent and floor.
@@ -597,6 +604,26 @@ func straceIdle(b *testing.B, pid int, d time.Duration) {
 // profileAgent starts a CPU profile of the agent process through its debug
 // socket, written to path when the returned func is called (nothing when
 // path is empty): AGENTD_BENCH_CPUPROFILE=cpu.out profiles its first sync.
+// agentMem is how many GCs the agent process has run and how many bytes
+// its heap has allocated: NumGC and TotalAlloc from the heap profile its
+// debug socket serves.
+func agentMem(b *testing.B, h *systemdtest.Harness) (gcs, allocated int) {
+	var buf bytes.Buffer
+	err := control.NewClient(filepath.Join(h.Dir, "agentd.sock")).Fetch(context.Background(), "/debug/pprof/heap?debug=1", &buf)
+	if err != nil {
+		b.Fatalf("agent heap profile: %v", err)
+	}
+	field := func(name string) int {
+		_, after, ok := strings.Cut(buf.String(), "# "+name+" = ")
+		n, err := strconv.Atoi(strings.Fields(after + " x")[0])
+		if !ok || err != nil {
+			b.Fatalf("no %s in the agent's heap profile", name)
+		}
+		return n
+	}
+	return field("NumGC"), field("TotalAlloc")
+}
+
 func profileAgent(b *testing.B, sock, path string) (stop func()) {
 	if path == "" {
 		return func() {}

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/metrics"
 	"testing"
 	"time"
 
@@ -16,12 +18,34 @@ import (
 
 // The memory a burst of passes used goes back to the OS once the loop has
 // been quiet for quietFor, not while passes keep coming; the process then
-// runs on one P until the next pass starts.
+// runs on one P with the collector off under a memory limit until the next
+// pass starts.
 func TestQuietSpell(t *testing.T) {
 	orig := runtime.GOMAXPROCS(0)
 	t.Cleanup(func() { runtime.GOMAXPROCS(orig) })
-	q := &quietSpell{busyProcs: 2, shrink: true}
+	busy := readGC()
+	q := &quietSpell{busyProcs: 2, own: true}
 	t.Cleanup(q.Stop)
+	hushed := func(when string) {
+		t.Helper()
+		if n := runtime.GOMAXPROCS(0); n != 1 {
+			t.Errorf("GOMAXPROCS %d %s, want 1", n, when)
+		}
+		gc := readGC()
+		footprint, _ := memoryNow()
+		if gc.percent != -1 || gc.limit <= int64(footprint) || gc.limit >= busy.limit {
+			t.Errorf("GC %+v %s (footprint %d), want the collector off under a limit above the footprint", gc, when, footprint)
+		}
+	}
+	awake := func(when string) {
+		t.Helper()
+		if n := runtime.GOMAXPROCS(0); n != 2 {
+			t.Errorf("GOMAXPROCS %d %s, want 2", n, when)
+		}
+		if gc := readGC(); gc != busy {
+			t.Errorf("GC %+v %s, want %+v as before", gc, when, busy)
+		}
+	}
 	released := func() uint64 {
 		var s runtime.MemStats
 		runtime.ReadMemStats(&s)
@@ -41,9 +65,7 @@ func TestQuietSpell(t *testing.T) {
 	}
 	pass := func() {
 		q.PassStart()
-		if n := runtime.GOMAXPROCS(0); n != 2 {
-			t.Fatalf("GOMAXPROCS %d during a pass, want 2", n)
-		}
+		awake("during a pass")
 		q.Pass(0, nil)
 	}
 	garbage()
@@ -55,9 +77,7 @@ func TestQuietSpell(t *testing.T) {
 		if r := returned(); r != 0 {
 			t.Fatalf("memory returned %v after the first pass while passes kept coming", time.Since(start))
 		}
-		if n := runtime.GOMAXPROCS(0); n != 2 {
-			t.Fatalf("GOMAXPROCS %d while passes kept coming, want 2", n)
-		}
+		awake("while passes kept coming")
 		pass()
 	}
 	before := released()
@@ -72,9 +92,7 @@ func TestQuietSpell(t *testing.T) {
 	if after := released(); after <= before {
 		t.Errorf("HeapReleased %d → %d: nothing given back", before, after)
 	}
-	if n := runtime.GOMAXPROCS(0); n != 1 {
-		t.Errorf("GOMAXPROCS %d after a quiet spell, want 1", n)
-	}
+	hushed("after a quiet spell")
 
 	// A pass gets both Ps back; without new allocation its quiet spell
 	// returns no memory, but runs on one P again.
@@ -84,20 +102,30 @@ func TestQuietSpell(t *testing.T) {
 	if returned() != r {
 		t.Error("a quiet spell with little allocated since the last return gave memory back")
 	}
-	if n := runtime.GOMAXPROCS(0); n != 1 {
-		t.Errorf("GOMAXPROCS %d after the second quiet spell, want 1", n)
-	}
+	hushed("after the second quiet spell")
 	q.Stop()
-	if n := runtime.GOMAXPROCS(0); n != 2 {
-		t.Errorf("GOMAXPROCS %d after Stop, want 2", n)
-	}
+	awake("after Stop")
+}
+
+// gcSettings are the collector's settings: GOGC (-1: off) and the memory
+// limit.
+type gcSettings struct {
+	percent int64
+	limit   int64
+}
+
+func readGC() gcSettings {
+	s := []metrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
+	metrics.Read(s)
+	return gcSettings{percent: int64(s[0].Value.Uint64()), limit: int64(s[1].Value.Uint64())}
 }
 
 // Beside the embedded etcd, which serves other clients whatever the loop
-// does, the process keeps every P.
+// does, the process keeps every P and its collector's settings.
 func TestQuietSpellKeepsProcsForEmbeddedEtcd(t *testing.T) {
 	orig := runtime.GOMAXPROCS(2)
 	t.Cleanup(func() { runtime.GOMAXPROCS(orig) })
+	busy := readGC()
 	q := newQuietSpell(false)
 	t.Cleanup(q.Stop)
 	q.PassStart()
@@ -106,11 +134,16 @@ func TestQuietSpellKeepsProcsForEmbeddedEtcd(t *testing.T) {
 	if n := runtime.GOMAXPROCS(0); n != 2 {
 		t.Errorf("GOMAXPROCS %d after a quiet spell beside the embedded etcd, want 2", n)
 	}
+	if gc := readGC(); gc != busy {
+		t.Errorf("GC %+v after a quiet spell beside the embedded etcd, want %+v", gc, busy)
+	}
 }
 
-// As an operator sees it (go_sched_gomaxprocs_threads in /metrics): the
-// agent process runs on one CPU once its loop is quiet, gets both back
-// for a pass, and keeps both beside the embedded etcd.
+// As an operator sees it (go_sched_gomaxprocs_threads, go_gc_gogc_percent
+// and go_gc_gomemlimit_bytes in /metrics): the agent process runs on one
+// CPU with the collector off under a memory limit once its loop is quiet,
+// gets both CPUs and GOGC back for a pass, and keeps both beside the
+// embedded etcd.
 func TestQuietAgentProcessRunsOnOneCPU(t *testing.T) {
 	t.Parallel() // waits on a quiet spell, not the CPU
 	bin := buildAgent(t)
@@ -134,6 +167,9 @@ func TestQuietAgentProcessRunsOnOneCPU(t *testing.T) {
 	}
 	put("1")
 	waitProcs(t, addr, 1, "after the first sync, quiet")
+	if gogc, limit := gcMetrics(t, addr); gogc != -1 || limit > 1<<40 {
+		t.Errorf("quiet: GOGC %d, memory limit %.0f; want off (-1) under a limit", gogc, limit)
+	}
 	if err := os.WriteFile(wedge, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -142,6 +178,9 @@ func TestQuietAgentProcessRunsOnOneCPU(t *testing.T) {
 	time.Sleep(quietFor + quietFor/2)
 	if n := gomaxprocs(t, addr); n != 2 {
 		t.Fatalf("GOMAXPROCS %d while a pass runs (wedged), want 2", n)
+	}
+	if gogc, limit := gcMetrics(t, addr); gogc != 100 || limit < math.MaxInt64 {
+		t.Errorf("in a pass: GOGC %d, memory limit %.0f; want 100 and none", gogc, limit)
 	}
 
 	// The same agent with the embedded etcd keeps both.
@@ -159,6 +198,25 @@ func TestQuietAgentProcessRunsOnOneCPU(t *testing.T) {
 	if n := gomaxprocs(t, addr2); n != 2 {
 		t.Errorf("GOMAXPROCS %d beside the embedded etcd, quiet, want 2", n)
 	}
+	if gogc, _ := gcMetrics(t, addr2); gogc != 100 {
+		t.Errorf("GOGC %d beside the embedded etcd, quiet, want 100", gogc)
+	}
+}
+
+// gcMetrics reads the agent's GOGC (-1: off; the runtime reports it as an
+// unsigned number) and memory limit from its /metrics.
+func gcMetrics(t *testing.T, addr string) (gogc int64, limit float64) {
+	t.Helper()
+	m := scrapeMetrics("http://" + addr)
+	p, ok1 := m["go_gc_gogc_percent"]
+	l, ok2 := m["go_gc_gomemlimit_bytes"]
+	if !ok1 || !ok2 {
+		t.Fatalf("no go_gc_gogc_percent or go_gc_gomemlimit_bytes at %s/metrics", addr)
+	}
+	if p >= math.MaxInt64 {
+		p = -1
+	}
+	return int64(p), l
 }
 
 // metric is the value of the unlabelled metric name at addr's /metrics

@@ -95,6 +95,12 @@ type Action struct {
 	Job Job
 	// AlsoStop lists units to stop before a restart (a socket's service).
 	AlsoStop []string
+	// After names a unit whose job of the same pass must end before this
+	// one's starts: a service whose socket restarts with it. Run at once,
+	// the service's restart raced the socket's, which stops the service
+	// first and cannot start while it runs (systemd refuses: "Socket
+	// service already active").
+	After string
 	// Instance marks an empty-valued instance key: the agent records that it
 	// owns the running instance (InstanceMarker) instead of writing a file.
 	Instance bool

@@ -212,6 +212,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 			return false, fmt.Errorf("record the daemon-reload in the state directory: %w", err)
 		}
 	}
+	gates := jobGates(plan, failed)
 	for _, act := range plan {
 		if failed[act.Unit] {
 			continue
@@ -232,7 +233,11 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		if act.Job == JobStart || act.Job == JobRestart {
 			a.mem.started[act.Unit] = act.ContentKey
 		}
-		a.launch(ctx, act, cur.Units[act.Unit])
+		a.launch(ctx, act, cur.Units[act.Unit], gates)
+		delete(gates, act.Unit)
+	}
+	for _, g := range gates {
+		close(g) // a job not launched after all: nothing to wait for
 	}
 	a.afterJobs()
 	if jobs {
@@ -445,6 +450,26 @@ func (a *Agent) pause(ctx context.Context, at string) {
 	if a.cfg.Pause != nil {
 		a.cfg.Pause(ctx, at)
 	}
+}
+
+// jobGates has a channel for each unit whose job another job of this plan
+// runs after (Action.After): closed when that unit's job has ended.
+func jobGates(plan []Action, failed map[string]bool) map[string]chan struct{} {
+	var gates map[string]chan struct{}
+	for _, act := range plan {
+		if act.After == "" || act.Job == JobNone || failed[act.Unit] {
+			continue
+		}
+		for _, first := range plan {
+			if first.Unit == act.After && first.Job != JobNone && !failed[first.Unit] {
+				if gates == nil {
+					gates = map[string]chan struct{}{}
+				}
+				gates[first.Unit] = make(chan struct{})
+			}
+		}
+	}
+	return gates
 }
 
 func jobsToRun(plan []Action) bool {

@@ -102,8 +102,11 @@ func JobDeadline(job Job, st UnitState) time.Duration {
 	return start + jobMargin
 }
 
-// launch starts act's job in the background.
-func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
+// launch starts act's job in the background: at once, or once the job of
+// act.After has ended when gates has that unit's gate. It closes act's own
+// gate, if any, when its job has ended.
+func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[string]chan struct{}) {
+	wait, done := gates[act.After], gates[act.Unit]
 	a.jobs.seq++
 	run := &jobRun{id: a.jobs.seq, act: act}
 	a.jobs.inflight[act.Unit] = run
@@ -121,11 +124,21 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState) {
 	read := a.stateReader(act.Unit)
 	light := a.lightJobs()
 	a.jobs.wg.Go(func() {
+		if wait != nil {
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return // shutting down: the intent keeps the job owed
+			}
+		}
 		var err error
 		if st.Light && light != nil {
 			err = a.runLightJob(ctx, light, act, st)
 		} else {
 			err = underDeadline(ctx, deadline, func(jctx context.Context) error { return a.runJob(jctx, act) })
+		}
+		if done != nil {
+			close(done)
 		}
 		r := jobResult{id: run.id, unit: act.Unit, err: err, ended: time.Now()}
 		if ctx.Err() != nil {

@@ -107,7 +107,26 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		}
 		out = append(out, a)
 	}
+	orderSocketServices(out, desired)
 	return out
+}
+
+// orderSocketServices makes the job of a service wait for its socket's
+// start or restart in the same plan: systemd refuses to start a socket
+// whose service runs, and a socket's restart stops its service first.
+func orderSocketServices(plan []Action, desired map[string]*DesiredUnit) {
+	byUnit := make(map[string]int, len(plan))
+	for i, a := range plan {
+		byUnit[a.Unit] = i
+	}
+	for _, s := range plan {
+		if !strings.HasSuffix(s.Unit, ".socket") || (s.Job != JobStart && s.Job != JobRestart) {
+			continue
+		}
+		if i, ok := byUnit[socketService(s.Unit, desired[s.Unit])]; ok && plan[i].Job != JobNone {
+			plan[i].After = s.Unit
+		}
+	}
 }
 
 // SlotKey is what a MaxUnavailable slot and a halt are keyed by: the unit,

@@ -461,3 +461,31 @@ func enabled(st UnitState) UnitState {
 	st.UnitFileState = "enabled"
 	return st
 }
+
+// A service whose socket starts or restarts in the same plan runs its job
+// after the socket's; a service without a job, or beside a socket without
+// one, waits for nothing.
+func TestOrderSocketServices(t *testing.T) {
+	plan := []Action{
+		{Unit: "a.service", Job: JobRestart},
+		{Unit: "a.socket", Job: JobRestart, AlsoStop: []string{"a.service"}},
+		{Unit: "b.service", Job: JobNone},
+		{Unit: "b.socket", Job: JobRestart, AlsoStop: []string{"b.service"}},
+		{Unit: "c.service", Job: JobStart},
+		{Unit: "c.socket", Job: JobNone},
+		{Unit: "d.service", Job: JobRestart},
+		{Unit: "e.socket", Job: JobRestart, AlsoStop: []string{"d.service"}},
+		{Unit: "f.service", Job: JobStart},
+		{Unit: "f.socket", Job: JobStart},
+		{Unit: "g.timer", Job: JobStart},
+		{Unit: "g.service", Job: JobStart},
+	}
+	desired := map[string]*DesiredUnit{"e.socket": {File: &DesiredFile{Content: []byte("[Socket]\nService=d.service\n")}}}
+	orderSocketServices(plan, desired)
+	want := map[string]string{"a.service": "a.socket", "d.service": "e.socket", "f.service": "f.socket"}
+	for _, a := range plan {
+		if a.After != want[a.Unit] {
+			t.Errorf("%s: After %q, want %q", a.Unit, a.After, want[a.Unit])
+		}
+	}
+}

@@ -384,3 +384,33 @@ func TestDriftIsRestored(t *testing.T) {
 		t.Fatalf("MainPID %d → %d: restoring the same content restarted the unit", pid, p)
 	}
 }
+
+// A socket and its service changed in one put: the socket's restart stops
+// the service first and then listens on the new address, and only then is
+// the service restarted into its new version. Run side by side, the two
+// jobs raced: the socket's start was refused ("service already active")
+// or its stop killed the service's new version, and one was rolled back.
+func TestSocketAndServiceChangedTogether(t *testing.T) {
+	t.Parallel() // waits on jobs, not the CPU
+	e := newEnv(t)
+	e.startAgent()
+	put := func(v string) {
+		t.Helper()
+		sock := e.writeUnit("pair.socket", "[Socket]\nListenStream=%t/pair-"+v+".sock\n"+fast)
+		svc := e.writeUnit("pair.service", "[Service]\nExecStart=/bin/sleep 1000\nEnvironment=V="+v+"\n"+fast)
+		if out, code := e.cli("unit", "put", sock, svc, "--host", e.host, "--wait", "--timeout", "30s"); code != 0 {
+			t.Fatalf("put v%s: exit %d\n%s", v, code, out)
+		}
+	}
+	put("1")
+	put("2")
+	if s := e.h.ActiveState(t, "pair.socket"); s != "active" {
+		t.Errorf("pair.socket is %s, want active", s)
+	}
+	if _, err := os.Stat(filepath.Join(e.h.Dir, "run", "pair-2.sock")); err != nil {
+		t.Errorf("the socket does not listen at its new address: %v", err)
+	}
+	if pid := e.h.MainPID(t, "pair.service"); !environHas(pid, "V=2") {
+		t.Errorf("pair.service (MainPID %d) does not run version 2", pid)
+	}
+}

@@ -414,3 +414,29 @@ func TestSocketAndServiceChangedTogether(t *testing.T) {
 		t.Errorf("pair.service (MainPID %d) does not run version 2", pid)
 	}
 }
+
+// `unit rm --wait` with the host's agent down: its statuses went with its
+// lease, and a missing status is no proof of removal. The wait says so and
+// times out (exit 4) while the unit still runs (before: exit 0,
+// "removed"); once the agent is back it removes the unit.
+func TestRmWaitWithTheAgentDown(t *testing.T) {
+	t.Parallel() // waits on the agent, not the CPU
+	e := newEnv(t)
+	a := e.startAgent()
+	u := e.writeUnit("gone.service", "[Service]\nExecStart=/bin/sleep 1000\n"+fast)
+	if out, code := e.cli("unit", "put", u, "--host", e.host, "--wait", "--timeout", "30s"); code != 0 {
+		t.Fatalf("put: exit %d\n%s", code, out)
+	}
+	a.stop(t)
+	out, code := e.cli("unit", "rm", "gone.service", "--host", e.host, "--wait", "--timeout", "2s")
+	if code != exitTimeout || !strings.Contains(out, "no live agent") {
+		t.Errorf("rm --wait with the agent down: exit %d, want %d saying no live agent\n%s", code, exitTimeout, out)
+	}
+	if s := e.h.ActiveState(t, "gone.service"); s != "active" {
+		t.Errorf("gone.service is %s with no agent to stop it", s)
+	}
+	e.startAgent()
+	eventually(t, "gone.service stopped by the agent once it is back", func() bool {
+		return e.h.ActiveState(t, "gone.service") != "active"
+	})
+}

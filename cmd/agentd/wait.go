@@ -88,9 +88,25 @@ func waitConverged(ctx context.Context, reg *registry.Client, tg registry.Target
 	err := reg.WatchStatuses(ctx, hosts, func(all map[string]map[string]reconcile.Status) bool {
 		rows = map[string]row{}
 		done := true
+		var members map[string]bool // read once per update, when a removal needs it
+		live := func(h string) func() bool {
+			return func() bool {
+				if members == nil {
+					members = map[string]bool{}
+					ms, err := reg.Members(ctx)
+					if err != nil {
+						return false // not known: not counted as removed on this update
+					}
+					for _, m := range ms {
+						members[m.Host] = true
+					}
+				}
+				return members[h]
+			}
+		}
 		for _, h := range hosts {
 			for _, e := range want {
-				state, detail := e.judge(all[h])
+				state, detail := e.judge(all[h], live(h))
 				rows[h+"\x00"+e.key] = row{h, e.key, state, detail}
 				done = done && terminal(state)
 			}
@@ -128,11 +144,17 @@ type expectation struct {
 	state     reconcile.RunState
 }
 
-// judge says where one host is with one key, and why.
-func (e expectation) judge(statuses map[string]reconcile.Status) (state, detail string) {
+// judge says where one host is with one key, and why. live says whether
+// the host's agent is up (read only for a removal judged by a missing
+// status: an agent's statuses are bound to its lease, so they are also
+// missing when the agent is down and has removed nothing).
+func (e expectation) judge(statuses map[string]reconcile.Status, live func() bool) (state, detail string) {
 	st, ok := statuses[e.unit]
 	if e.removing {
 		if !ok {
+			if !live() {
+				return statePending, "no live agent on this host: nothing has removed the unit yet"
+			}
 			return stateRemoved, ""
 		}
 		if st.Job != "" {

@@ -37,13 +37,17 @@ func TestJudgeStates(t *testing.T) {
 		{"held", st(reconcile.Status{DesiredHash: h, Hash: "old", ActiveState: "active", Action: "held", Error: "held: h9 failed it"}), stateHeld},
 	}
 	for _, tt := range tests {
-		if got, _ := e.judge(tt.in); got != tt.want {
+		if got, _ := e.judge(tt.in, alive); got != tt.want {
 			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
 		}
 	}
 	rm := expectation{key: "a.service", unit: "a.service", removing: true}
-	if got, _ := rm.judge(nil); got != stateRemoved {
+	if got, _ := rm.judge(nil, alive); got != stateRemoved {
 		t.Errorf("removed: %s", got)
+	}
+	// No status and no live agent: its statuses went with its lease.
+	if got, _ := rm.judge(nil, func() bool { return false }); got != statePending {
+		t.Errorf("no status, agent down: %s, want %s", got, statePending)
 	}
 }
 
@@ -128,8 +132,11 @@ func TestJudgeTemplateInstances(t *testing.T) {
 		{"another template's instance is not counted", map[string]reconcile.Status{"w@.service": tmpl, "x@1.service": inst("old", "", nil)}, stateHealthy},
 	}
 	for _, tt := range tests {
-		if got, detail := e.judge(tt.in); got != tt.want {
+		if got, detail := e.judge(tt.in, alive); got != tt.want {
 			t.Errorf("%s: %s (%s), want %s", tt.name, got, detail, tt.want)
 		}
 	}
 }
+
+// alive is a host whose agent is up.
+func alive() bool { return true }

@@ -210,11 +210,11 @@ func (e expectation) judge(statuses map[string]reconcile.Status, live func() boo
 	case reconcile.StateStarted:
 		switch {
 		case st.Verifying:
-			return stateVerifying, fmt.Sprintf("running %s, waiting out HealthySec", short(st.Hash))
+			return stateVerifying, "running " + e.version(st) + ", waiting out HealthySec"
 		case st.Health == "healthy":
-			return stateHealthy, fmt.Sprintf("%s (%s), hash %s", st.ActiveState, st.SubState, short(st.Hash))
+			return stateHealthy, fmt.Sprintf("%s (%s), %s", st.ActiveState, st.SubState, e.version(st))
 		case st.PendingRestart:
-			return stateHealthy, "file in place, restart pending (OnChange=none), hash " + short(st.Hash)
+			return stateHealthy, "file in place, restart pending (OnChange=none), " + e.version(st)
 		case st.ActiveState == "failed":
 			return stateFailed, describeFailure(st)
 		case e.key != e.unit && !activeState(st.ActiveState):
@@ -225,11 +225,27 @@ func (e expectation) judge(statuses map[string]reconcile.Status, live func() boo
 		return stateApplying, st.ActiveState + " (" + st.SubState + ")"
 	case reconcile.StateStopped:
 		if st.ActiveState == "inactive" || st.ActiveState == "failed" {
-			return stateHealthy, "stopped, hash " + short(st.Hash)
+			return stateHealthy, "stopped, " + e.version(st)
 		}
 		return stateApplying, st.ActiveState
 	}
-	return stateHealthy, "installed, hash " + short(st.Hash)
+	return stateHealthy, "installed, " + e.version(st)
+}
+
+// version names what a host runs for e: the unit file's hash, or for a
+// drop-in its own, for an instance (an empty key) its template's.
+func (e expectation) version(st reconcile.Status) string {
+	switch {
+	case e.key != e.unit:
+		return "drop-in " + short(st.DropIns[e.key])
+	case st.Hash != "":
+		return "hash " + short(st.Hash)
+	case st.RunsHash != "":
+		return "template " + short(st.RunsHash)
+	case reconcile.IsInstance(e.unit):
+		return "an instance of " + reconcile.TemplateOf(e.unit)
+	}
+	return "no file of its own"
 }
 
 func describeFailure(st reconcile.Status) string {

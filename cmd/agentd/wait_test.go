@@ -140,3 +140,30 @@ func TestJudgeTemplateInstances(t *testing.T) {
 
 // alive is a host whose agent is up.
 func alive() bool { return true }
+
+// What a host runs is named by the hash of the key waited on: a unit
+// file's, a drop-in's own, an instance's template's — never an empty one.
+func TestJudgeNamesTheVersion(t *testing.T) {
+	tests := []struct {
+		name string
+		e    expectation
+		st   reconcile.Status
+		want string
+	}{
+		{"unit file", expectation{key: "a.service", unit: "a.service", hash: "aaaaaaaaaaaaaaaa", state: reconcile.StateStarted},
+			reconcile.Status{Unit: "a.service", Hash: "aaaaaaaaaaaaaaaa", DesiredHash: "aaaaaaaaaaaaaaaa", ActiveState: "active", SubState: "running", Health: "healthy"},
+			"active (running), hash aaaaaaaaaaaa"},
+		{"drop-in", expectation{key: "v.service.d/10.conf", unit: "v.service", hash: "dddddddddddddddd", state: reconcile.StateStarted},
+			reconcile.Status{Unit: "v.service", DropIns: map[string]string{"v.service.d/10.conf": "dddddddddddddddd"}, ActiveState: "active", SubState: "running", Health: "healthy"},
+			"active (running), drop-in dddddddddddd"},
+		{"instance, verifying", expectation{key: "web@1.service", unit: "web@1.service", state: reconcile.StateStarted},
+			reconcile.Status{Unit: "web@1.service", RunsHash: "tttttttttttttttt", ActiveState: "active", SubState: "running", Verifying: true},
+			"running template tttttttttttt, waiting out HealthySec"},
+	}
+	for _, tt := range tests {
+		_, detail := tt.e.judge(map[string]reconcile.Status{tt.e.unit: tt.st}, alive)
+		if detail != tt.want {
+			t.Errorf("%s: %q, want %q", tt.name, detail, tt.want)
+		}
+	}
+}

@@ -125,6 +125,7 @@ func orderSocketServices(plan []Action, desired map[string]*DesiredUnit) {
 		}
 		if i, ok := byUnit[socketService(s.Unit, desired[s.Unit])]; ok && plan[i].Job != JobNone {
 			plan[i].After = s.Unit
+			plan[i].Reason += "; after " + s.Unit + "'s " + s.Job.String() + " (systemd starts no socket whose service runs)"
 		}
 	}
 }

@@ -487,5 +487,8 @@ func TestOrderSocketServices(t *testing.T) {
 		if a.After != want[a.Unit] {
 			t.Errorf("%s: After %q, want %q", a.Unit, a.After, want[a.Unit])
 		}
+		if a.After != "" && !strings.Contains(a.Reason, "after "+a.After+"'s") {
+			t.Errorf("%s: reason %q does not say it waits for %s (sync --dry-run shows it)", a.Unit, a.Reason, a.After)
+		}
 	}
 }

@@ -118,17 +118,11 @@ func planRollback(a Action, rec UnitRecord, managed []string, cur Current) (Acti
 	r.Kind, r.Job, r.Enable, r.Disable, r.Adopt = KindRollback, JobRestart, false, false, false
 	r.Writes, r.Removes, r.Forget = nil, nil, nil
 	r.Reason = rec.FailReason + "; rolling back to " + short(headHash(a.Unit, rec.Previous)) + " (the version that ran before)"
-	for _, p := range slices.Sorted(maps.Keys(rec.Previous)) {
-		h := rec.Previous[p]
-		if lf := cur.Files[p]; lf.Exists && lf.Hash == h {
-			continue
-		}
-		content, ok := cur.Blobs[h]
-		if !ok {
-			return blocked(a, fmt.Sprintf("%s; cannot roll back: the previous version of %s (%s) is not kept", rec.FailReason, p, short(h))), true
-		}
-		r.Writes = append(r.Writes, DesiredFile{Path: p, Content: content, Hash: h})
+	writes, why := restoreWrites(rec.Previous, cur)
+	if why != "" {
+		return blocked(a, rec.FailReason+"; "+why), true
 	}
+	r.Writes = writes
 	// Files the failed version added (a new drop-in, here or on the
 	// template) go: the rolled-back unit must not run with them.
 	gone := map[string]bool{}
@@ -163,17 +157,11 @@ func planTemplateRollback(a Action, rec UnitRecord, managed []string, cur Curren
 	r := a
 	r.Kind, r.Job, r.Enable, r.Disable, r.Adopt, r.Effective = KindRollback, JobNone, false, false, false, nil
 	r.Writes, r.Removes, r.Forget = nil, nil, nil
-	for _, p := range slices.Sorted(maps.Keys(rec.Applied)) {
-		h := rec.Applied[p]
-		if lf := cur.Files[p]; lf.Exists && lf.Hash == h {
-			continue
-		}
-		content, ok := cur.Blobs[h]
-		if !ok {
-			return blocked(a, fmt.Sprintf("%s; cannot roll back: the previous version of %s (%s) is not kept", rec.FailReason, p, short(h))), true
-		}
-		r.Writes = append(r.Writes, DesiredFile{Path: p, Content: content, Hash: h})
+	writes, why := restoreWrites(rec.Applied, cur)
+	if why != "" {
+		return blocked(a, rec.FailReason+"; "+why), true
 	}
+	r.Writes = writes
 	for _, p := range managed {
 		if _, keep := rec.Applied[p]; !keep && cur.Managed[p] != InstanceMarker {
 			r.Removes = append(r.Removes, p)
@@ -184,4 +172,22 @@ func planTemplateRollback(a Action, rec UnitRecord, managed []string, cur Curren
 	}
 	r.Reason = rec.FailReason + "; rolling the template set back to " + short(headHash(a.Unit, rec.Applied)) + " (what the instances ran before)"
 	return r, true
+}
+
+// restoreWrites are the writes that put files (path → hash) back on disk
+// from the kept blobs, leaving out those already there; why says which
+// file cannot be, when its blob is not kept.
+func restoreWrites(files map[string]string, cur Current) (writes []DesiredFile, why string) {
+	for _, p := range slices.Sorted(maps.Keys(files)) {
+		h := files[p]
+		if lf := cur.Files[p]; lf.Exists && lf.Hash == h {
+			continue
+		}
+		content, ok := cur.Blobs[h]
+		if !ok {
+			return nil, fmt.Sprintf("cannot roll back: the previous version of %s (%s) is not kept", p, short(h))
+		}
+		writes = append(writes, DesiredFile{Path: p, Content: content, Hash: h})
+	}
+	return writes, ""
 }

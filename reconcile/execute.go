@@ -453,20 +453,13 @@ func (a *Agent) pause(ctx context.Context, at string) {
 }
 
 // jobGates has a channel for each unit whose job another job of this plan
-// runs after (Action.After): closed when that unit's job has ended.
+// runs after (Action.After; the planner sets it only beside a job):
+// closed when that unit's job has ended, or when it is not launched.
 func jobGates(plan []Action, failed map[string]bool) map[string]chan struct{} {
-	var gates map[string]chan struct{}
+	gates := map[string]chan struct{}{}
 	for _, act := range plan {
-		if act.After == "" || act.Job == JobNone || failed[act.Unit] {
-			continue
-		}
-		for _, first := range plan {
-			if first.Unit == act.After && first.Job != JobNone && !failed[first.Unit] {
-				if gates == nil {
-					gates = map[string]chan struct{}{}
-				}
-				gates[first.Unit] = make(chan struct{})
-			}
+		if act.After != "" && act.Job != JobNone && !failed[act.Unit] {
+			gates[act.After] = make(chan struct{})
 		}
 	}
 	return gates

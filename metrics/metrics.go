@@ -31,20 +31,9 @@ const (
 	Failed    = "failed"    // the status carries an error (failed job, refused or blocked unit, unit failed)
 )
 
-// Classify says whether a unit's status is converged, pending or failed.
-func Classify(st reconcile.Status) string {
-	switch {
-	case st.Error != "":
-		return Failed
-	case st.DesiredHash != st.Hash: // new content not written yet, or a removal in progress
-		return Pending
-	case st.Verifying: // (re)started, inside its HealthySec window
-		return Pending
-	case st.ActiveState == "activating" || st.ActiveState == "deactivating" || st.ActiveState == "reloading":
-		return Pending
-	}
-	return Converged
-}
+// Classify says whether a unit's status is converged, pending or failed:
+// reconcile.JudgeStatus, the one rule `agentd hosts` and --wait use too.
+func Classify(st reconcile.Status) string { return reconcile.JudgeStatus(st).String() }
 
 // Count tallies statuses by Classify.
 func Count(st []reconcile.Status) (converged, pending, failed int) {

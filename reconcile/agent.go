@@ -65,9 +65,10 @@ type Coordinator interface {
 	Halt(ctx context.Context, h Halt) error
 }
 
-// Reporter publishes the full set of this host's unit statuses.
+// Reporter publishes the full set of this host's unit statuses, with the
+// registry revision the pass that computed them acted on (see Pass).
 type Reporter interface {
-	Report(ctx context.Context, statuses []Status) error
+	Report(ctx context.Context, acted int64, statuses []Status) error
 }
 
 // Observer hears what the loop does, for metrics and the service manager.
@@ -173,6 +174,10 @@ type Agent struct {
 		desiredState
 	}
 	gen uint64 // the publisher's generation of the last pass's statuses
+	// acted is the registry revision of the statuses last offered to the
+	// publisher: a pass that changed no status but acted on a newer
+	// revision is published too (its pass record moves).
+	acted int64
 }
 
 // handoff is where other goroutines meet the loop.

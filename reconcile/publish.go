@@ -22,6 +22,7 @@ type publisher struct {
 
 	mu      sync.Mutex
 	pending []Status
+	acted   int64  // the registry revision the pending statuses' pass acted on
 	offered uint64 // generation of the newest statuses handed in
 	done    uint64 // generation last published
 	failed  uint64 // generation whose last attempt failed, with err
@@ -34,11 +35,12 @@ func newPublisher(r Reporter, log *slog.Logger) *publisher {
 	return &publisher{r: r, log: log, wake: make(chan struct{}, 1), changed: make(chan struct{})}
 }
 
-// offer queues st for publishing and returns its generation.
-func (p *publisher) offer(st []Status) uint64 {
+// offer queues st, computed by a pass that acted on registry revision
+// acted, for publishing and returns its generation.
+func (p *publisher) offer(acted int64, st []Status) uint64 {
 	p.mu.Lock()
 	p.offered++
-	p.pending = st
+	p.pending, p.acted = st, acted
 	gen := p.offered
 	p.mu.Unlock()
 	select {
@@ -83,7 +85,7 @@ func (p *publisher) run(ctx context.Context) {
 		case <-p.wake:
 		case <-retry.C:
 		}
-		st, gen := p.take()
+		acted, st, gen := p.take()
 		if gen == p.doneGen() {
 			continue
 		}
@@ -97,9 +99,9 @@ func (p *publisher) run(ctx context.Context) {
 				return
 			}
 			t.Stop()
-			st, gen = p.take()
+			acted, st, gen = p.take()
 		}
-		if err := p.r.Report(ctx, st); err != nil {
+		if err := p.r.Report(ctx, acted, st); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -142,10 +144,10 @@ func jobRunning(st []Status) bool {
 	return false
 }
 
-func (p *publisher) take() ([]Status, uint64) {
+func (p *publisher) take() (int64, []Status, uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.pending, p.offered
+	return p.acted, p.pending, p.offered
 }
 
 func (p *publisher) doneGen() uint64 {

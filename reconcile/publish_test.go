@@ -15,7 +15,7 @@ type recordingReporter struct {
 	err  error
 }
 
-func (r *recordingReporter) Report(_ context.Context, st []Status) error {
+func (r *recordingReporter) Report(_ context.Context, _ int64, st []Status) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.err != nil {
@@ -48,9 +48,9 @@ func TestPublisherCoalesces(t *testing.T) {
 	p := startPublisher(t, r)
 	ctx := context.Background()
 
-	p.offer([]Status{{Unit: "a.service", Job: "restart", Result: "running"}})
+	p.offer(0, []Status{{Unit: "a.service", Job: "restart", Result: "running"}})
 	time.Sleep(10 * time.Millisecond)
-	gen := p.offer([]Status{{Unit: "a.service", Action: "restart", Result: "done"}})
+	gen := p.offer(0, []Status{{Unit: "a.service", Action: "restart", Result: "done"}})
 	if err := p.published(ctx, gen); err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestPublisherCoalesces(t *testing.T) {
 	}
 
 	start := time.Now()
-	gen = p.offer([]Status{{Unit: "a.service", Job: "start", Result: "running"}})
+	gen = p.offer(0, []Status{{Unit: "a.service", Job: "start", Result: "running"}})
 	if err := p.published(ctx, gen); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestPublisherCoalesces(t *testing.T) {
 func TestPublisherRetries(t *testing.T) {
 	r := &recordingReporter{err: errors.New("etcd away")}
 	p := startPublisher(t, r)
-	gen := p.offer([]Status{{Unit: "a.service", Result: "done"}})
+	gen := p.offer(0, []Status{{Unit: "a.service", Result: "done"}})
 	if err := p.published(context.Background(), gen); err == nil {
 		t.Fatal("published returned no error while etcd is away")
 	}

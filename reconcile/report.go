@@ -53,11 +53,15 @@ func (a *Agent) report(ctx context.Context) error {
 			return err
 		}
 	}
-	if len(changed) > 0 || a.focus.list == nil {
+	// The pass acted on the snapshot it planned from (a newer one may
+	// have come in since: the next pass acts on that).
+	acted := a.desired.snap.Revision
+	if len(changed) > 0 || a.focus.list == nil || acted != a.acted {
 		a.focus.update(changed)
 		if a.pub != nil {
-			a.gen = a.pub.offer(a.focus.list)
+			a.gen = a.pub.offer(acted, a.focus.list)
 		}
+		a.acted = acted
 	}
 	a.hand.mu.Lock()
 	a.hand.statuses = a.focus.list

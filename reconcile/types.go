@@ -176,3 +176,25 @@ type Member struct {
 	Version   string    `json:"version"`
 	StartedAt time.Time `json:"startedAt"`
 }
+
+// PassKey is the name, among a host's statuses, of its pass record: no
+// unit can be called that (a unit name never starts with "."), so it
+// shares the status prefix — the same lease, the same transaction as the
+// statuses it vouches for, the same watch.
+const PassKey = ".pass"
+
+// Pass is an agent's pass record at <prefix>/status/<host>/.pass: the
+// registry revision its last completed pass acted on. It is written in the
+// transaction that publishes that pass's statuses, so a reader that sees
+// Acted ≥ R also sees the statuses of a pass that planned from R or later.
+type Pass struct {
+	Acted int64     `json:"acted"`
+	At    time.Time `json:"at"`
+}
+
+// HostReport is what one host's agent has published: its pass record (zero
+// before its first pass, or with no live agent) and its statuses by unit.
+type HostReport struct {
+	Pass     Pass
+	Statuses map[string]Status
+}

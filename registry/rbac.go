@@ -77,7 +77,8 @@ func AgentPermissions(prefix, host string, groups []string) ([]Permission, error
 		{Key: c.prefix + "/", Why: "connection probe: a count-only get of this one key, which holds nothing"},
 		{Key: c.hostsRoot() + host + "/", Prefix: true, Why: "its own unit keys (watched)"},
 		{Key: c.agentKey(host), Write: true, Why: "its membership record, bound to its lease (compared and read when joining; guards every status report)"},
-		{Key: c.hostStatus(host), Prefix: true, Write: true, Why: "its unit statuses, bound to its lease (put, listed, stale ones deleted)"},
+		{Key: c.hostStatus(host), Prefix: true, Write: true, Why: "its unit statuses and pass record, bound to its lease (put, listed, stale ones deleted)"},
+		{Key: c.memberKey(host), Write: true, Why: "its member record, without a lease (put at join, every minute, and at leave)"},
 	}
 	for _, g := range gs {
 		perms = append(perms,

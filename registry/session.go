@@ -42,7 +42,12 @@ type Session struct {
 	// unit: nil map = not read yet; a zero entry = a key of unknown content
 	// (left by an earlier lease, or written by someone else).
 	published map[string]pubEntry
-	closed    bool
+	// wantPass is the pass record to publish with s.want (Acted 0: none
+	// handed in yet); pubPass what etcd holds of it (zero: unknown or
+	// absent, put again by the next sync).
+	wantPass reconcile.Pass
+	pubPass  pubPass
+	closed   bool
 	// stopping is set by Close before it waits for the Session's
 	// goroutines: no new ones start after that (see goBackground).
 	stopping bool
@@ -74,7 +79,35 @@ func (c *Client) Join(ctx context.Context, m reconcile.Member, ttl time.Duration
 	}
 	s.bg, s.stop = context.WithCancel(context.Background())
 	s.wg.Go(func() { s.keep(s.bg) })
+	s.wg.Go(func() { s.renewMember(s.bg) })
 	return s, nil
+}
+
+// renewMember keeps the host's member record (members.go) saying when its
+// agent was last seen: at once, then every memberRefresh until ctx (the
+// Session's own) is done. The record is worth a warning, never the agent:
+// an etcd role made before it existed may not let the agent write it.
+func (s *Session) renewMember(ctx context.Context) {
+	t := time.NewTicker(memberRefresh)
+	defer t.Stop()
+	warned := false
+	for {
+		err := s.c.putMember(ctx, s.member)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && !warned:
+			s.c.log.Warn("member record not written: a host whose agent is down is then not counted as a member of its groups", "host", s.member.Host, "err", err)
+			warned = true
+		case err == nil:
+			warned = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // Lease returns the current lease ID (0 while the lease is lost), for keys
@@ -106,6 +139,7 @@ func (s *Session) establishLocked(ctx context.Context) error {
 	}
 	s.sess = sess
 	s.published = nil
+	s.pubPass = pubPass{}
 	return nil
 }
 
@@ -182,7 +216,17 @@ func (c *Client) claim(ctx context.Context, m reconcile.Member, lease clientv3.L
 	return fmt.Errorf("put %s: key keeps changing; retry", key)
 }
 
-// Report publishes the complete set of statuses of this host: it puts
+// Report is Publish without a pass record: the one etcd holds, if any,
+// stays as it is.
+func (s *Session) Report(ctx context.Context, statuses []reconcile.Status) error {
+	return s.Publish(ctx, 0, statuses)
+}
+
+// Publish publishes the complete set of statuses of this host, computed
+// by a pass that acted on registry revision acted (0: not known; the pass
+// record is left as it is). The pass record goes in the transaction that
+// writes the last of the statuses, so a reader never sees a revision
+// acted on beside statuses older than that pass. It puts
 // those that changed (ignoring UpdatedAt) and deletes the status keys of
 // units not in the set, all bound to the lease. If the lease was lost it
 // first creates a new one, re-puts the membership and re-publishes
@@ -190,7 +234,7 @@ func (c *Client) claim(ctx context.Context, m reconcile.Member, lease clientv3.L
 // the next successful Report, or the Session's own recovery, publishes it.
 // The Session keeps statuses: they must not be modified afterwards (the
 // agent hands in a new list each time).
-func (s *Session) Report(ctx context.Context, statuses []reconcile.Status) error {
+func (s *Session) Publish(ctx context.Context, acted int64, statuses []reconcile.Status) error {
 	var errs []error
 	for _, st := range statuses {
 		if err := validStatusUnit(st.Unit); err != nil {
@@ -207,6 +251,9 @@ func (s *Session) Report(ctx context.Context, statuses []reconcile.Status) error
 		return ErrSessionClosed
 	}
 	s.want = want
+	if acted != 0 && acted != s.wantPass.Acted {
+		s.wantPass = reconcile.Pass{Acted: acted, At: time.Now().UTC()}
+	}
 	return s.publishLocked(ctx)
 }
 
@@ -292,6 +339,13 @@ type pubEntry struct {
 	st reconcile.Status
 }
 
+// pubPass is what a Session knows etcd holds of its pass record: the
+// record and the revision it was put at (zero: unknown or absent).
+type pubPass struct {
+	pass reconcile.Pass
+	rev  int64
+}
+
 // syncRounds bounds how many transactions one Report spends chasing keys
 // someone else keeps writing under the host's status prefix; what is left
 // is fixed by the next Report.
@@ -343,6 +397,7 @@ type statusChange struct {
 	op   clientv3.Op
 	form string // "" for a delete
 	st   reconcile.Status
+	pass bool // the put of the pass record
 }
 
 // changesLocked lists the puts and deletes that turn s.published into
@@ -366,16 +421,25 @@ func (s *Session) changesLocked(root string, lease clientv3.LeaseID) ([]statusCh
 		if err != nil {
 			return nil, fmt.Errorf("report: encode status of %s: %w", u, err)
 		}
-		changes = append(changes, statusChange{u, clientv3.OpPut(root+u, string(val), clientv3.WithLease(lease)), form, st})
+		changes = append(changes, statusChange{unit: u, op: clientv3.OpPut(root+u, string(val), clientv3.WithLease(lease)), form: form, st: st})
 	}
 	for u := range s.published {
 		if !s.wants(u) {
-			changes = append(changes, statusChange{u, clientv3.OpDelete(root + u), "", reconcile.Status{}})
+			changes = append(changes, statusChange{unit: u, op: clientv3.OpDelete(root + u)})
 		}
 	}
 	// In unit order: a large report is cut into transactions the same way
 	// every time.
 	slices.SortFunc(changes, func(x, y statusChange) int { return strings.Compare(x.unit, y.unit) })
+	// The pass record last: it lands in the transaction that completes
+	// the statuses it vouches for.
+	if s.wantPass.Acted != 0 && (s.pubPass.rev == 0 || s.pubPass.pass != s.wantPass) {
+		val, err := json.Marshal(s.wantPass)
+		if err != nil {
+			return nil, fmt.Errorf("report: encode pass record: %w", err)
+		}
+		changes = append(changes, statusChange{unit: reconcile.PassKey, op: clientv3.OpPut(root+reconcile.PassKey, string(val), clientv3.WithLease(lease)), pass: true})
+	}
 	return changes, nil
 }
 
@@ -407,6 +471,10 @@ func (s *Session) commitLocked(ctx context.Context, root string, lease clientv3.
 			return fmt.Errorf("report %s: %w", s.member.Host, errLeaseLost)
 		}
 		for _, ch := range chunk {
+			if ch.pass {
+				s.pubPass = pubPass{s.wantPass, resp.Header.Revision}
+				continue
+			}
 			if ch.form != "" {
 				s.published[ch.unit] = pubEntry{ch.form, resp.Header.Revision, ch.st}
 			} else {
@@ -427,8 +495,18 @@ func (s *Session) commitLocked(ctx context.Context, root string, lease clientv3.
 // forgotten.
 func (s *Session) notePublishedLocked(root string, kvs []*mvccpb.KeyValue) {
 	seen := make(map[string]bool, len(kvs))
+	passSeen := false
 	for _, kv := range kvs {
 		u := strings.TrimPrefix(string(kv.Key), root)
+		if u == reconcile.PassKey {
+			// Anyone else's write, or one of an earlier lease: put ours
+			// again with the next sync.
+			passSeen = s.pubPass.rev != 0 && s.pubPass.rev == kv.ModRevision
+			if !passSeen {
+				s.pubPass = pubPass{}
+			}
+			continue
+		}
 		seen[u] = true
 		p, ok := s.published[u]
 		if ok && p.form != "" && p.rev == kv.ModRevision {
@@ -448,6 +526,9 @@ func (s *Session) notePublishedLocked(root string, kvs []*mvccpb.KeyValue) {
 		if !seen[u] {
 			delete(s.published, u)
 		}
+	}
+	if !passSeen {
+		s.pubPass = pubPass{}
 	}
 }
 
@@ -525,6 +606,10 @@ func (s *Session) Close() error {
 	s.sess = nil
 	ctx, cancel := s.c.reqCtx(context.Background())
 	defer cancel()
+	// Last seen now: leaving cleanly is the last sign of life.
+	if err := s.c.putMember(ctx, s.member); err != nil {
+		s.c.log.Debug("member record at leave", "host", s.member.Host, "err", err)
+	}
 	if _, err := s.c.cli.Revoke(ctx, lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return fmt.Errorf("leave %s: revoke lease: %w", s.member.Host, err)
 	}

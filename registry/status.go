@@ -27,8 +27,13 @@ func (c *Client) Members(ctx context.Context) ([]reconcile.Member, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", c.agentsRoot(), err)
 	}
-	out := make([]reconcile.Member, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
+	return c.decodeMembers(resp.Kvs), nil
+}
+
+// decodeMembers decodes membership keys, sorted by host.
+func (c *Client) decodeMembers(kvs []*mvccpb.KeyValue) []reconcile.Member {
+	out := make([]reconcile.Member, 0, len(kvs))
+	for _, kv := range kvs {
 		host := strings.TrimPrefix(string(kv.Key), c.agentsRoot())
 		if err := ValidateName("host", host); err != nil {
 			c.skipKey(kv.Key, "not a membership key", err)
@@ -43,7 +48,7 @@ func (c *Client) Members(ctx context.Context) ([]reconcile.Member, error) {
 		out = append(out, m)
 	}
 	slices.SortFunc(out, func(a, b reconcile.Member) int { return strings.Compare(a.Host, b.Host) })
-	return out, nil
+	return out
 }
 
 // Statuses returns the published statuses of host, by unit. A key whose
@@ -57,13 +62,29 @@ func (c *Client) Statuses(ctx context.Context, host string) (map[string]reconcil
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", root, err)
 	}
-	out := make(map[string]reconcile.Status, len(resp.Kvs))
+	r := reconcile.HostReport{Statuses: make(map[string]reconcile.Status, len(resp.Kvs))}
 	for _, kv := range resp.Kvs {
-		if unit, st, ok := c.decodeStatus(root, kv); ok {
-			out[unit] = st
-		}
+		c.decodeInto(root, kv, &r)
 	}
-	return out, nil
+	return r.Statuses, nil
+}
+
+// decodeInto adds one key under root (a host's status prefix) to r: its
+// pass record, or a unit's status. A value that does not decode is left
+// out, with a warning naming the key.
+func (c *Client) decodeInto(root string, kv *mvccpb.KeyValue, r *reconcile.HostReport) {
+	if strings.TrimPrefix(string(kv.Key), root) == reconcile.PassKey {
+		var p reconcile.Pass
+		if err := json.Unmarshal(kv.Value, &p); err != nil {
+			c.skipKey(kv.Key, "value is not a pass record (the agent of that host rewrites it after its next pass)", err)
+			return
+		}
+		r.Pass = p
+		return
+	}
+	if unit, st, ok := c.decodeStatus(root, kv); ok {
+		r.Statuses[unit] = st
+	}
 }
 
 // decodeStatus decodes a status key under root (a host's status prefix).
@@ -85,15 +106,26 @@ func (c *Client) decodeStatus(root string, kv *mvccpb.KeyValue) (unit string, st
 	return unit, st, true
 }
 
-// WatchStatuses calls fn with the statuses of hosts (host → unit →
-// Status; every requested host has an entry, possibly empty) read at one
-// revision R, then again after every change under <p>/status/<host>/ for
-// those hosts, watched from R+1. fn gets a fresh map each time; a key
-// whose value does not decode is left out (with a warning). It returns
-// nil once fn returns true, ctx.Err() when ctx is done, or an error (etcd
+// WatchStatuses is WatchReports for the statuses alone.
+func (c *Client) WatchStatuses(ctx context.Context, hosts []string, fn func(map[string]map[string]reconcile.Status) (done bool)) error {
+	return c.WatchReports(ctx, hosts, func(all map[string]reconcile.HostReport) bool {
+		st := make(map[string]map[string]reconcile.Status, len(all))
+		for h, r := range all {
+			st[h] = r.Statuses
+		}
+		return fn(st)
+	})
+}
+
+// WatchReports calls fn with what hosts have published (every requested
+// host has an entry, possibly empty: no pass record, no statuses) read at
+// one revision R, then again after every change under <p>/status/<host>/
+// for those hosts, watched from R+1. fn gets a fresh map each time; a key
+// whose value does not decode is left out (with a warning). It returns nil
+// once fn returns true, ctx.Err() when ctx is done, or an error (etcd
 // unreachable, watch refused). On compaction or a closed watch channel it
 // re-reads and carries on.
-func (c *Client) WatchStatuses(ctx context.Context, hosts []string, fn func(map[string]map[string]reconcile.Status) (done bool)) error {
+func (c *Client) WatchReports(ctx context.Context, hosts []string, fn func(map[string]reconcile.HostReport) (done bool)) error {
 	hs := slices.Clone(hosts)
 	slices.Sort(hs)
 	hs = slices.Compact(hs)
@@ -148,12 +180,12 @@ func retryable(err error) bool {
 	return true
 }
 
-// readStatuses reads the statuses of hosts at one revision: the first
+// readStatuses reads what hosts published at one revision: the first
 // transaction picks R, the others read at R.
-func (c *Client) readStatuses(ctx context.Context, hosts []string) (map[string]map[string]reconcile.Status, int64, error) {
-	state := make(map[string]map[string]reconcile.Status, len(hosts))
+func (c *Client) readStatuses(ctx context.Context, hosts []string) (map[string]reconcile.HostReport, int64, error) {
+	state := make(map[string]reconcile.HostReport, len(hosts))
 	for _, h := range hosts {
-		state[h] = map[string]reconcile.Status{}
+		state[h] = reconcile.HostReport{Statuses: map[string]reconcile.Status{}}
 	}
 	var rev int64
 	for chunk := range slices.Chunk(hosts, maxTxnOps) {
@@ -170,11 +202,11 @@ func (c *Client) readStatuses(ctx context.Context, hosts []string) (map[string]m
 		}
 		for i, r := range resp.Responses {
 			root := c.hostStatus(chunk[i])
+			hr := state[chunk[i]]
 			for _, kv := range r.GetResponseRange().GetKvs() {
-				if unit, st, ok := c.decodeStatus(root, kv); ok {
-					state[chunk[i]][unit] = st
-				}
+				c.decodeInto(root, kv, &hr)
 			}
+			state[chunk[i]] = hr
 		}
 	}
 	return state, rev, nil
@@ -182,8 +214,8 @@ func (c *Client) readStatuses(ctx context.Context, hosts []string) (map[string]m
 
 // followStatuses watches from rev+1. done reports fn returned true; (false,
 // nil) asks the caller to re-read.
-func (c *Client) followStatuses(ctx context.Context, hosts []string, state map[string]map[string]reconcile.Status, rev int64,
-	fn func(map[string]map[string]reconcile.Status) bool) (done bool, err error) {
+func (c *Client) followStatuses(ctx context.Context, hosts []string, state map[string]reconcile.HostReport, rev int64,
+	fn func(map[string]reconcile.HostReport) bool) (done bool, err error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	prefix := c.statusRoot() // several hosts: one watcher, filtered here
@@ -200,19 +232,22 @@ func (c *Client) followStatuses(ctx context.Context, hosts []string, state map[s
 		changed := false
 		for _, ev := range resp.Events {
 			host, unit, ok := strings.Cut(strings.TrimPrefix(string(ev.Kv.Key), c.statusRoot()), "/")
-			if !ok || state[host] == nil {
+			hr, watched := state[host]
+			if !ok || !watched {
 				continue
 			}
 			changed = true
-			if ev.Type == clientv3.EventTypeDelete {
-				delete(state[host], unit)
-				continue
-			}
-			if _, st, ok := c.decodeStatus(c.hostStatus(host), ev.Kv); ok {
-				state[host][unit] = st
+			// What the key held before is gone, whether or not its new
+			// value decodes.
+			if unit == reconcile.PassKey {
+				hr.Pass = reconcile.Pass{}
 			} else {
-				delete(state[host], unit) // what the key held before is gone
+				delete(hr.Statuses, unit)
 			}
+			if ev.Type != clientv3.EventTypeDelete {
+				c.decodeInto(c.hostStatus(host), ev.Kv, &hr)
+			}
+			state[host] = hr
 		}
 		if changed && fn(cloneStatuses(state)) {
 			return true, nil
@@ -224,10 +259,10 @@ func (c *Client) followStatuses(ctx context.Context, hosts []string, state map[s
 	return false, nil // channel closed: re-read
 }
 
-func cloneStatuses(s map[string]map[string]reconcile.Status) map[string]map[string]reconcile.Status {
-	out := make(map[string]map[string]reconcile.Status, len(s))
-	for h, m := range s {
-		out[h] = maps.Clone(m)
+func cloneStatuses(s map[string]reconcile.HostReport) map[string]reconcile.HostReport {
+	out := make(map[string]reconcile.HostReport, len(s))
+	for h, r := range s {
+		out[h] = reconcile.HostReport{Pass: r.Pass, Statuses: maps.Clone(r.Statuses)}
 	}
 	return out
 }

@@ -150,12 +150,13 @@ UNIT is a unit key: "hello.service", or a drop-in "hello.service.d/x.conf".`,
 
 func newUnitRevertCmd() *cobra.Command {
 	var (
-		ef      etcdFlags
-		tf      targetFlags
-		to      int64
-		wait    bool
-		timeout time.Duration
-		asJSON  bool
+		ef              etcdFlags
+		tf              targetFlags
+		to              int64
+		wait            bool
+		timeout         time.Duration
+		skipUnreachable bool
+		asJSON          bool
 	)
 	cmd := &cobra.Command{
 		Use:   "revert UNIT (--host H | --group G) [--to REVISION] [--wait]",
@@ -234,7 +235,7 @@ error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout.`,
 			if !wait {
 				return nil
 			}
-			return waitConverged(ctx, reg, tg, map[string][]byte{unit: v.Content}, v.Removed, timeout, asJSON, out)
+			return waitConverged(ctx, reg, waitSpec{target: tg, units: map[string][]byte{unit: v.Content}, removing: v.Removed, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
@@ -243,6 +244,7 @@ error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout.`,
 	cmd.Flags().Int64Var(&to, "to", 0, "the revision to put back (default: the version before the current)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every targeted host runs the reverted version")
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
+	bindSkipUnreachable(cmd, &skipUnreachable)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
 	return cmd
 }

@@ -120,8 +120,10 @@ func TestPutWaitSkipsGarbageStatus(t *testing.T) {
 	defer cancel()
 	agent := make(chan error, 1)
 	go func() {
+		var rev int64 // the revision the stand-in acts on, as an agent's pass would
 		for {
-			if _, err := g.reg.Get(ctx, registry.Target{Host: "h1"}, "hello.service"); err == nil {
+			if _, r, err := g.reg.GetRevision(ctx, registry.Target{Host: "h1"}, "hello.service"); err == nil {
+				rev = r
 				break
 			}
 			select {
@@ -138,7 +140,7 @@ func TestPutWaitSkipsGarbageStatus(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 		h := reconcile.Hash([]byte(content))
-		agent <- g.sess.Report(ctx, []reconcile.Status{{Unit: "hello.service", Hash: h, DesiredHash: h,
+		agent <- g.sess.Publish(ctx, rev, []reconcile.Status{{Unit: "hello.service", Hash: h, DesiredHash: h,
 			ActiveState: "active", SubState: "running", Health: "healthy", Action: "start", Result: "done"}})
 	}()
 	_, _, code := g.run(t, "unit", "put", file, "--host", "h1", "--wait", "--timeout", "20s")

@@ -174,13 +174,13 @@ func (r *sessionReporter) current() *registry.Session {
 	return r.s
 }
 
-func (r *sessionReporter) Report(ctx context.Context, st []reconcile.Status) error {
+func (r *sessionReporter) Report(ctx context.Context, acted int64, st []reconcile.Status) error {
 	s := r.current()
 	if s == nil {
 		return nil
 	}
 	defer r.svc.boundedWait(reportWait)()
-	err := s.Report(ctx, st)
+	err := s.Publish(ctx, acted, st)
 	if ctx.Err() == nil {
 		r.met.SetEtcdConnected(err == nil)
 	}

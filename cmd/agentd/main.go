@@ -30,6 +30,12 @@ const (
 	exitUsage   = 2 // bad flags or arguments
 	exitFailed  = 3 // --wait: a host failed to apply the change
 	exitTimeout = 4 // --wait: not every host converged before --timeout
+	// --wait: a later write of other content to a key waited on; this
+	// write will never run.
+	exitSuperseded = 5
+	// --wait --skip-unreachable: every host with a live agent converged;
+	// members without one were skipped (and named).
+	exitSkipped = 6
 )
 
 // exitError carries an exit code through cobra to main's single exit site.
@@ -88,7 +94,9 @@ Exit codes:
   1  error (bad input, registry or agent unreachable; doctor: a check failed)
   2  usage error (bad flags or arguments)
   3  --wait: a host failed to apply the change (reason printed)
-  4  --wait: timed out before every host converged`,
+  4  --wait: timed out before every host converged
+  5  --wait: superseded — a later write put other content in a key waited on
+  6  --wait --skip-unreachable: converged, but members without a live agent were skipped`,
 		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,

@@ -485,12 +485,13 @@ func runEditor(ctx context.Context, path string) error {
 
 func newUnitEditCmd() *cobra.Command {
 	var (
-		ef      etcdFlags
-		tf      targetFlags
-		yes     bool
-		noWait  bool
-		timeout time.Duration
-		asJSON  bool
+		ef              etcdFlags
+		tf              targetFlags
+		yes             bool
+		noWait          bool
+		timeout         time.Duration
+		skipUnreachable bool
+		asJSON          bool
 	)
 	cmd := &cobra.Command{
 		Use:   "edit UNIT (--host H | --group G) [--yes] [--no-wait]",
@@ -607,7 +608,7 @@ returns at once).`,
 			if noWait {
 				return nil
 			}
-			return waitConverged(ctx, reg, tg, units, false, timeout, asJSON, out)
+			return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: newRev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
@@ -615,6 +616,7 @@ returns at once).`,
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "store without asking")
 	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once stored, without waiting for the hosts")
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
+	bindSkipUnreachable(cmd, &skipUnreachable)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
 	bindKeep(cmd)
 	return cmd

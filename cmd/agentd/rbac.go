@@ -32,7 +32,8 @@ agent needs, and nothing else (see "Least privilege in etcd" in the README):
   read       <prefix>/                  (one key: the connection probe)
   read       <prefix>/hosts/H/          its own unit keys
   readwrite  <prefix>/agents/H          (one key: its membership record)
-  readwrite  <prefix>/status/H/         its statuses
+  readwrite  <prefix>/status/H/         its statuses and pass record
+  readwrite  <prefix>/members/H         (one key: its member record, no lease)
   read       <prefix>/groups/G/         each group's unit keys
   readwrite  <prefix>/halts/groups/G/   each group's rollout halts
   readwrite  <prefix>/locks/groups/G/   each group's MaxUnavailable= queues

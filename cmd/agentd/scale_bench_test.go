@@ -304,10 +304,11 @@ func runScale(b *testing.B, bin string, n int, cfg scaleConfig) scaleResult {
 	done = obs.reset(reconcile.Hash(content))
 	s0 = scaleSelfCPU()
 	start = time.Now()
-	if _, err := reg.Put(ctx, target, map[string][]byte{scaleUnitName: content}); err != nil {
+	putRev, err := reg.Put(ctx, target, map[string][]byte{scaleUnitName: content})
+	if err != nil {
 		b.Fatal(err)
 	}
-	werr := waitConverged(ctx, reg, target, map[string][]byte{scaleUnitName: content}, false, roundTimeout, false, io.Discard)
+	werr := waitConverged(ctx, reg, waitSpec{target: target, units: map[string][]byte{scaleUnitName: content}, revision: putRev, timeout: roundTimeout}, io.Discard)
 	res.wait = time.Since(start)
 	select {
 	case <-done:

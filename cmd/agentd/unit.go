@@ -55,13 +55,14 @@ func keyForFile(path string) string {
 
 func newUnitPutCmd() *cobra.Command {
 	var (
-		ef        etcdFlags
-		tf        targetFlags
-		wait      bool
-		timeout   time.Duration
-		asJSON    bool
-		instances []string
-		dryRun    bool
+		ef              etcdFlags
+		tf              targetFlags
+		wait            bool
+		timeout         time.Duration
+		skipUnreachable bool
+		asJSON          bool
+		instances       []string
+		dryRun          bool
 	)
 	cmd := &cobra.Command{
 		Use:   "put FILE... (--host H | --group G) [--wait]",
@@ -137,13 +138,14 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 			if !wait {
 				return nil
 			}
-			return waitConverged(ctx, reg, tg, units, false, timeout, asJSON, out)
+			return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+", the local agent's embedded etcd)")
 	tf.bind(cmd)
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every targeted host runs the new version")
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
+	bindSkipUnreachable(cmd, &skipUnreachable)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
 	cmd.Flags().StringArrayVar(&instances, "instance", nil, "run this template instance (empty key), e.g. web@1.service")
 	bindKeep(cmd)
@@ -153,11 +155,12 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 
 func newUnitRmCmd() *cobra.Command {
 	var (
-		ef      etcdFlags
-		tf      targetFlags
-		wait    bool
-		timeout time.Duration
-		asJSON  bool
+		ef              etcdFlags
+		tf              targetFlags
+		wait            bool
+		timeout         time.Duration
+		skipUnreachable bool
+		asJSON          bool
 	)
 	cmd := &cobra.Command{
 		Use:   "rm UNIT... (--host H | --group G) [--wait]",
@@ -193,7 +196,7 @@ func newUnitRmCmd() *cobra.Command {
 			for _, k := range args {
 				units[k] = nil
 			}
-			return waitConverged(ctx, reg, tg, units, true, timeout, asJSON, out)
+			return waitConverged(ctx, reg, waitSpec{target: tg, units: units, removing: true, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
@@ -201,6 +204,7 @@ func newUnitRmCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every targeted host has removed the units")
 	bindKeep(cmd)
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
+	bindSkipUnreachable(cmd, &skipUnreachable)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
 	return cmd
 }
@@ -313,8 +317,12 @@ func newHostsCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "hosts",
-		Short: "List live agents (from their lease-bound membership keys)",
-		Args:  usageArgs(cobra.NoArgs),
+		Short: "List the hosts that joined the registry, live or not, with their units' convergence",
+		Long: `List every host that has joined the registry: those whose agent is up
+(its lease-bound membership key) and those whose agent is down (their
+member record stays until "agentd hosts forget H"). A group --wait waits
+for all of them.`,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			reg, err := ef.dial(ctx)
@@ -323,31 +331,33 @@ func newHostsCmd() *cobra.Command {
 			}
 			defer reg.Close()
 			reg.SetLogger(cliWarnings(cmd.ErrOrStderr())) // keys skipped as garbage
-			ms, err := reg.Members(ctx)
+			known, err := reg.KnownHosts(ctx)
 			if err != nil {
 				return err
 			}
 			type hostRow struct {
-				reconcile.Member
+				registry.KnownHost
 				Converged int `json:"converged"`
 				Pending   int `json:"pending"`
 				Failed    int `json:"failed"`
 			}
 			rows := []hostRow{}
-			for _, m := range ms {
-				st, err := reg.Statuses(ctx, m.Host)
-				if err != nil {
-					return err
-				}
-				r := hostRow{Member: m}
-				for _, s := range st {
-					switch {
-					case s.Error != "":
-						r.Failed++
-					case s.Hash != s.DesiredHash || s.Verifying || strings.HasPrefix(s.Action, "wait"):
-						r.Pending++
-					default:
-						r.Converged++
+			for _, k := range known {
+				r := hostRow{KnownHost: k}
+				if k.Live {
+					st, err := reg.Statuses(ctx, k.Host)
+					if err != nil {
+						return err
+					}
+					for _, s := range st {
+						switch reconcile.JudgeStatus(s) {
+						case reconcile.Failed:
+							r.Failed++
+						case reconcile.Pending:
+							r.Pending++
+						default:
+							r.Converged++
+						}
 					}
 				}
 				rows = append(rows, r)
@@ -357,16 +367,49 @@ func newHostsCmd() *cobra.Command {
 				return writeJSON(out, rows)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "HOST\tGROUPS\tVERSION\tUNITS OK/PENDING/FAILED\tMACHINE-ID\tSTARTED")
+			fmt.Fprintln(tw, "HOST\tAGENT\tGROUPS\tVERSION\tUNITS OK/PENDING/FAILED\tMACHINE-ID\tSTARTED")
 			for _, r := range rows {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d/%d\t%s\t%s\n", r.Host, strings.Join(r.Groups, ","), r.Version,
-					r.Converged, r.Pending, r.Failed, short(r.MachineID), r.StartedAt.Format(time.RFC3339))
+				agent, units := "live", fmt.Sprintf("%d/%d/%d", r.Converged, r.Pending, r.Failed)
+				if !r.Live {
+					agent, units = "down, last seen "+ago(time.Since(r.LastSeen))+" ago", "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Host, agent, strings.Join(r.Groups, ","), r.Version,
+					units, short(r.MachineID), r.StartedAt.Format(time.RFC3339))
 			}
 			return tw.Flush()
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(newHostsForgetCmd())
+	return cmd
+}
+
+func newHostsForgetCmd() *cobra.Command {
+	var ef etcdFlags
+	cmd := &cobra.Command{
+		Use:   "forget HOST...",
+		Short: "Retire hosts: they no longer count as members of their groups (refused while a host's agent is up)",
+		Args:  usageArgs(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			reg, err := ef.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer reg.Close()
+			var errs []error
+			for _, h := range args {
+				if err := reg.ForgetHost(ctx, h); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "forgot %s\n", h)
+			}
+			return errors.Join(errs...)
+		},
+	}
+	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	return cmd
 }
 

@@ -8,255 +8,221 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 )
 
-// Progress states of one host for one key, as `--wait` shows them.
-const (
-	statePending   = "pending" // the agent has not acted on the new content yet
-	stateSlot      = "waiting for a slot"
-	stateApplying  = "applying"  // new file not yet in place, or the unit on its way up
-	stateVerifying = "verifying" // running the new content, inside HealthySec
-	stateHealthy   = "healthy"   // done
-	stateRemoved   = "removed"   // done (unit rm)
-	stateFailed    = "failed"
-	stateRolled    = "rolled back"
-	stateHeld      = "held" // the rollout was halted by another host's failure
-)
-
-func terminal(state string) bool {
-	switch state {
-	case stateHealthy, stateRemoved, stateFailed, stateRolled, stateHeld:
-		return true
-	}
-	return false
+// waitSpec is what one `--wait` follows: the keys a command wrote to one
+// target, at one revision.
+type waitSpec struct {
+	target   registry.Target
+	units    map[string][]byte // unit key → content written (nil: an instance, or a removal)
+	removing bool
+	revision int64 // of the write: a host's answer counts once it has acted on it
+	timeout  time.Duration
+	json     bool
+	// skipUnreachable: a member without a live agent does not hold up
+	// the answer; it is named, and the exit code says so.
+	skipUnreachable bool
 }
 
-func success(state string) bool { return state == stateHealthy || state == stateRemoved }
-
-// waitConverged blocks until every targeted host reports each unit in a
-// final state for the content just written (or gone, for removals), showing
-// progress. It judges by the status hash, never by state alone: a host still
-// running the old hash is never counted as done.
-func waitConverged(ctx context.Context, reg *registry.Client, tg registry.Target, units map[string][]byte, removing bool, timeout time.Duration, asJSON bool, out io.Writer) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+// waitConverged blocks until every targeted host reports each key in a
+// final state for the write (reconcile.Expectation.Judge, the one
+// judgement of converged), showing progress. A host's answer counts only
+// once it has acted on the write's revision. A later write of other
+// content to one of the keys ends the wait at once (exit 5): this write
+// will never run. A group's members are all the hosts that joined it, live
+// or not.
+func waitConverged(ctx context.Context, reg *registry.Client, w waitSpec, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
-	hosts := []string{tg.Host}
-	if tg.Group != "" {
-		ms, err := reg.Members(ctx)
-		if err != nil {
-			return err
-		}
+	known, err := reg.KnownHosts(ctx)
+	if err != nil {
+		return err
+	}
+	hosts := []string{w.target.Host}
+	if w.target.Group != "" {
 		hosts = nil
-		for _, m := range ms {
-			if slices.Contains(m.Groups, tg.Group) {
-				hosts = append(hosts, m.Host)
+		for _, k := range known {
+			if slices.Contains(k.Groups, w.target.Group) {
+				hosts = append(hosts, k.Host)
 			}
 		}
 		if len(hosts) == 0 {
-			return withCode(exitFailed, fmt.Errorf("no live agent is in group %s: nothing to wait for", tg.Group))
+			return withCode(exitFailed, fmt.Errorf("no host has joined group %s: nothing to wait for", w.target.Group))
 		}
-		slices.Sort(hosts)
 	}
-	var want []expectation
-	for _, key := range slices.Sorted(mapsKeys(units)) {
-		content := units[key]
-		_, unit, err := reconcile.ParseKey(key)
+	var want []reconcile.Expectation
+	hashes := map[string]string{}
+	for _, key := range slices.Sorted(mapsKeys(w.units)) {
+		e, err := reconcile.Expect(key, w.units[key], w.removing, w.revision)
 		if err != nil {
 			return withCode(exitUsage, err)
 		}
-		e := expectation{key: key, unit: unit, hash: reconcile.Hash(content), removing: removing, state: reconcile.StateStarted}
-		if len(content) == 0 {
-			e.hash = ""
-		}
-		if p, err := reconcile.ParsePolicy(content); err == nil && key == unit {
-			e.state = p.State
-		}
-		if reconcile.IsTemplate(unit) {
-			e.state = reconcile.StatePresent
-		}
 		want = append(want, e)
+		if !w.removing {
+			hashes[key] = reconcile.Hash(w.units[key])
+		} else {
+			hashes[key] = ""
+		}
 	}
-	view := newProgressView(out, asJSON, hosts, want)
+
+	// A later write of other content to a key waited on: this one will
+	// never run, and waiting out --timeout would only hide that.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	over := make(chan registry.Overwrite, 1)
+	var watchers sync.WaitGroup
+	defer watchers.Wait()
+	defer stopWatch()
+	if w.revision > 0 {
+		watchers.Go(func() {
+			if o, err := reg.WatchOverwrite(wctx, w.target, hashes, w.revision); err == nil {
+				over <- o
+				stopWatch()
+			}
+		})
+	}
+
+	view := newProgressView(out, w.json, hosts, want)
+	seen := lastSeen(known)
 	var rows map[string]row
-	err := reg.WatchStatuses(ctx, hosts, func(all map[string]map[string]reconcile.Status) bool {
+	err = reg.WatchReports(wctx, hosts, func(all map[string]reconcile.HostReport) bool {
 		rows = map[string]row{}
 		done := true
-		var members map[string]bool // read once per update, when a removal needs it
-		live := func(h string) func() bool {
+		var live map[string]bool // read once per update, when a host has published no pass
+		isLive := func(h string) func() bool {
 			return func() bool {
-				if members == nil {
-					members = map[string]bool{}
-					ms, err := reg.Members(ctx)
+				if live == nil {
+					live = map[string]bool{}
+					ks, err := reg.KnownHosts(ctx)
 					if err != nil {
-						return false // not known: not counted as removed on this update
+						return true // not known: the host is waited for, not skipped
 					}
-					for _, m := range ms {
-						members[m.Host] = true
+					for _, k := range ks {
+						live[k.Host] = k.Live
 					}
+					seen = lastSeen(ks)
 				}
-				return members[h]
+				return live[h]
 			}
 		}
 		for _, h := range hosts {
 			for _, e := range want {
-				state, detail := e.judge(all[h], live(h))
-				rows[h+"\x00"+e.key] = row{h, e.key, state, detail}
-				done = done && terminal(state)
+				p, detail := e.Judge(all[h], isLive(h))
+				if p == reconcile.ProgressNoAgent {
+					detail = seen.describe(h)
+				}
+				rows[h+"\x00"+e.Key] = row{h, e.Key, p, detail}
+				done = done && (p.Terminal() || p == reconcile.ProgressNoAgent && w.skipUnreachable)
 			}
 		}
 		view.update(rows)
 		return done
 	})
-	var failures []string
-	var pending []string
+	stopWatch()
+	watchers.Wait()
+	select {
+	case o := <-over:
+		return withCode(exitSuperseded, errors.New(describeOverwrite(w.target, o)))
+	default:
+	}
+	var failures, pending, skipped []string
 	for _, id := range slices.Sorted(mapsKeys(rows)) {
 		r := rows[id]
 		switch {
-		case success(r.state):
-		case terminal(r.state):
+		case r.state.Success():
+		case r.state == reconcile.ProgressSuperseded:
+			return withCode(exitSuperseded, fmt.Errorf("%s %s: superseded — %s", r.host, r.key, r.detail))
+		case r.state.Terminal():
 			failures = append(failures, fmt.Sprintf("%s %s: %s%s", r.host, r.key, r.state, prefixed(r.detail)))
+		case r.state == reconcile.ProgressNoAgent && w.skipUnreachable:
+			skipped = append(skipped, fmt.Sprintf("%s %s (%s)", r.host, r.key, r.detail))
 		default:
-			pending = append(pending, fmt.Sprintf("%s %s (%s)", r.host, r.key, r.state))
+			pending = append(pending, fmt.Sprintf("%s %s (%s%s)", r.host, r.key, r.state, prefixed(r.detail)))
 		}
 	}
 	if len(failures) > 0 {
 		return withCode(exitFailed, errors.New(strings.Join(failures, "; ")))
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return withCode(exitTimeout, fmt.Errorf("timed out after %s; not converged: %s", timeout, strings.Join(pending, "; ")))
+		return withCode(exitTimeout, fmt.Errorf("timed out after %s; not converged: %s", w.timeout, strings.Join(pending, "; ")))
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	if len(skipped) > 0 {
+		return withCode(exitSkipped, fmt.Errorf("every reachable host converged; skipped, with no live agent: %s", strings.Join(skipped, "; ")))
+	}
+	return nil
 }
 
-type row struct{ host, key, state, detail string }
-
-type expectation struct {
-	key, unit string
-	hash      string
-	removing  bool
-	state     reconcile.RunState
+// bindSkipUnreachable adds --skip-unreachable to a command with --wait.
+func bindSkipUnreachable(cmd *cobra.Command, skip *bool) {
+	cmd.Flags().BoolVar(skip, "skip-unreachable", false,
+		"with --wait: do not wait for group members without a live agent; name them and exit 6 once the others converged")
 }
 
-// judge says where one host is with one key, and why. live says whether
-// the host's agent is up (read only for a removal judged by a missing
-// status: an agent's statuses are bound to its lease, so they are also
-// missing when the agent is down and has removed nothing).
-func (e expectation) judge(statuses map[string]reconcile.Status, live func() bool) (state, detail string) {
-	st, ok := statuses[e.unit]
-	if e.removing {
-		if !ok {
-			if !live() {
-				return statePending, "no live agent on this host: nothing has removed the unit yet"
-			}
-			return stateRemoved, ""
-		}
-		if st.Job != "" {
-			return stateApplying, st.Job + " job running"
-		}
-		if e.key != e.unit {
-			if _, still := st.DropIns[e.key]; !still {
-				return stateRemoved, "drop-in removed"
-			}
-			return stateApplying, "drop-in still on disk"
-		}
-		if st.DesiredHash == "" && st.Error != "" {
-			return stateFailed, st.Error
-		}
-		return stateApplying, "still installed (" + st.ActiveState + ")"
+type row struct {
+	host, key string
+	state     reconcile.Progress
+	detail    string
+}
+
+// seenTimes is when each known host's agent was last seen.
+type seenTimes map[string]registry.KnownHost
+
+func lastSeen(ks []registry.KnownHost) seenTimes {
+	m := seenTimes{}
+	for _, k := range ks {
+		m[k.Host] = k
 	}
-	if !ok {
-		return statePending, "no status from this host yet"
+	return m
+}
+
+// describe says of a host without a live agent when it was last seen.
+func (s seenTimes) describe(h string) string {
+	k, ok := s[h]
+	if !ok || k.LastSeen.IsZero() {
+		return "no live agent, never seen"
 	}
-	if e.key == e.unit && e.hash != "" && st.DesiredHash != e.hash {
-		return statePending, "the agent has not seen the new content yet"
-	}
-	switch st.Action {
-	case "wait-slot":
-		return stateSlot, "MaxUnavailable"
-	case "held":
-		return stateHeld, strings.TrimPrefix(st.Error, "held: ")
-	case "rolling-back":
-		return stateApplying, "rolling back: " + st.Error
-	case "rolled-back":
-		if st.Error != "" && st.Job == "" {
-			return stateRolled, st.Error
-		}
-	}
-	if st.Error != "" {
-		return stateFailed, describeFailure(st)
-	}
+	return "no live agent, last seen " + ago(time.Since(k.LastSeen)) + " ago"
+}
+
+func ago(d time.Duration) string {
 	switch {
-	case e.key != e.unit:
-		if st.DropIns[e.key] != e.hash {
-			return stateApplying, "drop-in not written yet"
-		}
-	case e.hash != "" && st.Hash != e.hash:
-		return stateApplying, "file not replaced yet"
+	case d < time.Minute:
+		return fmt.Sprintf("%d s", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%d min", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%d h", int(d.Hours()))
 	}
-	if reconcile.IsTemplate(e.unit) && e.key == e.unit && e.hash != "" {
-		return e.judgeInstances(statuses)
-	}
-	if st.Job != "" {
-		return stateApplying, st.Job + " job running"
-	}
-	switch e.state {
-	case reconcile.StateStarted:
-		switch {
-		case st.Verifying:
-			return stateVerifying, "running " + e.version(st) + ", waiting out HealthySec"
-		case st.Health == "healthy":
-			return stateHealthy, fmt.Sprintf("%s (%s), %s", st.ActiveState, st.SubState, e.version(st))
-		case st.PendingRestart:
-			return stateHealthy, "file in place, restart pending (OnChange=none), " + e.version(st)
-		case st.ActiveState == "failed":
-			return stateFailed, describeFailure(st)
-		case e.key != e.unit && !activeState(st.ActiveState):
-			// A drop-in on a unit that does not run (a vendor unit the
-			// agent never starts): in place is all there is.
-			return stateHealthy, "drop-in in place; " + e.unit + " is " + st.ActiveState
-		}
-		return stateApplying, st.ActiveState + " (" + st.SubState + ")"
-	case reconcile.StateStopped:
-		if st.ActiveState == "inactive" || st.ActiveState == "failed" {
-			return stateHealthy, "stopped, " + e.version(st)
-		}
-		return stateApplying, st.ActiveState
-	}
-	return stateHealthy, "installed, " + e.version(st)
+	return fmt.Sprintf("%d days", int(d.Hours()/24))
 }
 
-// version names what a host runs for e: the unit file's hash, or for a
-// drop-in its own, for an instance (an empty key) its template's.
-func (e expectation) version(st reconcile.Status) string {
-	switch {
-	case e.key != e.unit:
-		return "drop-in " + short(st.DropIns[e.key])
-	case st.Hash != "":
-		return "hash " + short(st.Hash)
-	case st.RunsHash != "":
-		return "template " + short(st.RunsHash)
-	case reconcile.IsInstance(e.unit):
-		return "an instance of " + reconcile.TemplateOf(e.unit)
+// describeOverwrite says which later write took the place of the one
+// waited on, and who stored it where the history has it.
+func describeOverwrite(t registry.Target, o registry.Overwrite) string {
+	what := "hash " + short(o.Hash)
+	if o.Removed {
+		what = "removed"
 	}
-	return "no file of its own"
-}
-
-func describeFailure(st reconcile.Status) string {
-	msg := st.Error
-	if msg == "" {
-		msg = "unit " + st.ActiveState
+	msg := fmt.Sprintf("%s/units/%s: superseded by revision %d (%s", t, o.Unit, o.Revision, what)
+	if o.User != "" {
+		msg += ", stored by " + o.User
 	}
-	if st.UnitResult != "" && st.UnitResult != "success" && !strings.Contains(msg, st.UnitResult) {
-		msg += " (unit result: " + st.UnitResult + ")"
+	if !o.Time.IsZero() {
+		msg += " at " + o.Time.Local().Format(time.DateTime)
 	}
-	return msg
+	return msg + "): this write will never run"
 }
 
 // progressView shows --wait progress: a table redrawn in place on a
@@ -271,14 +237,14 @@ type progressView struct {
 	start time.Time
 }
 
-func newProgressView(out io.Writer, asJSON bool, hosts []string, want []expectation) *progressView {
+func newProgressView(out io.Writer, asJSON bool, hosts []string, want []reconcile.Expectation) *progressView {
 	v := &progressView{out: out, json: asJSON, last: map[string]row{}, start: time.Now()}
 	if f, ok := out.(*os.File); ok && !asJSON {
 		v.tty = term.IsTerminal(int(f.Fd())) && os.Getenv("TERM") != "dumb"
 	}
 	for _, h := range hosts {
 		for _, e := range want {
-			v.order = append(v.order, h+"\x00"+e.key)
+			v.order = append(v.order, h+"\x00"+e.Key)
 		}
 	}
 	return v
@@ -296,7 +262,7 @@ func (v *progressView) update(rows map[string]row) {
 		}
 		v.last[id] = r
 		if v.json {
-			writeJSONLine(v.out, map[string]any{"event": "progress", "host": r.host, "key": r.key, "state": r.state, "detail": r.detail,
+			writeJSONLine(v.out, map[string]any{"event": "progress", "host": r.host, "key": r.key, "state": r.state.String(), "detail": r.detail,
 				"elapsedMs": time.Since(v.start).Milliseconds()})
 		} else {
 			fmt.Fprintf(v.out, "%s %s: %s%s\n", r.host, r.key, r.state, prefixed(r.detail))
@@ -312,7 +278,7 @@ func (v *progressView) redraw(rows map[string]row) {
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
 	done := 0
 	for _, id := range v.order {
-		if success(rows[id].state) {
+		if rows[id].state.Success() {
 			done++
 		}
 	}
@@ -320,7 +286,11 @@ func (v *progressView) redraw(rows map[string]row) {
 	fmt.Fprintln(tw, "HOST\tUNIT\tSTATE\tDETAIL")
 	for _, id := range v.order {
 		r := rows[id]
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.host, r.key, orDash(r.state), r.detail)
+		state := "-"
+		if _, ok := rows[id]; ok {
+			state = r.state.String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.host, r.key, state, r.detail)
 	}
 	tw.Flush()
 	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
@@ -328,45 +298,4 @@ func (v *progressView) redraw(rows map[string]row) {
 		fmt.Fprintf(v.out, "\x1b[2K%s\n", l)
 	}
 	v.drawn = len(lines)
-}
-
-func activeState(s string) bool { return s == "active" || s == "reloading" || s == "activating" }
-
-// judgeInstances: a template's new set is in place on a host once every
-// instance there runs it (its RunsHash) and is healthy; one instance
-// failed or rolled back fails the host.
-func (e expectation) judgeInstances(statuses map[string]reconcile.Status) (state, detail string) {
-	var done, waiting, failed int
-	why := ""
-	rolled := false
-	for _, name := range slices.Sorted(mapsKeys(statuses)) {
-		st := statuses[name]
-		if !reconcile.IsInstance(name) || reconcile.TemplateOf(name) != e.unit {
-			continue
-		}
-		switch {
-		case st.Action == "held":
-			return stateHeld, name + ": " + strings.TrimPrefix(st.Error, "held: ")
-		case st.Action == "rolled-back" || st.Error != "" && st.Action != "rolling-back":
-			failed++
-			rolled = rolled || st.Action == "rolled-back"
-			if why == "" {
-				why = name + ": " + describeFailure(st)
-			}
-		case st.RunsHash == e.hash && st.Health == "healthy" && !st.Verifying && st.Job == "":
-			done++
-		default:
-			waiting++
-		}
-	}
-	detail = fmt.Sprintf("instances: %d done, %d waiting, %d failed", done, waiting, failed)
-	switch {
-	case failed > 0 && rolled:
-		return stateRolled, detail + "; " + why
-	case failed > 0:
-		return stateFailed, detail + "; " + why
-	case waiting > 0:
-		return stateApplying, detail
-	}
-	return stateHealthy, detail
 }

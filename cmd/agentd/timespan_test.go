@@ -6,16 +6,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/agentd/agentd/registry"
 )
 
 // HealthySec= takes systemd's time spans; what the parser refuses, `unit
 // put` refuses before writing, naming the value, and stores nothing — a
 // unit file or a drop-in, alone or beside good files in one put.
 func TestPutTimespans(t *testing.T) {
-	etcd := registry.StartTestEtcd(t)
-	e := &env{t: t, endpoint: etcd.Endpoint(), reg: registry.NewTestClient(t, etcd.Endpoint()), host: "h1"}
+	t.Parallel()
+	e := newRegistryEnv(t)
 	dir := t.TempDir()
 	write := func(name, healthy string) string {
 		p := filepath.Join(dir, name)

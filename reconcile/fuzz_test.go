@@ -141,8 +141,8 @@ func renderPolicy(p Policy) string {
 		}
 		return "no"
 	}
-	s := fmt.Sprintf("[X-Agentd]\nState=%s\nEnable=%s\nOnChange=%s\nRollback=%s\nHealthySec=%d\n",
-		p.State, yn(p.Enable), p.OnChange, yn(p.Rollback), p.HealthySec)
+	s := fmt.Sprintf("[X-Agentd]\nState=%s\nEnable=%s\nOnChange=%s\nRollback=%s\nHealthySec=%v\n",
+		p.State, yn(p.Enable), p.OnChange, yn(p.Rollback), p.Healthy)
 	if p.MaxUnavailable > 0 {
 		s += fmt.Sprintf("MaxUnavailable=%d\n", p.MaxUnavailable)
 	}
@@ -154,7 +154,7 @@ func renderPolicy(p Policy) string {
 // section gets the defaults; and every policy it accepts, written out as
 // an [X-Agentd] section, reads back the same.
 func FuzzParsePolicy(f *testing.F) {
-	defaults := Policy{State: StateStarted, OnChange: "auto", Rollback: true, HealthySec: 5}
+	defaults := Policy{State: StateStarted, OnChange: "auto", Rollback: true, Healthy: DefaultHealthy}
 	f.Fuzz(func(t *testing.T, content []byte) {
 		p, err := ParsePolicy(content)
 		p2, err2 := ParsePolicy(content)
@@ -167,7 +167,7 @@ func FuzzParsePolicy(f *testing.F) {
 		if p.State != StateStarted && p.State != StateStopped && p.State != StatePresent {
 			t.Fatalf("ParsePolicy(%q): State %d", content, p.State)
 		}
-		if !onChangeValues[p.OnChange] || p.HealthySec < 0 || p.MaxUnavailable < 0 {
+		if !onChangeValues[p.OnChange] || p.Healthy < 0 || p.MaxUnavailable < 0 {
 			t.Fatalf("ParsePolicy(%q) = %+v: a value the agent does not know", content, p)
 		}
 		// The defaults, for a file the agent lets through (CheckSyntax: a

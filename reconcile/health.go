@@ -53,14 +53,14 @@ func OutcomeOf(err error) JobOutcome {
 
 // HealthInput is everything Health judges from.
 type HealthInput struct {
-	Unit       string // its type comes from the suffix
-	HealthySec int
-	Op         string // the action that ran the job, for messages (start, restart, reload)
-	Job        JobOutcome
-	JobErr     string    // the job's error text when it did not finish "done"
-	Base       UnitState // read right after the job ended: the baseline
-	Now        UnitState
-	Elapsed    time.Duration // since the job ended
+	Unit    string        // its type comes from the suffix
+	Healthy time.Duration // HealthySec=
+	Op      string        // the action that ran the job, for messages (start, restart, reload)
+	Job     JobOutcome
+	JobErr  string    // the job's error text when it did not finish "done"
+	Base    UnitState // read right after the job ended: the baseline
+	Now     UnitState
+	Elapsed time.Duration // since the job ended
 }
 
 // Health judges a unit after a job, from systemd's own properties only.
@@ -81,7 +81,7 @@ type HealthInput struct {
 func Health(in HealthInput) (Verdict, string) {
 	now, base := in.Now, in.Base
 	typ := in.Unit[strings.LastIndexByte(in.Unit, '.')+1:]
-	within := fmt.Sprintf("within HealthySec=%d after %s", in.HealthySec, orUnknown(in.Op))
+	within := fmt.Sprintf("within HealthySec=%v after %s", in.Healthy, orUnknown(in.Op))
 	switch in.Job {
 	case JobFailed:
 		return VerdictUnhealthy, orUnknown(in.JobErr)
@@ -122,10 +122,10 @@ func Health(in HealthInput) (Verdict, string) {
 	case "activating", "reloading":
 		return VerdictPending, in.Unit + " is " + now.ActiveState
 	case "active":
-		if in.Elapsed >= time.Duration(in.HealthySec)*time.Second {
-			return VerdictHealthy, fmt.Sprintf("active for HealthySec=%d", in.HealthySec)
+		if in.Elapsed >= in.Healthy {
+			return VerdictHealthy, fmt.Sprintf("active for HealthySec=%v", in.Healthy)
 		}
-		return VerdictPending, fmt.Sprintf("%s is active; verifying until HealthySec=%d is over", in.Unit, in.HealthySec)
+		return VerdictPending, fmt.Sprintf("%s is active; verifying until HealthySec=%v is over", in.Unit, in.Healthy)
 	}
 	return VerdictUnknown, in.Unit + " is in an unknown state (" + StateText(now) + ")"
 }

@@ -70,7 +70,7 @@ func TestHealth(t *testing.T) {
 		// --- Type=oneshot: healthy at once, HealthySec ignored ---
 		{
 			name: "oneshot exit 0 without RemainAfterExit",
-			in: reconcile.HealthInput{Unit: "migrate.service", HealthySec: 30, Op: "start", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "migrate.service", Healthy: 30 * time.Second, Op: "start", Job: reconcile.JobDone,
 				Base:    st("inactive", "dead", "success", typ("oneshot"), stamps(tPrevEnter, tPrevExit)),
 				Now:     st("inactive", "dead", "success", typ("oneshot"), stamps(tPrevEnter, tPrevExit)),
 				Elapsed: 0},
@@ -78,7 +78,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "oneshot exit 0 with RemainAfterExit",
-			in: reconcile.HealthInput{Unit: "setup.service", HealthySec: 30, Op: "restart", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "setup.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobDone,
 				Base:    st("active", "exited", "success", typ("oneshot"), rae, stamps(tEnter, tPrevExit)),
 				Now:     st("active", "exited", "success", typ("oneshot"), rae, stamps(tEnter, tPrevExit)),
 				Elapsed: 0},
@@ -86,7 +86,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "oneshot failed with exit status",
-			in: reconcile.HealthInput{Unit: "migrate.service", HealthySec: 30, Op: "start", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "migrate.service", Healthy: 30 * time.Second, Op: "start", Job: reconcile.JobDone,
 				Base:    st("inactive", "dead", "success", typ("oneshot")),
 				Now:     st("failed", "failed", "exit-code", typ("oneshot"), status(2)),
 				Elapsed: inside},
@@ -94,7 +94,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "oneshot job unknown still running ExecStart",
-			in: reconcile.HealthInput{Unit: "migrate.service", HealthySec: 30, Op: "start", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "migrate.service", Healthy: 30 * time.Second, Op: "start", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base:    st("activating", "start", "success", typ("oneshot"), pid(77)),
 				Now:     st("activating", "start", "success", typ("oneshot"), pid(77)),
 				Elapsed: after},
@@ -102,7 +102,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "oneshot RemainAfterExit job unknown but active exited",
-			in: reconcile.HealthInput{Unit: "setup.service", HealthySec: 30, Op: "start", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "setup.service", Healthy: 30 * time.Second, Op: "start", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base:    st("activating", "start", "success", typ("oneshot"), rae),
 				Now:     st("active", "exited", "success", typ("oneshot"), rae, stamps(tEnter, 0)),
 				Elapsed: 0},
@@ -112,7 +112,7 @@ func TestHealth(t *testing.T) {
 		// --- Restart=always crash loops ---
 		{
 			name: "crash loop NRestarts grew job done",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobDone,
 				Base:    upBase("simple"),
 				Now:     st("active", "running", "exit-code", typ("simple"), restarts(3), pid(140), status(1), stamps(tReEnter, tBlinkExit)),
 				Elapsed: inside},
@@ -120,7 +120,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "crash loop auto-restart equal NRestarts job done",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobDone,
 				Base:    st("activating", "auto-restart", "exit-code", typ("simple"), restarts(2), status(1)),
 				Now:     st("activating", "auto-restart", "exit-code", typ("simple"), restarts(2), status(1)),
 				Elapsed: inside},
@@ -128,7 +128,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "crash loop NRestarts grew job unknown now active",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base:    upBase("simple"),
 				Now:     st("active", "running", "exit-code", typ("simple"), restarts(4), pid(150), status(1), stamps(tReEnter, tBlinkExit)),
 				Elapsed: inside},
@@ -142,7 +142,7 @@ func TestHealth(t *testing.T) {
 			// starting" (pending) — but then the `ActiveState != "active"`
 			// case catches it as unknown before the service rules run.
 			name: "crash loop auto-restart equal NRestarts job unknown",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base:    st("activating", "auto-restart", "exit-code", typ("simple"), restarts(1), status(1)),
 				Now:     st("activating", "auto-restart", "exit-code", typ("simple"), restarts(1), status(1)),
 				Elapsed: inside},
@@ -151,7 +151,7 @@ func TestHealth(t *testing.T) {
 		{
 			// BUG: same as above; NRestarts grew too, still VerdictUnknown.
 			name: "crash loop auto-restart NRestarts grew job unknown",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base:    st("activating", "start", "", typ("notify"), pid(90)),
 				Now:     st("activating", "auto-restart", "exit-code", typ("notify"), restarts(2), status(1)),
 				Elapsed: inside},
@@ -175,7 +175,7 @@ func TestHealth(t *testing.T) {
 		{name: "notify-reload active after HealthySec", in: up("notify-reload", after), want: reconcile.VerdictHealthy},
 		{
 			name: "HealthySec=0 active",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 0, Op: "restart", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 0 * time.Second, Op: "restart", Job: reconcile.JobDone,
 				Base: upBase("exec"), Now: upBase("exec"), Elapsed: 0},
 			want: reconcile.VerdictHealthy,
 		},
@@ -183,7 +183,7 @@ func TestHealth(t *testing.T) {
 		// --- services that did not stay up ---
 		{
 			name: "left active inside the window and came back",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobDone,
 				Base:    upBase("exec"),
 				Now:     st("active", "running", "success", typ("exec"), pid(200), stamps(tReEnter, tBlinkExit)),
 				Elapsed: after},
@@ -191,7 +191,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "inactive with result success",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobDone,
 				Base:    upBase("simple"),
 				Now:     st("inactive", "dead", "success", typ("simple"), stamps(tEnter, tBlinkExit)),
 				Elapsed: inside},
@@ -199,7 +199,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "failed with exit-code and exit status",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobDone,
 				Base:    upBase("exec"),
 				Now:     st("failed", "failed", "exit-code", typ("exec"), status(3), stamps(tEnter, tBlinkExit)),
 				Elapsed: inside},
@@ -207,7 +207,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "failed by signal",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "start", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "start", Job: reconcile.JobDone,
 				Base:    upBase("notify"),
 				Now:     st("failed", "failed", "signal", typ("notify"), status(9), stamps(tEnter, tBlinkExit)),
 				Elapsed: inside},
@@ -215,7 +215,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "deactivating",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobDone,
 				Base:    upBase("exec"),
 				Now:     st("deactivating", "stop-sigterm", "success", typ("exec"), pid(100), stamps(tEnter, tBlinkExit)),
 				Elapsed: inside},
@@ -223,7 +223,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "reloading",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "reload", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "reload", Job: reconcile.JobDone,
 				Base:    upBase("notify-reload"),
 				Now:     st("reloading", "reload-notify", "success", typ("notify-reload"), pid(100), stamps(tEnter, tPrevExit)),
 				Elapsed: after},
@@ -232,7 +232,7 @@ func TestHealth(t *testing.T) {
 		{
 			// A first start: never active before, so no timestamps yet.
 			name: "activating after job done",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "start", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "start", Job: reconcile.JobDone,
 				Base:    st("activating", "start", "", typ("notify"), pid(100)),
 				Now:     st("activating", "start", "", typ("notify"), pid(100)),
 				Elapsed: inside},
@@ -265,7 +265,7 @@ func TestHealth(t *testing.T) {
 		// --- job outcomes ---
 		{
 			name: "job failed",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobFailed, JobErr: errFailed,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobFailed, JobErr: errFailed,
 				Base:    st("failed", "failed", "exit-code", typ("exec"), status(1)),
 				Now:     st("failed", "failed", "exit-code", typ("exec"), status(1)),
 				Elapsed: 0},
@@ -273,7 +273,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "job failed though the unit is active now",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobFailed, JobErr: "restart web.service: job dependency",
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobFailed, JobErr: "restart web.service: job dependency",
 				Base: upBase("exec"), Now: upBase("exec"), Elapsed: after},
 			want: reconcile.VerdictUnhealthy,
 		},
@@ -282,13 +282,13 @@ func TestHealth(t *testing.T) {
 			// canceled (replaced by another job); observing the unit again"
 			// names neither the unit nor the job error.
 			name: "job canceled",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobCanceled, JobErr: errCanceled,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobCanceled, JobErr: errCanceled,
 				Base: upBase("exec"), Now: upBase("exec"), Elapsed: after},
 			want: reconcile.VerdictUnknown,
 		},
 		{
 			name: "job unknown unit still activating",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base:    st("activating", "start", "", typ("notify"), pid(100)),
 				Now:     st("activating", "start", "", typ("notify"), pid(100)),
 				Elapsed: 10 * time.Minute},
@@ -296,7 +296,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "job unknown unit reloading",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "reload", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "reload", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base:    st("reloading", "reload", "success", typ("forking"), pid(100), stamps(tEnter, tPrevExit)),
 				Now:     st("reloading", "reload", "success", typ("forking"), pid(100), stamps(tEnter, tPrevExit)),
 				Elapsed: after},
@@ -304,7 +304,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "job unknown unit active judged normally after HealthySec",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base: upBase("exec"), Now: upBase("exec"), Elapsed: after},
 			want: reconcile.VerdictHealthy,
 		},
@@ -312,7 +312,7 @@ func TestHealth(t *testing.T) {
 			// BUG (reason): "verifying: active, HealthySec=30 not yet over"
 			// names neither the unit nor the job error.
 			name: "job unknown unit active judged normally before HealthySec",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base: upBase("exec"), Now: upBase("exec"), Elapsed: inside},
 			want: reconcile.VerdictPending,
 		},
@@ -329,7 +329,7 @@ func TestHealth(t *testing.T) {
 			// baseline's own ActiveExitMono (the exit timestamp changed).
 			// Inside the window the right verdict is pending.
 			name: "job unknown baseline activating then active with previous run timestamps",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base:    st("activating", "start", "success", typ("notify"), pid(300), stamps(tPrevEnter, tPrevExit)),
 				Now:     st("active", "running", "success", typ("notify"), pid(300), stamps(tEnter, tPrevExit)),
 				Elapsed: inside},
@@ -337,7 +337,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "job unknown unit failed",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base:    st("activating", "start", "", typ("notify"), pid(100)),
 				Now:     st("failed", "failed", "timeout", typ("notify")),
 				Elapsed: inside},
@@ -345,7 +345,7 @@ func TestHealth(t *testing.T) {
 		},
 		{
 			name: "job unknown unit inactive",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobUnknown, JobErr: errTimedOut,
 				Base:    st("inactive", "dead", "success", typ("exec")),
 				Now:     st("inactive", "dead", "success", typ("exec")),
 				Elapsed: inside},
@@ -355,13 +355,13 @@ func TestHealth(t *testing.T) {
 		// --- a state Health does not know ---
 		{
 			name: "empty active state",
-			in: reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobDone,
 				Base: upBase("exec"), Now: reconcile.UnitState{}, Elapsed: inside},
 			want: reconcile.VerdictUnknown,
 		},
 		{
 			name: "maintenance state",
-			in: reconcile.HealthInput{Unit: "srv-data.mount", HealthySec: 30, Op: "start", Job: reconcile.JobDone,
+			in: reconcile.HealthInput{Unit: "srv-data.mount", Healthy: 30 * time.Second, Op: "start", Job: reconcile.JobDone,
 				Base: st("active", "mounted", "success"), Now: st("maintenance", "", "success"), Elapsed: inside},
 			want: reconcile.VerdictUnknown,
 		},
@@ -392,7 +392,7 @@ func TestHealth(t *testing.T) {
 // up is a long-running service of Type=t that a restart brought up and
 // that stayed up, elapsed after the job.
 func up(t string, elapsed time.Duration) reconcile.HealthInput {
-	return reconcile.HealthInput{Unit: "web.service", HealthySec: 30, Op: "restart", Job: reconcile.JobDone,
+	return reconcile.HealthInput{Unit: "web.service", Healthy: 30 * time.Second, Op: "restart", Job: reconcile.JobDone,
 		Base: upBase(t), Now: upBase(t), Elapsed: elapsed}
 }
 
@@ -414,7 +414,7 @@ func other(unit, active, sub string, elapsed time.Duration) reconcile.HealthInpu
 	if active == "failed" {
 		now = st(active, sub, result, stamps(tEnter, tBlinkExit))
 	}
-	return reconcile.HealthInput{Unit: unit, HealthySec: 30, Op: "start", Job: reconcile.JobDone,
+	return reconcile.HealthInput{Unit: unit, Healthy: 30 * time.Second, Op: "start", Job: reconcile.JobDone,
 		Base: base, Now: now, Elapsed: elapsed}
 }
 

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 const svc = "[Unit]\nDescription=hello\n[Service]\nType=exec\nExecStart=/bin/sleep 1000\n"
@@ -285,7 +286,7 @@ func TestParseKey(t *testing.T) {
 
 func TestParsePolicy(t *testing.T) {
 	p, err := ParsePolicy([]byte(svc))
-	if err != nil || p.State != StateStarted || p.Enable || !p.Rollback || p.HealthySec != 5 || p.OnChange != "auto" {
+	if err != nil || p.State != StateStarted || p.Enable || !p.Rollback || p.Healthy != 5*time.Second || p.OnChange != "auto" {
 		t.Fatalf("defaults: %+v %v", p, err)
 	}
 	p, _ = ParsePolicy([]byte(svc + "[Install]\nWantedBy=default.target\n"))
@@ -297,7 +298,7 @@ func TestParsePolicy(t *testing.T) {
 		t.Fatalf("State=present must not enable by default: %+v", p)
 	}
 	p, err = ParsePolicy([]byte("[X-Agentd]\n# comment\nState = stopped\nEnable=no\nOnChange=reload\nRollback=no\nHealthySec=2\nMaxUnavailable=3\n"))
-	if err != nil || p.State != StateStopped || p.Enable || p.OnChange != "reload" || p.Rollback || p.HealthySec != 2 || p.MaxUnavailable != 3 {
+	if err != nil || p.State != StateStopped || p.Enable || p.OnChange != "reload" || p.Rollback || p.Healthy != 2*time.Second || p.MaxUnavailable != 3 {
 		t.Fatalf("explicit: %+v %v", p, err)
 	}
 	for _, bad := range []string{"State=run", "Enable=maybe", "OnChange=bounce", "HealthySec=-1", "MaxUnavailable=0", "Foo=1"} {

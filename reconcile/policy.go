@@ -2,9 +2,11 @@ package reconcile
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/coreos/go-systemd/v22/unit"
 )
@@ -30,11 +32,13 @@ func (s RunState) String() string {
 
 // Policy is a unit's [X-Agentd] section with defaults applied.
 type Policy struct {
-	State          RunState
-	Enable         bool   // enable per [Install]
-	OnChange       string // auto, restart, reload, reload-or-restart, stop-start, none
-	Rollback       bool
-	HealthySec     int
+	State    RunState
+	Enable   bool   // enable per [Install]
+	OnChange string // auto, restart, reload, reload-or-restart, stop-start, none
+	Rollback bool
+	// Healthy is HealthySec=: how long a (re)started unit must stay active
+	// to count as healthy. A time span as systemd reads one (ParseTimespan).
+	Healthy        time.Duration
 	MaxUnavailable int // 0: unset
 	// HasInstall says the file has an [Install] section with keys, i.e.
 	// there is something for `enable` to do.
@@ -56,7 +60,7 @@ var onChangeValues = map[string]bool{
 // of the [Install] section); with one it is an error, since the policy it
 // asks for cannot be known.
 func ParsePolicy(content []byte) (Policy, error) {
-	p := Policy{State: StateStarted, OnChange: "auto", Rollback: true, HealthySec: 5}
+	p := Policy{State: StateStarted, OnChange: "auto", Rollback: true, Healthy: DefaultHealthy}
 	opts, err := unitOptions(content)
 	if err != nil {
 		if hasSectionHeader(content, "X-Agentd") {
@@ -100,10 +104,7 @@ func ParsePolicy(content []byte) (Policy, error) {
 			case "Rollback":
 				p.Rollback, err = parseBool(val)
 			case "HealthySec":
-				p.HealthySec, err = strconv.Atoi(val)
-				if err != nil || p.HealthySec < 0 {
-					err = fmt.Errorf("bad HealthySec=%s: want a number of seconds ≥ 0", val)
-				}
+				p.Healthy, err = parseHealthy(val)
 			case "MaxUnavailable":
 				p.MaxUnavailable, err = strconv.Atoi(val)
 				if err != nil || p.MaxUnavailable < 1 {
@@ -124,6 +125,25 @@ func ParsePolicy(content []byte) (Policy, error) {
 		p.Enable = p.HasInstall && p.State == StateStarted
 	}
 	return p, nil
+}
+
+// DefaultHealthy is HealthySec= when the unit does not set it.
+const DefaultHealthy = 5 * time.Second
+
+// parseHealthy reads HealthySec= as systemd reads its own *Sec= settings.
+// "infinity" is refused: a unit would never count as healthy, so its
+// version would never become the last good one, a rollout would never
+// free its slot for the next host, and --wait would never return. An
+// operator who wants no verdict at all wants Rollback=no, not this.
+func parseHealthy(val string) (time.Duration, error) {
+	d, err := ParseTimespan(val)
+	switch {
+	case errors.Is(err, ErrInfinity):
+		return 0, fmt.Errorf("bad HealthySec=%s: a unit would never count as healthy, so its rollout and --wait would never end; give a finite span such as 30s or 5min", val)
+	case err != nil:
+		return 0, fmt.Errorf("bad HealthySec=%s: want a time span such as 30s, 500ms, 1min 30s or a number of seconds (systemd.time(7)): %w", val, err)
+	}
+	return d, nil
 }
 
 func parseBool(v string) (bool, error) {

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 const policySvc = "[Unit]\nDescription=hello\n[Service]\nType=exec\nExecStart=/bin/sleep 1000\n"
@@ -15,7 +16,8 @@ var (
 )
 
 func TestParsePolicyTable(t *testing.T) {
-	def := Policy{State: StateStarted, OnChange: "auto", Rollback: true, HealthySec: 5}
+	def := Policy{State: StateStarted, OnChange: "auto", Rollback: true, Healthy: 5 * time.Second}
+	healthy := func(d time.Duration) Policy { p := def; p.Healthy = d; return p }
 	withInstall := def
 	withInstall.HasInstall, withInstall.Enable = true, true
 	for _, tc := range []struct {
@@ -31,21 +33,21 @@ func TestParsePolicyTable(t *testing.T) {
 		{name: "install without keys", content: policySvc + "[Install]\n# nothing\n", want: def},
 		{name: "install last and empty", content: "[Install]\n[Service]\nExecStart=/bin/true\n", want: def},
 		{name: "present does not enable", content: policySvc + "[Install]\nWantedBy=default.target\n[X-Agentd]\nState=present\n",
-			want: Policy{State: StatePresent, OnChange: "auto", Rollback: true, HealthySec: 5, HasInstall: true}},
+			want: Policy{State: StatePresent, OnChange: "auto", Rollback: true, Healthy: 5 * time.Second, HasInstall: true}},
 		{name: "stopped does not enable", content: policySvc + "[Install]\nWantedBy=default.target\n[X-Agentd]\nState=stopped\n",
-			want: Policy{State: StateStopped, OnChange: "auto", Rollback: true, HealthySec: 5, HasInstall: true}},
+			want: Policy{State: StateStopped, OnChange: "auto", Rollback: true, Healthy: 5 * time.Second, HasInstall: true}},
 		{name: "enable without install", content: policySvc + "[X-Agentd]\nEnable=yes\n",
-			want: Policy{State: StateStarted, Enable: true, OnChange: "auto", Rollback: true, HealthySec: 5}},
+			want: Policy{State: StateStarted, Enable: true, OnChange: "auto", Rollback: true, Healthy: 5 * time.Second}},
 		{name: "explicit", content: "[X-Agentd]\n# comment\n; other comment\nState = stopped\nEnable=no\nOnChange=reload\nRollback=no\nHealthySec=2\nMaxUnavailable=3\n",
-			want: Policy{State: StateStopped, OnChange: "reload", HealthySec: 2, MaxUnavailable: 3}},
+			want: Policy{State: StateStopped, OnChange: "reload", Healthy: 2 * time.Second, MaxUnavailable: 3}},
 		{name: "booleans", content: "[X-Agentd]\nEnable=TRUE\nRollback=off\n",
-			want: Policy{State: StateStarted, Enable: true, OnChange: "auto", HealthySec: 5}},
+			want: Policy{State: StateStarted, Enable: true, OnChange: "auto", Healthy: 5 * time.Second}},
 		{name: "CRLF", content: "[Install]\r\nWantedBy=multi-user.target\r\n[X-Agentd]\r\nOnChange=none\r\nHealthySec=0\r\n",
-			want: Policy{State: StateStarted, Enable: true, OnChange: "none", Rollback: true, HealthySec: 0, HasInstall: true}},
+			want: Policy{State: StateStarted, Enable: true, OnChange: "none", Rollback: true, Healthy: 0 * time.Second, HasInstall: true}},
 		{name: "continued value", content: "[X-Agentd]\nOnChange=\\\n  reload-or-restart\n",
-			want: Policy{State: StateStarted, OnChange: "reload-or-restart", Rollback: true, HealthySec: 5}},
+			want: Policy{State: StateStarted, OnChange: "reload-or-restart", Rollback: true, Healthy: 5 * time.Second}},
 		{name: "last key wins", content: "[X-Agentd]\nHealthySec=1\n[X-Agentd]\nHealthySec=9\n",
-			want: Policy{State: StateStarted, OnChange: "auto", Rollback: true, HealthySec: 9}},
+			want: Policy{State: StateStarted, OnChange: "auto", Rollback: true, Healthy: 9 * time.Second}},
 		{name: "other X- section ignored", content: policySvc + "[X-Other]\nFoo=bar\n", want: def},
 		{name: "keys are case-sensitive", content: "[X-Agentd]\nstate=stopped\n", errLike: "unknown key state="},
 
@@ -54,7 +56,15 @@ func TestParsePolicyTable(t *testing.T) {
 		{name: "bad Rollback", content: "[X-Agentd]\nRollback=sometimes\n", errLike: "not a boolean"},
 		{name: "bad OnChange", content: "[X-Agentd]\nOnChange=bounce\n", errLike: "bad OnChange=bounce"},
 		{name: "negative HealthySec", content: "[X-Agentd]\nHealthySec=-1\n", errLike: "bad HealthySec=-1"},
-		{name: "HealthySec with unit", content: "[X-Agentd]\nHealthySec=5s\n", errLike: "bad HealthySec=5s"},
+		{name: "HealthySec 2s", content: "[X-Agentd]\nHealthySec=2s\n", want: healthy(2 * time.Second)},
+		{name: "HealthySec 500ms", content: "[X-Agentd]\nHealthySec=500ms\n", want: healthy(500 * time.Millisecond)},
+		{name: "HealthySec 1.5", content: "[X-Agentd]\nHealthySec=1.5\n", want: healthy(1500 * time.Millisecond)},
+		{name: "HealthySec 1min 30s", content: "[X-Agentd]\nHealthySec=1min 30s\n", want: healthy(90 * time.Second)},
+		{name: "HealthySec 1h", content: "[X-Agentd]\nHealthySec = 1h \n", want: healthy(time.Hour)},
+		{name: "HealthySec infinity", content: "[X-Agentd]\nHealthySec=infinity\n", errLike: "bad HealthySec=infinity: a unit would never count as healthy"},
+		{name: "HealthySec bad unit", content: "[X-Agentd]\nHealthySec=5x\n", errLike: `bad HealthySec=5x: want a time span such as 30s`},
+		{name: "HealthySec empty", content: "[X-Agentd]\nHealthySec=\n", errLike: "bad HealthySec=: want a time span"},
+		{name: "HealthySec 1,5", content: "[X-Agentd]\nHealthySec=1,5\n", errLike: "bad HealthySec=1,5"},
 		{name: "MaxUnavailable 0", content: "[X-Agentd]\nMaxUnavailable=0\n", errLike: "bad MaxUnavailable=0"},
 		{name: "unknown key", content: "[X-Agentd]\nFoo=1\n", errLike: "unknown key Foo="},
 		{name: "all errors listed", content: "[X-Agentd]\nStat=stopped\nOnChange=bounce\n", errLike: "unknown key Stat= (known: State, Enable, OnChange, Rollback, HealthySec, MaxUnavailable); bad OnChange=bounce"},

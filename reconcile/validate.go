@@ -58,11 +58,26 @@ func Reserved(name string) (what string, ok bool) {
 	return "", false
 }
 
-// ValidateUnitName checks a unit name the way systemd does (unit_name_is_valid),
-// plus the types agentd supports and the deny-list of Reserved. Names with
-// "/" or ".." are refused outright: they are the ones that could name a path
-// outside the unit directory. It is the one rule for unit names: the agent
-// blocks what it refuses, and the registry CLI refuses it before writing.
+// ValidateUnitName checks a unit name the way systemd does
+// (unit_name_is_valid, systemd.unit(5)): at most 255 bytes; a prefix of
+// [a-zA-Z0-9:_.\\-] and "@", then "." and a unit type; "name@.type" a
+// template, "name@instance.type" an instance (with or without a template
+// beside it). Names systemd-escape makes are valid: "foo\x2dbar.service",
+// "srv-my\x2ddata.mount", "a@b\x2dc.service". On top of systemd's rule,
+// for the types agentd supports and the deny-list of Reserved, it refuses:
+//   - "/" and "..": the names that could reach a path outside the unit
+//     directory ("srv-a..b.mount", which systemd-escape makes for /srv/a..b,
+//     is refused with them);
+//   - a leading ".": systemd skips hidden files, and ".<name>" is where the
+//     agent keeps its temp files;
+//   - a backslash that does not start an escape \xNN: systemd-escape never
+//     writes one, systemd cannot unescape it (%I), and "foo\\x2dbar" is
+//     what a name quoted twice looks like;
+//   - a second "@": systemd takes "a@b@c.service" as an instance "b@c",
+//     but systemd-escape escapes "@" in instances (\x40).
+//
+// It is the one rule for unit names: the agent blocks what it refuses, and
+// the registry CLI refuses it before writing.
 func ValidateUnitName(name string) error {
 	if name == "" {
 		return fmt.Errorf("empty unit name")
@@ -82,6 +97,9 @@ func ValidateUnitName(name string) error {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune(":-_.\\@", r)) {
 			return fmt.Errorf("invalid unit name %q: character %q not allowed", name, r)
 		}
+	}
+	if err := checkEscapes(name); err != nil {
+		return fmt.Errorf("invalid unit name %q: %w", name, err)
 	}
 	dot := strings.LastIndexByte(name, '.')
 	if dot <= 0 {
@@ -106,15 +124,36 @@ func ValidateUnitName(name string) error {
 	return nil
 }
 
-// IsTemplate reports whether name is a template such as foo@.service.
-func IsTemplate(name string) bool {
-	return strings.Contains(name, "@.")
+// checkEscapes refuses a backslash that does not start \xNN, the escape
+// of systemd-escape (and the only one systemd's unit_name_unescape reads).
+func checkEscapes(name string) error {
+	for i := 0; i < len(name); i++ {
+		if name[i] != '\\' {
+			continue
+		}
+		esc := name[i:min(i+4, len(name))]
+		if len(esc) < 4 || esc[1] != 'x' || !isHex(esc[2]) || !isHex(esc[3]) {
+			return fmt.Errorf("a backslash must start an escape \\xNN as systemd-escape writes it, not %q (was the name quoted twice?)", esc)
+		}
+		i += 3
+	}
+	return nil
 }
 
-// IsInstance reports whether name is a template instance such as foo@1.service.
+func isHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
+
+// IsTemplate reports whether name is a template such as foo@.service: its
+// first "@" comes right before its type suffix, as systemd tells.
+func IsTemplate(name string) bool {
+	at := strings.IndexByte(name, '@')
+	return at > 0 && at+1 == strings.LastIndexByte(name, '.')
+}
+
+// IsInstance reports whether name is a template instance such as
+// foo@1.service (or foo@.1.service, whose instance is ".1").
 func IsInstance(name string) bool {
 	at := strings.IndexByte(name, '@')
-	return at > 0 && !IsTemplate(name)
+	return at > 0 && at+1 < strings.LastIndexByte(name, '.')
 }
 
 // TemplateOf returns foo@.service for foo@1.service.

@@ -22,6 +22,14 @@ func TestParseKeyTable(t *testing.T) {
 		{key: "hello@1.service", path: "hello@1.service", unit: "hello@1.service"},
 		{key: `dev-disk-by\x2duuid.mount`, path: `dev-disk-by\x2duuid.mount`, unit: `dev-disk-by\x2duuid.mount`},
 		{key: `x\x2dy.service`, path: `x\x2dy.service`, unit: `x\x2dy.service`},
+		{key: `foo\x2dbar.service`, path: `foo\x2dbar.service`, unit: `foo\x2dbar.service`},
+		{key: `a@b\x2dc.service`, path: `a@b\x2dc.service`, unit: `a@b\x2dc.service`},
+		{key: `srv-my\x2ddata.mount`, path: `srv-my\x2ddata.mount`, unit: `srv-my\x2ddata.mount`},
+		{key: `x\x2Dy.service`, path: `x\x2Dy.service`, unit: `x\x2Dy.service`},
+		{key: `\x2ehidden.service`, path: `\x2ehidden.service`, unit: `\x2ehidden.service`},
+		{key: `foo\x2dbar.service.d/10-env.conf`, path: `foo\x2dbar.service.d/10-env.conf`, unit: `foo\x2dbar.service`},
+		{key: `getty@tty\x2d1.service.d/o.conf`, path: `getty@tty\x2d1.service.d/o.conf`, unit: `getty@tty\x2d1.service`},
+		{key: "a@.b.service", path: "a@.b.service", unit: "a@.b.service"},
 		{key: "hello.service.d/10-env.conf", path: "hello.service.d/10-env.conf", unit: "hello.service"},
 		{key: "hello@.service.d/override.conf", path: "hello@.service.d/override.conf", unit: "hello@.service"},
 		{key: "hello@1.service.d/o.conf", path: "hello@1.service.d/o.conf", unit: "hello@1.service"},
@@ -45,6 +53,13 @@ func TestParseKeyTable(t *testing.T) {
 		{key: "@.service", errLike: "empty template prefix"},
 		{key: "a@b@c.service", errLike: "more than one"},
 		{key: "foo@bar@.service", errLike: "more than one"},
+		{key: `foo\\x2dbar.service`, errLike: "quoted twice"},
+		{key: `foo\x2.service`, errLike: `must start an escape \xNN`},
+		{key: `foo\x2gbar.service`, errLike: `must start an escape \xNN`},
+		{key: `foo\u002dbar.service`, errLike: `must start an escape \xNN`},
+		{key: `foo\.service`, errLike: `must start an escape \xNN`},
+		{key: `foo.service\`, errLike: `must start an escape \xNN`},
+		{key: `foo\x2dbar.service\x2d`, errLike: "unsupported unit type"},
 		{key: "he llo.service", errLike: "not allowed"},
 		{key: "héllo.service", errLike: "not allowed"},
 		{key: "hello.device", errLike: "unsupported unit type"},
@@ -137,9 +152,17 @@ func TestReservedMessage(t *testing.T) {
 			t.Errorf("%s: %v\nwant %s", name, err, want)
 		}
 	}
-	for _, name := range []string{"agentd@.service", "user.slice", "user-runtime-dir@1000.service", "usr.mount", "systemd.service", "init.service", "a-.slice"} {
+	// Names are matched literally, as systemd compares them: an escaped
+	// name is another unit, reserved only if its own spelling is.
+	for _, name := range []string{"agentd@.service", "user.slice", "user-runtime-dir@1000.service", "usr.mount", "systemd.service", "init.service", "a-.slice",
+		`systemd\x2dudevd.service`, `user\x401000.service`, `\x2d.slice`, `agentd\x2eservice.service`, `init\x2escope.service`} {
 		if _, ok := Reserved(name); ok {
 			t.Errorf("%s: reserved, want not", name)
+		}
+	}
+	for _, name := range []string{`dbus\x2dbroker.service`, `user@1000\x2d1.service`, `systemd-\x2d.service`} {
+		if _, ok := Reserved(name); !ok {
+			t.Errorf("%s: not reserved, want reserved (its literal prefix is)", name)
 		}
 	}
 	_, _, err := ParseKey("dbus.service.d/x.conf")

@@ -20,7 +20,7 @@ type window struct {
 }
 
 func (w *window) deadline() time.Time {
-	return w.ended.Add(time.Duration(w.act.Policy.HealthySec) * time.Second)
+	return w.ended.Add(w.act.Policy.Healthy)
 }
 
 func (a *Agent) nextHealthDeadline() (time.Time, bool) {
@@ -37,7 +37,7 @@ func (a *Agent) nextHealthDeadline() (time.Time, bool) {
 // not meant to run, or with HealthySec=0 and a job that ended "done", is
 // good at once.
 func (a *Agent) begin(ctx context.Context, act Action, outcome JobOutcome, jobErr string, base UnitState, ended time.Time) {
-	if act.Policy.State != StateStarted || (act.Policy.HealthySec == 0 && outcome == JobDone) {
+	if act.Policy.State != StateStarted || (act.Policy.Healthy == 0 && outcome == JobDone) {
 		a.markGood(act.Unit, act.Effective)
 		return
 	}
@@ -56,7 +56,7 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 			continue
 		}
 		v, why := Health(HealthInput{
-			Unit: u, HealthySec: w.act.Policy.HealthySec, Op: w.op, Job: w.outcome, JobErr: w.jobErr,
+			Unit: u, Healthy: w.act.Policy.Healthy, Op: w.op, Job: w.outcome, JobErr: w.jobErr,
 			Base: w.base, Now: st, Elapsed: now.Sub(w.ended),
 		})
 		switch v {
@@ -65,7 +65,7 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 		case VerdictHealthy:
 			delete(a.verify, u)
 			a.markGood(u, w.act.Effective)
-			a.log.Info(u+": healthy — "+why, "unit", u, "healthy_sec", w.act.Policy.HealthySec, "action", "healthy")
+			a.log.Info(u+": healthy — "+why, "unit", u, "healthy_sec", w.act.Policy.Healthy.Seconds(), "action", "healthy")
 		case VerdictUnknown:
 			delete(a.verify, u)
 			a.recordAs(w.act, w.op, "unknown", errors.New(why))
@@ -131,7 +131,7 @@ func (a *Agent) markGood(u string, effective map[string]string) {
 func (a *Agent) resumeVerification(plan []Action, cur Current) {
 	for _, act := range plan {
 		rec := a.mem.records[act.Unit]
-		if act.Kind != KindNone || act.Effective == nil || act.Policy.State != StateStarted || act.Policy.HealthySec == 0 ||
+		if act.Kind != KindNone || act.Effective == nil || act.Policy.State != StateStarted || act.Policy.Healthy == 0 ||
 			len(rec.Applied) == 0 || KeyOf(rec.Applied) != act.ContentKey || KeyOf(rec.Good) == act.ContentKey ||
 			!cur.Units[act.Unit].Active() {
 			continue
@@ -139,7 +139,7 @@ func (a *Agent) resumeVerification(plan []Action, cur Current) {
 		if _, verifying := a.verify[act.Unit]; verifying {
 			continue
 		}
-		a.log.Info(act.Unit+": resuming the health check of a version not yet judged healthy", "unit", act.Unit, "healthy_sec", act.Policy.HealthySec)
+		a.log.Info(act.Unit+": resuming the health check of a version not yet judged healthy", "unit", act.Unit, "healthy_sec", act.Policy.Healthy.Seconds())
 		act.Kind = KindRestart // what put it there, as far as messages go
 		a.verify[act.Unit] = &window{act: act, op: fmt.Sprint(act.Kind), outcome: JobDone, base: cur.Units[act.Unit], ended: time.Now()}
 	}

@@ -138,10 +138,13 @@ func (d *Dir) Path() string { return d.path }
 // Close releases the directory handle.
 func (d *Dir) Close() error { return d.root.Close() }
 
-// checkRel refuses paths that are not plain relative paths: the os.Root
-// would stop an escape anyway, but a clear error beats a confusing one.
+// checkRel refuses paths that are not plain relative paths ("/"-separated
+// names, none of them "." or ".."): the os.Root would stop an escape
+// anyway, but a clear error beats a confusing one. A backslash is an
+// ordinary character in a Linux file name, and systemd-escape puts one in
+// unit names ("foo\\x2dbar.service").
 func checkRel(rel string) error {
-	if rel == "" || !fs.ValidPath(rel) || rel == "." || strings.Contains(rel, "\\") {
+	if rel == "" || !fs.ValidPath(rel) || rel == "." {
 		return fmt.Errorf("invalid path %q", rel)
 	}
 	return nil

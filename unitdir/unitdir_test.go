@@ -75,9 +75,15 @@ func TestNothingLeavesTheDirectory(t *testing.T) {
 	root := filepath.Join(parent, "units")
 	d, _ := Open(root)
 	defer d.Close()
-	for _, p := range []string{"../x.service", "/etc/x.service", "a/../../x.service", "", ".", "a\\b"} {
+	for _, p := range []string{"../x.service", "/etc/x.service", "a/../../x.service", "", ".", "..", "a/./b", "a//b", "a/", "x.service.d/../../y"} {
 		if err := d.Write(p, []byte("x")); err == nil {
 			t.Errorf("Write(%q) succeeded", p)
+		}
+		if _, _, err := d.Read(p); err == nil {
+			t.Errorf("Read(%q) succeeded", p)
+		}
+		if err := d.Remove(p); err == nil {
+			t.Errorf("Remove(%q) succeeded", p)
 		}
 	}
 	// A symlinked directory inside the root must not lead outside either.
@@ -89,6 +95,42 @@ func TestNothingLeavesTheDirectory(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(parent, "x.conf")); err == nil {
 		t.Error("file written outside the unit directory")
+	}
+}
+
+// TestEscapedNamesAreFileNames: the names systemd-escape makes carry a
+// backslash, an ordinary character of a Linux file name; they are written,
+// read and removed as they are spelled, in the directory and nowhere else.
+func TestEscapedNamesAreFileNames(t *testing.T) {
+	root := t.TempDir()
+	d, _ := Open(root)
+	defer d.Close()
+	for _, p := range []string{`foo\x2dbar.service`, `a@b\x2dc.service`, `srv-my\x2ddata.mount`, `foo\x2dbar.service.d/10-x.conf`, `a\..\b.service`} {
+		if err := d.Write(p, []byte(p)); err != nil {
+			t.Fatalf("Write(%q): %v", p, err)
+		}
+		if b, err := os.ReadFile(filepath.Join(root, p)); err != nil || string(b) != p {
+			t.Fatalf("%q on disk: %q, %v", p, b, err)
+		}
+		if b, ok, err := d.Read(p); err != nil || !ok || string(b) != p {
+			t.Fatalf("Read(%q) = %q, %v, %v", p, b, ok, err)
+		}
+	}
+	for _, p := range []string{`foo\x2dbar.service.d/10-x.conf`, `foo\x2dbar.service`} {
+		if err := d.Remove(p); err != nil {
+			t.Fatalf("Remove(%q): %v", p, err)
+		}
+	}
+	entries, _ := os.ReadDir(root)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if want := []string{`a@b\x2dc.service`, `a\..\b.service`, `srv-my\x2ddata.mount`}; !slices.Equal(names, want) {
+		t.Fatalf("directory holds %q, want %q", names, want)
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(root)); len(entries) != 1 {
+		t.Fatalf("something was written beside the directory: %v", entries)
 	}
 }
 

@@ -170,8 +170,8 @@ func predict(v hostView, tg registry.Target, units map[string][]byte) []predicti
 		}
 		if ok && reconcile.IsInstance(u) && p.Do != doNothing {
 			if peers := rolling[reconcile.TemplateOf(u)]; len(peers) > 1 && slices.Contains(peers, u) {
-				p.Reason = fmt.Sprintf("instance %d of %d, one at a time, each healthy for HealthySec=%d before the next; %s",
-					slices.Index(peers, u)+1, len(peers), a.Policy.HealthySec, p.Reason)
+				p.Reason = fmt.Sprintf("instance %d of %d, one at a time, each healthy for HealthySec=%v before the next; %s",
+					slices.Index(peers, u)+1, len(peers), a.Policy.Healthy, p.Reason)
 			}
 		}
 		if ok && a.Policy.MaxUnavailable > 0 && a.Scope != "" && (a.Kind.Disruptive() || isRollingWait(a)) {

@@ -107,6 +107,9 @@ type Config struct {
 	Files    Files
 	Manifest Manifest
 	Reporter Reporter // nil: statuses are only served locally
+	// Facts publishes what previews need of this host (facts.go); nil:
+	// nothing is published.
+	Facts    FactsPublisher
 	Log      *slog.Logger
 	Observer Observer // nil: NopObserver
 	// Coordinator coordinates MaxUnavailable= and halts across hosts; nil
@@ -173,6 +176,8 @@ type Agent struct {
 		desiredState
 	}
 	gen uint64 // the publisher's generation of the last pass's statuses
+	// facts are the host's facts for previews, and their publisher.
+	facts factsState
 }
 
 // handoff is where other goroutines meet the loop.
@@ -260,6 +265,7 @@ func New(cfg Config) *Agent {
 		cache:   newCache(),
 		focus:   newFocus(),
 		managed: newManagedIndex(cfg.Manifest.Managed()),
+		facts:   newFactsState(cfg.Facts),
 	}
 }
 
@@ -396,6 +402,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer retry.Stop()
 	defer a.slots.wg.Wait()
 	defer a.jobs.wg.Wait()
+	defer a.startFacts(ctx)()
 	if a.pub != nil {
 		var wg sync.WaitGroup
 		defer wg.Wait()

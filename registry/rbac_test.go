@@ -34,10 +34,10 @@ func TestAgentPermissionsMatchKeyLayout(t *testing.T) {
 			c.groupUnits("web") + u, c.groupUnits("all") + u,
 			c.groupHalts("web") + u, c.groupHalts("all") + u,
 			c.lockDir("groups/web", u) + "h2", c.lockDir("groups/all", u) + "h3",
-			c.agentKey("h1"), c.hostStatus("h1") + u,
+			c.agentKey("h1"), c.hostStatus("h1") + u, c.factsKey("h1"),
 		}
 		writes := []string{
-			c.agentKey("h1"), c.hostStatus("h1") + u,
+			c.agentKey("h1"), c.hostStatus("h1") + u, c.factsKey("h1"),
 			c.haltKey("groups/web", u), c.haltKey("groups/all", "app@1.service"),
 			c.lockKey("groups/web", u, "h1"), c.lockKey("groups/all", u, "h1"),
 		}
@@ -55,6 +55,7 @@ func TestAgentPermissionsMatchKeyLayout(t *testing.T) {
 			c.hostUnits("h2") + u, c.hostUnits("h10") + u,
 			c.agentKey("h2"), c.agentKey("h10"), c.agentsRoot(),
 			c.hostStatus("h2") + u, c.hostStatus("h10") + u,
+			c.factsKey("h2"), c.factsKey("h10"), c.factsKey("h1") + "/x", c.factsRoot(),
 			c.groupUnits("db") + u, c.groupHalts("db") + u, c.lockKey("groups/db", u, "h1"),
 			c.lockKey("hosts/h2", u, "h1"),
 			c.prefix + "/other",

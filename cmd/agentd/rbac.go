@@ -33,6 +33,7 @@ agent needs, and nothing else (see "Least privilege in etcd" in the README):
   read       <prefix>/hosts/H/          its own unit keys
   readwrite  <prefix>/agents/H          (one key: its membership record)
   readwrite  <prefix>/status/H/         its statuses
+  readwrite  <prefix>/facts/H           (one key: its facts, for previews)
   read       <prefix>/groups/G/         each group's unit keys
   readwrite  <prefix>/halts/groups/G/   each group's rollout halts
   readwrite  <prefix>/locks/groups/G/   each group's MaxUnavailable= queues

@@ -147,7 +147,7 @@ returns at once).`,
 			}
 			if asJSON {
 				writeJSONLine(out, map[string]any{"event": "diff", "key": name, "revision": rev, "diff": diff})
-				for _, p := range preds {
+				for _, p := range preds.Predictions {
 					writeJSONLine(out, map[string]any{"event": "preview", "host": p.Host, "unit": p.Unit, "do": p.Do, "reason": p.Reason})
 				}
 			} else {

@@ -249,6 +249,6 @@ type Current struct {
 
 // Refusal remembers content systemd would not load.
 type Refusal struct {
-	ContentKey string
-	Reason     string
+	ContentKey string `json:"contentKey"`
+	Reason     string `json:"reason"`
 }

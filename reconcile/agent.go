@@ -108,6 +108,9 @@ type Config struct {
 	Files    Files
 	Manifest Manifest
 	Reporter Reporter // nil: statuses are only served locally
+	// Facts publishes what previews need of this host (facts.go); nil:
+	// nothing is published.
+	Facts    FactsPublisher
 	Log      *slog.Logger
 	Observer Observer // nil: NopObserver
 	// Coordinator coordinates MaxUnavailable= and halts across hosts; nil
@@ -178,6 +181,8 @@ type Agent struct {
 	// publisher: a pass that changed no status but acted on a newer
 	// revision is published too (its pass record moves).
 	acted int64
+	// facts are the host's facts for previews, and their publisher.
+	facts factsState
 }
 
 // handoff is where other goroutines meet the loop.
@@ -265,6 +270,7 @@ func New(cfg Config) *Agent {
 		cache:   newCache(),
 		focus:   newFocus(),
 		managed: newManagedIndex(cfg.Manifest.Managed()),
+		facts:   newFactsState(cfg.Facts),
 	}
 }
 
@@ -401,6 +407,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer retry.Stop()
 	defer a.slots.wg.Wait()
 	defer a.jobs.wg.Wait()
+	defer a.startFacts(ctx)()
 	if a.pub != nil {
 		var wg sync.WaitGroup
 		defer wg.Wait()

@@ -218,6 +218,7 @@ func (a *Agent) takeDirty() {
 	d := a.hand.dirty
 	a.hand.dirty = dirty{}
 	a.hand.mu.Unlock()
+	a.facts.notePaths(d.paths)
 	if d.all {
 		a.forgetAll()
 		return
@@ -247,6 +248,7 @@ func (a *Agent) takeDirty() {
 func (a *Agent) forgetAll() {
 	a.cache = newCache()
 	a.focus.all = true
+	a.facts.relist = true
 }
 
 // forgetUnit drops a unit's state; for a template (its file or a drop-in of
@@ -363,6 +365,7 @@ func (a *Agent) file(p string) LocalFile {
 // them when systemd cannot summarize), and every unit is planned again.
 func (a *Agent) resyncCache(ctx context.Context) {
 	a.focus.all = true
+	a.facts.relist = true
 	a.cache.files = map[string]LocalFile{}
 	a.cache.fileStates = map[string]string{}
 	sum, ok := a.cfg.Systemd.(Summarizer)

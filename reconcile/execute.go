@@ -62,6 +62,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	a.persist()
 	t1 := time.Now()
 	reportErr := a.report(ctx)
+	a.updateFacts()
 	if !a.cfg.CheckFocus {
 		// Only report looks at this pass's actions again (the check
 		// compares them with the next passes' plans).

@@ -117,6 +117,8 @@ func (c *Client) hostUnits(host string) string   { return c.hostsRoot() + host +
 func (c *Client) groupUnits(group string) string { return c.groupsRoot() + group + "/units/" }
 func (c *Client) agentKey(host string) string    { return c.agentsRoot() + host }
 func (c *Client) hostStatus(host string) string  { return c.statusRoot() + host + "/" }
+func (c *Client) factsRoot() string              { return c.prefix + "/facts/" }
+func (c *Client) factsKey(host string) string    { return c.factsRoot() + host }
 
 func (c *Client) targetUnits(t Target) string {
 	if t.Group != "" {

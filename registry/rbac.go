@@ -19,7 +19,7 @@ import (
 // Lease calls need nothing more: LeaseGrant needs only an authenticated
 // user, and etcd allows keep-alive and revoke of a lease only to a user who
 // may write every key bound to it — for the agent, its own agents/<host>,
-// status/<host>/ and lock keys, all in the set below.
+// status/<host>/, facts/<host> and lock keys, all in the set below.
 
 // Permission is one key range of an agent's etcd role.
 type Permission struct {
@@ -52,6 +52,7 @@ func AgentRole(host string) string { return "agentd-host-" + host }
 //	<p>/hosts/<h>/             prefix  read       its own unit keys (Watch)
 //	<p>/agents/<h>             key     readwrite  its membership record (Join compares and reads it; every Report is guarded by it)
 //	<p>/status/<h>/            prefix  readwrite  its statuses (Report puts them, lists the prefix, deletes stale keys)
+//	<p>/facts/<h>              key     readwrite  its facts for previews (PublishFacts puts them)
 //	<p>/groups/<g>/            prefix  read       each group's unit keys (Watch; Halt reads the unit's current content)
 //	<p>/halts/groups/<g>/      prefix  readwrite  each group's halts (Watch; Halt records a version this host failed)
 //	<p>/locks/groups/<g>/      prefix  readwrite  each group's MaxUnavailable queues (Acquire reads and watches the queue, writes its own key)
@@ -79,6 +80,7 @@ func AgentPermissions(prefix, host string, groups []string) ([]Permission, error
 		{Key: c.agentKey(host), Write: true, Why: "its membership record, bound to its lease (compared and read when joining; guards every status report)"},
 		{Key: c.hostStatus(host), Prefix: true, Write: true, Why: "its unit statuses and pass record, bound to its lease (put, listed, stale ones deleted)"},
 		{Key: c.memberKey(host), Write: true, Why: "its member record, without a lease (put at join, every minute, and at leave)"},
+		{Key: c.factsKey(host), Write: true, Why: "its facts for previews (the files it did not write, the content it refused), bound to its lease"},
 	}
 	for _, g := range gs {
 		perms = append(perms,

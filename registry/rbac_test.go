@@ -3,6 +3,8 @@ package registry
 import (
 	"strings"
 	"testing"
+
+	"github.com/agentd/agentd/reconcile"
 )
 
 // covers reports whether perms grant key (write: readwrite).
@@ -34,10 +36,12 @@ func TestAgentPermissionsMatchKeyLayout(t *testing.T) {
 			c.groupUnits("web") + u, c.groupUnits("all") + u,
 			c.groupHalts("web") + u, c.groupHalts("all") + u,
 			c.lockDir("groups/web", u) + "h2", c.lockDir("groups/all", u) + "h3",
-			c.agentKey("h1"), c.hostStatus("h1") + u,
+			c.agentKey("h1"), c.hostStatus("h1") + u, c.factsKey("h1"),
+			c.hostStatus("h1") + reconcile.PassKey, c.memberKey("h1"),
 		}
 		writes := []string{
-			c.agentKey("h1"), c.hostStatus("h1") + u,
+			c.agentKey("h1"), c.hostStatus("h1") + u, c.factsKey("h1"),
+			c.hostStatus("h1") + reconcile.PassKey, c.memberKey("h1"),
 			c.haltKey("groups/web", u), c.haltKey("groups/all", "app@1.service"),
 			c.lockKey("groups/web", u, "h1"), c.lockKey("groups/all", u, "h1"),
 		}
@@ -55,6 +59,8 @@ func TestAgentPermissionsMatchKeyLayout(t *testing.T) {
 			c.hostUnits("h2") + u, c.hostUnits("h10") + u,
 			c.agentKey("h2"), c.agentKey("h10"), c.agentsRoot(),
 			c.hostStatus("h2") + u, c.hostStatus("h10") + u,
+			c.factsKey("h2"), c.factsKey("h10"), c.factsKey("h1") + "/x", c.factsRoot(),
+			c.memberKey("h2"), c.memberKey("h10"), c.membersRoot(),
 			c.groupUnits("db") + u, c.groupHalts("db") + u, c.lockKey("groups/db", u, "h1"),
 			c.lockKey("hosts/h2", u, "h1"),
 			c.prefix + "/other",

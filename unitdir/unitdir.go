@@ -444,3 +444,53 @@ func randSuffix() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// List names the files in the directory — at its top, and in its <unit>.d/
+// drop-in directories — relative to it: what the agent publishes of the
+// files it does not own. Directories (a <target>.wants/ of enablement
+// links among them) and the agent's own temp files are left out; a
+// symlink is listed (a masked unit is one).
+func (d *Dir) List() ([]string, error) {
+	top, subdirs, err := d.list(".")
+	if err != nil {
+		return nil, err
+	}
+	for _, sub := range subdirs {
+		if !strings.HasSuffix(sub, ".d") {
+			continue
+		}
+		names, _, err := d.list(sub)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed since the listing of the top
+		}
+		if err != nil {
+			return nil, err
+		}
+		top = append(top, names...)
+	}
+	return top, nil
+}
+
+// list names the entries of dir that are not directories (files), and its
+// subdirectories, as paths relative to the root.
+func (d *Dir) list(dir string) (files, subdirs []string, err error) {
+	f, err := d.root.Open(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	entries, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		return nil, nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		rel := path.Join(dir, e.Name())
+		switch {
+		case e.IsDir():
+			subdirs = append(subdirs, rel)
+		case !isTemp(e.Name()):
+			files = append(files, rel)
+		}
+	}
+	return files, subdirs, nil
+}

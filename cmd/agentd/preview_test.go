@@ -364,3 +364,66 @@ func TestUnitEditConcurrentPut(t *testing.T) {
 		t.Fatalf("registry holds %q, want the other put's content", got)
 	}
 }
+
+// Trial case 3, on a real systemd and etcd: a hand-written hw.service is
+// on the host. --dry-run predicts the refusal (from the facts the agent
+// publishes); the put without --wait warns of it and the host refuses it;
+// --dry-run of the same put afterwards still predicts the refusal, and the
+// hand-written file is left as it was.
+func TestDryRunPredictsTheRefusalOfAnUnmanagedFile(t *testing.T) {
+	e := newEnv(t)
+	e.startAgent()
+	e.put("hello.service", helloV1)
+	const hand = "[Service]\nType=exec\nExecStart=/bin/sleep 999\n"
+	if err := os.WriteFile(filepath.Join(e.h.UnitDir, "hw.service"), []byte(hand), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	eventually(t, "h1 publishes hw.service among the files it did not write", func() bool {
+		f, err := e.reg.Facts(ctx, "h1")
+		return err == nil && f != nil && f.Unowned["hw.service"].Hash == reconcile.Hash([]byte(hand))
+	})
+	dryRun := func(when string) {
+		t.Helper()
+		out, code := e.cli("unit", "put", e.writeUnit("hw.service", helloV1), "--host", "h1", "--dry-run", "--json")
+		if code != 0 || !strings.Contains(out, `"unit":"hw.service"`) || !strings.Contains(out, `"do":"blocked"`) ||
+			!strings.Contains(out, "agentd did not write it") {
+			t.Fatalf("%s: dry-run: exit %d, want a refusal\n%s", when, code, out)
+		}
+		out, code = e.cli("unit", "put", e.writeUnit("hw.service", helloV1), "--host", "h1", "--dry-run")
+		if code != 0 || !strings.Contains(out, "blocked: unmanaged file: hw.service exists and agentd did not write it") {
+			t.Fatalf("%s: dry-run text: exit %d\n%s", when, code, out)
+		}
+	}
+	dryRun("before the put")
+
+	out, code := e.cli("unit", "put", e.writeUnit("hw.service", helloV1), "--host", "h1")
+	if code != 0 || !strings.Contains(out, "stored hosts/h1/units/hw.service") || !strings.Contains(out, "warning: h1 would refuse hw.service: unmanaged file") {
+		t.Fatalf("put: exit %d, want it stored with a warning\n%s", code, out)
+	}
+	eventually(t, "h1 refuses hw.service", func() bool {
+		s, ok := e.status("hw.service")
+		return ok && s.Action == "blocked" && strings.Contains(s.Error, "unmanaged file")
+	})
+	dryRun("after the host refused it")
+	if got, _ := e.readLocal("hw.service"); got != hand {
+		t.Fatalf("hw.service on disk = %q, want the hand-written file", got)
+	}
+	// Moved away, the file is no longer a fact of the host, and the
+	// preview says the put would start the unit.
+	if err := os.Remove(filepath.Join(e.h.UnitDir, "hw.service")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "h1 installs hw.service once the file is gone", func() bool {
+		s, ok := e.status("hw.service")
+		return ok && s.Hash == reconcile.Hash([]byte(helloV1)) && s.ActiveState == "active"
+	})
+	eventually(t, "h1's facts no longer name hw.service", func() bool {
+		f, err := e.reg.Facts(ctx, "h1")
+		if err != nil || f == nil {
+			return false
+		}
+		_, there := f.Unowned["hw.service"]
+		return !there
+	})
+}

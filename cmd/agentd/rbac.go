@@ -34,6 +34,7 @@ agent needs, and nothing else (see "Least privilege in etcd" in the README):
   readwrite  <prefix>/agents/H          (one key: its membership record)
   readwrite  <prefix>/status/H/         its statuses and pass record
   readwrite  <prefix>/members/H         (one key: its member record, no lease)
+  readwrite  <prefix>/facts/H           (one key: its facts, for previews)
   read       <prefix>/groups/G/         each group's unit keys
   readwrite  <prefix>/halts/groups/G/   each group's rollout halts
   readwrite  <prefix>/locks/groups/G/   each group's MaxUnavailable= queues

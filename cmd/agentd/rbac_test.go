@@ -64,6 +64,8 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/hosts/h1/",
 		"etcdctl role grant-permission agentd-host-h1 readwrite /agentd/agents/h1",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/status/h1/",
+		"etcdctl role grant-permission agentd-host-h1 readwrite /agentd/members/h1",
+		"etcdctl role grant-permission agentd-host-h1 readwrite /agentd/facts/h1",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/groups/db/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/halts/groups/db/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/locks/groups/db/",
@@ -94,7 +96,7 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 			Prefix          bool
 		}
 	}
-	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 7 ||
+	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 9 ||
 		v.Permissions[2].Key != "/agentd/agents/h1" || v.Permissions[2].Permission != "readwrite" || v.Permissions[2].Prefix {
 		t.Fatalf("--json: exit %d, %v\n%s", code, err, out)
 	}
@@ -250,6 +252,11 @@ func TestAgentUnderLeastPrivilegeRole(t *testing.T) {
 	if p := e.h.MainPID(t, "app.service"); p == 0 {
 		t.Fatal("app.service not running")
 	}
+	// Its facts, for previews (facts/a).
+	eventually(t, "a publishes its facts", func() bool {
+		f, err := root.Facts(ctx, "a")
+		return err == nil && f != nil
+	})
 	// A version that fails is rolled back and halts the group (halts/).
 	bad := app("/bin/sh -c 'sleep 0.2; exit 3'", "HealthySec=1")
 	if _, err := root.Put(ctx, registry.Target{Group: "web"}, map[string][]byte{"app.service": bad}); err != nil {
@@ -277,6 +284,8 @@ func TestAgentUnderLeastPrivilegeRole(t *testing.T) {
 		"/agentd/agents/b",                // another host's membership
 		"/agentd/agents/ab",               // a name that extends its own
 		"/agentd/status/ab/x.service",
+		"/agentd/facts/b", // another host's facts
+		"/agentd/facts/ab",
 		"/agentd/hosts/a/units/x.service", // its own units: read only
 		"/agentd/groups/web/units/x.service",
 		"/agentd/groups/db/units/x.service",
@@ -305,5 +314,8 @@ func TestAgentUnderLeastPrivilegeRole(t *testing.T) {
 	}
 	if st, err := root.Statuses(ctx, "a"); err != nil || len(st) != 0 {
 		t.Fatalf("statuses after a left: %d, %v", len(st), err)
+	}
+	if f, err := root.Facts(ctx, "a"); err != nil || f != nil {
+		t.Fatalf("facts after a left: %+v, %v", f, err)
 	}
 }

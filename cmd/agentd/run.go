@@ -354,6 +354,7 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		Files:             files,
 		Manifest:          manifest,
 		Reporter:          reporter,
+		Facts:             sessionFacts{reporter},
 		Coordinator:       sessionCoordinator{reporter},
 		Log:               log,
 		Observer:          multiObserver{svc, met, quiet},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -123,6 +124,15 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 				return err
 			}
 			defer reg.Close()
+			// Without --wait nobody hears the hosts' answer: say now which
+			// are known to refuse the put (from the registry as it is
+			// before it), once it is stored.
+			var warnings bytes.Buffer
+			if !wait {
+				if err := warnRefusals(ctx, &warnings, reg, tg, units); err != nil {
+					fmt.Fprintf(&warnings, "warning: the hosts' facts could not be read, so refusals are not known: %v\n", err)
+				}
+			}
 			rev, err := reg.Put(ctx, tg, units, writeOptions(cmd)...)
 			if err != nil {
 				return err
@@ -136,7 +146,8 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 				}
 			}
 			if !wait {
-				return nil
+				_, err := warnings.WriteTo(cmd.ErrOrStderr())
+				return err
 			}
 			return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
 		},

@@ -15,6 +15,9 @@ type DesiredFile struct {
 	Content []byte
 	Hash    string
 	Source  string // "host" or "group:<name>"
+	// Revision is the registry revision that wrote the key (0 for a file
+	// the agent restores, which no key holds).
+	Revision int64
 }
 
 // DesiredUnit is everything the registry says about one unit on this host.
@@ -185,7 +188,7 @@ func desireUnit(name string, es []Entry) *DesiredUnit {
 			block(fmt.Errorf("%s: %w", path, err))
 			continue
 		}
-		f := DesiredFile{Path: path, Content: e.Value, Hash: Hash(e.Value), Source: source}
+		f := DesiredFile{Path: path, Content: e.Value, Hash: Hash(e.Value), Source: source, Revision: e.ModRevision}
 		if path == u.Name {
 			u.File = &f
 		} else {

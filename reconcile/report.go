@@ -140,6 +140,9 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 			s.Hash = lf.Hash
 		}
 	}
+	if d != nil && d.File != nil && s.Hash == s.DesiredHash {
+		s.Revision = d.File.Revision
+	}
 	for p, h := range a.managed.of(name) {
 		if p == name || h == InstanceMarker {
 			continue

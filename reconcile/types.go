@@ -135,6 +135,9 @@ type Status struct {
 	Unit        string `json:"unit"`
 	Hash        string `json:"hash"`        // SHA-256 of the local file ("" when absent)
 	DesiredHash string `json:"desiredHash"` // SHA-256 of the registry value ("" when not in the registry)
+	// Revision is the registry revision that wrote the unit file the host
+	// has on disk, when that file is the registry's (0 otherwise).
+	Revision int64 `json:"revision,omitempty"`
 	// DropIns maps each drop-in the agent manages for this unit to the
 	// hash of the file on disk.
 	DropIns     map[string]string `json:"dropIns,omitempty"`

@@ -52,6 +52,9 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opt
 	if err := errors.Join(errs...); err != nil {
 		return 0, fmt.Errorf("put %s: %w", t, err)
 	}
+	if err := checkValues(t, units); err != nil {
+		return 0, err
+	}
 	o := newWriteOptions(opts)
 	root := c.targetUnits(t)
 	names := slices.Sorted(maps.Keys(units))
@@ -76,7 +79,11 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opt
 			}
 			ifs, ops = append(ifs, guard), append(ops, dels...)
 		}
-		resp, err := c.cli.Txn(ctx).If(ifs...).Then(ops...).Commit()
+		resp, err := c.commitWrite(ctx, writeTxn{op: "put", target: t, keys: len(names), ifs: ifs, ops: ops})
+		var le *LimitError
+		if errors.As(err, &le) {
+			return 0, err // says what and where in its own words
+		}
 		if err != nil {
 			return 0, fmt.Errorf("put %s (%s): %w", root, strings.Join(names, ", "), err)
 		}
@@ -148,7 +155,11 @@ func (c *Client) Remove(ctx context.Context, t Target, units []string, opts ...W
 			}
 			ifs, ops = append(ifs, guard), append(ops, haltDels...)
 		}
-		resp, err := c.cli.Txn(ctx).If(ifs...).Then(ops...).Commit()
+		resp, err := c.commitWrite(ctx, writeTxn{op: "removal", target: t, keys: len(names), ifs: ifs, ops: ops})
+		var le *LimitError
+		if errors.As(err, &le) {
+			return 0, err // says what and where in its own words
+		}
 		if err != nil {
 			return 0, fmt.Errorf("remove %s (%s): %w", root, strings.Join(names, ", "), err)
 		}

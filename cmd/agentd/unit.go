@@ -124,7 +124,7 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 			defer reg.Close()
 			rev, err := reg.Put(ctx, tg, units, writeOptions(cmd)...)
 			if err != nil {
-				return err
+				return writeError(err)
 			}
 			out := cmd.OutOrStdout()
 			for _, k := range slices.Sorted(mapsKeys(units)) {
@@ -176,7 +176,7 @@ func newUnitRmCmd() *cobra.Command {
 			defer reg.Close()
 			rev, err := reg.Remove(ctx, tg, args, writeOptions(cmd)...)
 			if err != nil {
-				return err
+				return writeError(err)
 			}
 			out := cmd.OutOrStdout()
 			for _, k := range args {
@@ -368,6 +368,16 @@ func newHostsCmd() *cobra.Command {
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// writeError gives a write that the registry refused before sending it,
+// over a size limit, the usage exit code: the arguments as given cannot be
+// written, and nothing was.
+func writeError(err error) error {
+	if errors.Is(err, registry.ErrTooLarge) {
+		return withCode(exitUsage, err)
+	}
+	return err
 }
 
 func prefixed(s string) string {

@@ -1,0 +1,164 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// bigUnits is n unit files of size bytes each, a.service, b.service, …
+func bigUnits(n, size int) map[string][]byte {
+	units := map[string][]byte{}
+	for i := range n {
+		head := fmt.Sprintf("[Service]\nExecStart=/bin/true %d\n", i)
+		units[fmt.Sprintf("u%03d.service", i)] = []byte(head + strings.Repeat("#", size-len(head)))
+	}
+	return units
+}
+
+// assertNothingStored fails t if anything was written under the prefix of
+// c: unit keys or their history.
+func assertNothingStored(t *testing.T, c *Client) {
+	t.Helper()
+	resp, err := c.cli.Get(ctxT(t), c.prefix+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		t.Errorf("stored %s, want nothing", kv.Key)
+	}
+}
+
+// The case: six units of 250 KB. With their history copies the
+// transaction is 3.1 MB, over etcd's 1.5 MiB.
+func TestLimitRequestBytesRefusedBeforeSending(t *testing.T) {
+	c := NewTestClient(t, StartTestEtcd(t).Endpoint())
+	_, err := c.Put(ctxT(t), Target{Host: "h1"}, bigUnits(6, 250<<10))
+	var le *LimitError
+	if !errors.As(err, &le) || !errors.Is(err, ErrTooLarge) || le.Limit != LimitRequest || le.Server {
+		t.Fatalf("Put = %v, want a LimitError on the request size, found before sending", err)
+	}
+	want := "this put to hosts/h1 is 3.1 MB (6 keys, each with a copy in its history); the registry takes at most 1.5 MiB in one request (etcd's --max-request-bytes): split it, or raise the server's limit; nothing stored"
+	if err.Error() != want {
+		t.Errorf("message:\n got %s\nwant %s", err, want)
+	}
+	assertNothingStored(t, c)
+
+	// Just under the limit is stored: the check measures what etcd measures.
+	under := bigUnits(3, 250<<10)
+	if _, err := c.Put(ctxT(t), Target{Host: "h1"}, under); err != nil {
+		t.Fatalf("a put of 1.5 MB: %v", err)
+	}
+	if n := requestBytes(writeTxnFor(c, under)); n > MaxRequestBytes || n < 3*2*250<<10 {
+		t.Errorf("measured %d bytes for 3 × 250 KiB twice", n)
+	}
+}
+
+// writeTxnFor is a rough put of units (keys and their history copies) for
+// measuring.
+func writeTxnFor(c *Client, units map[string][]byte) writeTxn {
+	w := writeTxn{op: "put", target: Target{Host: "h1"}, keys: len(units)}
+	for u, v := range units {
+		w.ops = append(w.ops, clientv3.OpPut(c.targetUnits(w.target)+u, string(v)), clientv3.OpPut(c.historyKey(w.target, u, 1), string(v)))
+	}
+	return w
+}
+
+func TestLimitTxnOpsRefusedBeforeSending(t *testing.T) {
+	c := NewTestClient(t, StartTestEtcd(t).Endpoint())
+	_, err := c.Put(ctxT(t), Target{Group: "web"}, bigUnits(600, 100))
+	var le *LimitError
+	if !errors.As(err, &le) || le.Limit != LimitOps || le.Server {
+		t.Fatalf("Put = %v, want a LimitError on the operations", err)
+	}
+	want := "this put to groups/web is 1200 operations in one transaction (600 keys, each with its history record); the registry takes at most 1024 (etcd's --max-txn-ops): split it, or raise the server's limit; nothing stored"
+	if err.Error() != want {
+		t.Errorf("message:\n got %s\nwant %s", err, want)
+	}
+	assertNothingStored(t, c)
+}
+
+func TestLimitValueRefusedBeforeSending(t *testing.T) {
+	c := NewTestClient(t, StartTestEtcd(t).Endpoint())
+	_, err := c.Put(ctxT(t), Target{Host: "h1"}, bigUnits(1, 300_000))
+	var le *LimitError
+	if !errors.As(err, &le) || le.Limit != LimitValue {
+		t.Fatalf("Put = %v, want a LimitError on the value", err)
+	}
+	want := "u000.service is 300.0 kB; the registry takes at most 256 KiB in one value: make it smaller (agentd's limit for a unit file); nothing stored"
+	if err.Error() != want {
+		t.Errorf("message:\n got %s\nwant %s", err, want)
+	}
+	assertNothingStored(t, c)
+}
+
+// startSmallEtcd runs an etcd whose limits are lower than agentd's: a
+// cluster set up by hand with etcd's defaults, or stricter.
+func startSmallEtcd(t *testing.T, maxRequestBytes uint) *Client {
+	t.Helper()
+	ec := embed.NewConfig()
+	ec.Dir = t.TempDir()
+	u, _ := url.Parse("http://127.0.0.1:0")
+	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*u}, []url.URL{*u}
+	ec.ListenPeerUrls = nil
+	p, _ := url.Parse(placeholderPeerURL)
+	ec.AdvertisePeerUrls = []url.URL{*p}
+	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	ec.TickMs, ec.ElectionMs, ec.UnsafeNoFsync = 10, 100, true
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	ec.MaxRequestBytes = maxRequestBytes // MaxTxnOps: etcd's default, 128
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(15 * time.Second):
+		t.Fatal("etcd not ready in 15s")
+	}
+	return NewTestClient(t, "http://"+e.Clients[0].Addr().String())
+}
+
+// A server whose limits are lower than agentd's refuses what agentd let
+// through: its error is said in the same words, and nothing is stored.
+func TestLimitLowerOnTheServerSaidPlainly(t *testing.T) {
+	c := startSmallEtcd(t, 100<<10)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name  string
+		units map[string][]byte
+		limit Limit
+		says  string
+	}{
+		// etcd's own check: "etcdserver: request is too large".
+		{"over --max-request-bytes", bigUnits(3, 50<<10), LimitRequest,
+			"this put to hosts/h1 is 308.3 kB (3 keys, each with a copy in its history); etcd refused it as too large for one request: its --max-request-bytes is lower than the 1.5 MiB agentd allows: split it, or raise the server's limit; nothing stored"},
+		// gRPC's, before etcd sees it (the server receives at most
+		// --max-request-bytes + 512 KiB): ResourceExhausted.
+		{"over the server's gRPC limit", bigUnits(3, 200<<10), LimitRequest, "etcd refused it as too large for one request"},
+		{"over --max-txn-ops", bigUnits(100, 100), LimitOps,
+			"this put to hosts/h1 is 200 operations in one transaction (100 keys, each with its history record); etcd refused it: its --max-txn-ops is lower than the 1024 agentd needs: split it, or raise the server's limit; nothing stored"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := c.Put(ctx, Target{Host: "h1"}, tc.units)
+			var le *LimitError
+			if !errors.As(err, &le) || le.Limit != tc.limit || !le.Server {
+				t.Fatalf("Put = %v, want a LimitError from the server", err)
+			}
+			if !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("message:\n got %s\nwant %s", err, tc.says)
+			}
+			assertNothingStored(t, c)
+		})
+	}
+}

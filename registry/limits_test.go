@@ -162,3 +162,92 @@ func TestLimitLowerOnTheServerSaidPlainly(t *testing.T) {
 		})
 	}
 }
+
+func TestRemoveRefusesToLeaveDropInsWithoutTheirUnit(t *testing.T) {
+	c := NewTestClient(t, StartTestEtcd(t).Endpoint())
+	ctx := ctxT(t)
+	h1 := Target{Host: "h1"}
+	if _, err := c.Put(ctx, h1, map[string][]byte{
+		"dd.service": []byte("[Service]\nExecStart=/bin/true\n"), "dd.service.d/x.conf": []byte("[Service]\n"),
+		"dd.service.d/y.conf": []byte("[Unit]\n"), "other.service": []byte("[Service]\nExecStart=/bin/true\n"),
+		"dd.socket.d/z.conf": []byte("[Unit]\n"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	keys := func() string {
+		ls, err := c.List(ctx, &h1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ks []string
+		for _, l := range ls {
+			ks = append(ks, l.Unit)
+		}
+		return strings.Join(ks, " ")
+	}
+	all := keys()
+
+	_, err := c.Remove(ctx, h1, []string{"dd.service", "dd.service.d/x.conf", "other.service"}, OnlyWholeUnits())
+	var de *DropInsError
+	if !errors.As(err, &de) || !errors.Is(err, ErrDropInsStay) {
+		t.Fatalf("Remove of a unit with a drop-in left = %v, want a DropInsError", err)
+	}
+	if want := "drop-ins in the registry for hosts/h1 would stay without their unit: dd.service has dd.service.d/y.conf; nothing removed"; err.Error() != want {
+		t.Errorf("message:\n got %s\nwant %s", err, want)
+	}
+	if got := keys(); got != all {
+		t.Errorf("keys after the refusal: %s, want %s", got, all)
+	}
+
+	// A drop-in alone may go: its unit stays.
+	if _, err := c.Remove(ctx, h1, []string{"dd.service.d/y.conf"}, OnlyWholeUnits()); err != nil {
+		t.Fatal(err)
+	}
+	// Named together they go together.
+	if _, err := c.Remove(ctx, h1, []string{"dd.service", "dd.service.d/x.conf"}, OnlyWholeUnits()); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := keys(), "dd.socket.d/z.conf other.service"; got != want {
+		t.Errorf("keys = %s, want %s", got, want)
+	}
+}
+
+func TestRemoveRecursive(t *testing.T) {
+	c := NewTestClient(t, StartTestEtcd(t).Endpoint())
+	ctx := ctxT(t)
+	web := Target{Group: "web"}
+	if _, err := c.Put(ctx, web, map[string][]byte{
+		"dd.service": []byte("[Service]\nExecStart=/bin/true\n"), "dd.service.d/x.conf": []byte("[Service]\n"),
+		"dd.service.d/y.conf": []byte("[Unit]\n"), "ee.service.d/z.conf": []byte("[Unit]\n"), "keep.service": []byte("[Service]\nExecStart=/bin/true\n"),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rev, removed, err := c.RemoveRecursive(ctx, web, []string{"dd.service"}, StoredBy("op@box"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(removed, " "), "dd.service dd.service.d/x.conf dd.service.d/y.conf"; got != want {
+		t.Errorf("removed %s, want %s", got, want)
+	}
+	// One transaction: each key's history has its removal at one revision.
+	for _, k := range removed {
+		h, err := c.History(ctx, web, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Exists || len(h.Versions) != 2 || !h.Versions[1].Removed || h.Versions[1].Revision != rev {
+			t.Errorf("history of %s: %+v, want its removal at revision %d", k, h, rev)
+		}
+	}
+	// A unit whose own key is gone, with a drop-in left: the drop-in goes.
+	if _, removed, err = c.RemoveRecursive(ctx, web, []string{"ee.service"}); err != nil || strings.Join(removed, " ") != "ee.service.d/z.conf" {
+		t.Errorf("RemoveRecursive(ee.service) = %v, %v; want its drop-in removed", removed, err)
+	}
+	// Nothing of it at all: not found, nothing removed.
+	if _, _, err := c.RemoveRecursive(ctx, web, []string{"keep.service", "nope.service"}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("RemoveRecursive of a missing unit = %v, want ErrNotFound", err)
+	}
+	if _, err := c.Get(ctx, web, "keep.service"); err != nil {
+		t.Errorf("keep.service: %v", err)
+	}
+}

@@ -66,3 +66,64 @@ func TestPutOverTheRequestLimitSaysSoPlainly(t *testing.T) {
 		}
 	}
 }
+
+// Issue 29, case 4, the CLI's half: rm of a unit whose drop-ins stay is
+// refused, names them and changes nothing; naming them, or --recursive,
+// removes the unit and its drop-ins in one transaction.
+func TestUnitRmRefusesToLeaveDropIns(t *testing.T) {
+	t.Parallel()
+	e := newRegistryEnv(t)
+	tg := registry.Target{Host: e.host}
+	put := func() {
+		if _, err := e.reg.Put(context.Background(), tg, map[string][]byte{
+			"dd.service":          []byte(hv1),
+			"dd.service.d/x.conf": []byte("[Service]\nEnvironment=X=1\n"),
+			"dd.service.d/y.conf": []byte("[Service]\nEnvironment=Y=1\n"),
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put()
+	all := e.keysOf()
+
+	out, code := e.cli("unit", "rm", "dd.service", "--host", e.host)
+	if code != exitUsage {
+		t.Errorf("exit %d, want %d", code, exitUsage)
+	}
+	want := "drop-ins in the registry for hosts/h1 would stay without their unit: dd.service has dd.service.d/x.conf, dd.service.d/y.conf; nothing removed (name them too, or give --recursive to remove each unit with all its drop-ins)"
+	if !strings.Contains(out, want) {
+		t.Errorf("output:\n%s\nwant it to say:\n%s", out, want)
+	}
+	if ks := e.keysOf(); ks != all {
+		t.Errorf("keys after the refusal: %s, want %s", ks, all)
+	}
+	// One of them named: the other is still listed.
+	if out, code := e.cli("unit", "rm", "dd.service", "dd.service.d/x.conf", "--host", e.host); code != exitUsage || !strings.Contains(out, "dd.service has dd.service.d/y.conf;") {
+		t.Errorf("rm with one drop-in named: exit %d\n%s", code, out)
+	}
+
+	// All named: removed together.
+	out, code = e.cli("unit", "rm", "dd.service", "dd.service.d/x.conf", "dd.service.d/y.conf", "--host", e.host)
+	if code != 0 || e.keysOf() != "" {
+		t.Fatalf("rm with its drop-ins named: exit %d, keys left %q\n%s", code, e.keysOf(), out)
+	}
+
+	// --recursive: the unit and every drop-in, in one transaction, each
+	// printed.
+	put()
+	out, code = e.cli("unit", "rm", "dd.service", "--recursive", "--host", e.host)
+	if code != 0 || e.keysOf() != "" {
+		t.Fatalf("rm --recursive: exit %d, keys left %q\n%s", code, e.keysOf(), out)
+	}
+	var revs []string
+	for _, k := range []string{"dd.service", "dd.service.d/x.conf", "dd.service.d/y.conf"} {
+		i := strings.Index(out, "removed hosts/h1/units/"+k+" (revision ")
+		if i < 0 {
+			t.Fatalf("output does not say %s was removed:\n%s", k, out)
+		}
+		revs = append(revs, strings.SplitN(out[i:], "\n", 2)[0][len("removed hosts/h1/units/"+k):])
+	}
+	if revs[0] != revs[1] || revs[1] != revs[2] {
+		t.Errorf("removed at revisions %v, want one transaction", revs)
+	}
+}

@@ -251,3 +251,47 @@ func TestRemoveRecursive(t *testing.T) {
 		t.Errorf("keep.service: %v", err)
 	}
 }
+
+// A drop-in put between Remove's read and its transaction is not left
+// behind: the transaction's guard fails, Remove reads again and judges the
+// new drop-in like the others.
+func TestRemoveSeesADropInPutMeanwhile(t *testing.T) {
+	c := NewTestClient(t, StartTestEtcd(t).Endpoint())
+	ctx := ctxT(t)
+	h1 := Target{Host: "h1"}
+	put := func(units map[string][]byte) {
+		t.Helper()
+		if _, err := c.Put(ctx, h1, units); err != nil {
+			t.Fatal(err)
+		}
+	}
+	racePut := func(key string) {
+		once := true
+		c.testAfterKeysRead = func() {
+			if once {
+				once = false
+				if _, err := c.cli.Put(ctx, c.targetUnits(h1)+key, "[Service]\n"); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	}
+	put(map[string][]byte{"dd.service": []byte("[Service]\nExecStart=/bin/true\n")})
+	racePut("dd.service.d/late.conf")
+	_, err := c.Remove(ctx, h1, []string{"dd.service"}, OnlyWholeUnits())
+	if want := "dd.service has dd.service.d/late.conf"; !errors.Is(err, ErrDropInsStay) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Remove with a drop-in put meanwhile = %v, want it refused naming %s", err, want)
+	}
+	if _, err := c.Get(ctx, h1, "dd.service"); err != nil {
+		t.Fatalf("dd.service after the refusal: %v", err)
+	}
+
+	racePut("dd.service.d/later.conf")
+	_, removed, err := c.RemoveRecursive(ctx, h1, []string{"dd.service"})
+	if got, want := strings.Join(removed, " "), "dd.service dd.service.d/late.conf dd.service.d/later.conf"; err != nil || got != want {
+		t.Fatalf("RemoveRecursive with a drop-in put meanwhile = %s, %v; want %s", got, err, want)
+	}
+	if ls, err := c.List(ctx, &h1); err != nil || len(ls) != 0 {
+		t.Errorf("left: %+v, %v", ls, err)
+	}
+}

@@ -171,6 +171,9 @@ func (c *Client) remove(ctx context.Context, t Target, units []string, recursive
 		if err != nil {
 			return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
 		}
+		if c.testAfterKeysRead != nil {
+			c.testAfterKeysRead()
+		}
 		// The drop-ins of each named unit: with recursive they go too;
 		// without, those not named refuse the removal.
 		var (

@@ -269,6 +269,9 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			a.Removes = append(a.Removes, p)
 		}
 	}
+	if d.File == nil && !d.Instance && ownsUnitFile(name, cur) {
+		return planUnitFileGone(a, st, cur)
+	}
 
 	// What the unit runs on once converged: its own files, and for an
 	// instance its template's (unless the template's change was rolled back).
@@ -492,9 +495,19 @@ func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *Desire
 // planForeign applies drop-ins on a unit the agent did not install: it is
 // never started, stopped, enabled or disabled; an active one gets the change
 // like any other (restart, reload or nothing, as the change needs).
+//
+// A unit systemd does not have (LoadState not-found: no unit file in any
+// of its directories — unlike a vendor unit in /usr/lib, which is loaded)
+// gets its drop-ins written and no job: starting, restarting or reloading
+// it could only end in "Unit … not found".
 func planForeign(a *Action, st UnitState, changed, stale bool, rec UnitRecord, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) {
 	a.Enable, a.Disable = false, false
 	switch {
+	case st.LoadState == "not-found":
+		a.Effective = nil // it runs none of them: nothing to record or adopt
+		if changed {
+			a.Kind, a.Reason = KindUpdate, describe(*a, rec, cur)+"; drop-ins on "+a.Unit+", which systemd does not have (not-found): written, no job"
+		}
 	case st.Active() && (changed || stale):
 		p := a.Policy
 		note := " (drop-ins on a unit agentd did not install)"

@@ -27,7 +27,7 @@ func planRemove(a Action, managed []string, cur Current) Action {
 		// The drop-ins are gone from disk and systemd has reloaded: apply
 		// their removal to the running unit, if it had an effect.
 		a.Reason = "drop-ins removed"
-		if !st.Active() || len(rec.Applied) == 0 {
+		if !st.Active() || len(rec.Applied) == 0 || st.LoadState == "not-found" {
 			a.Kind, a.DropRecord = KindNone, true
 			return a
 		}
@@ -77,6 +77,40 @@ func planRemove(a Action, managed []string, cur Current) Action {
 		return a
 	}
 	a.Kind, a.DropRecord = KindNone, true
+	return a
+}
+
+// ownsUnitFile says whether the agent installed name's own unit file (the
+// manifest has it, and not as an instance's marker).
+func ownsUnitFile(name string, cur Current) bool {
+	h, ok := cur.Managed[name]
+	return ok && h != InstanceMarker
+}
+
+// planUnitFileGone: the registry holds drop-ins of a unit but no longer
+// its unit file, a file the agent installed — the unit was removed and a
+// drop-in stayed (a put of a drop-in racing an rm, etcdctl, a revert). The
+// unit goes as a removed unit goes (planRemove: stopped first, then
+// disabled and its file deleted, its record dropped); its drop-ins are only
+// written or kept, for a unit file to come. It never gets a start, restart
+// or reload: with its file gone systemd answers "Unit … not found", the
+// change fails and its rollback puts back the file the registry no longer
+// has. a holds the plan's writes (its drop-ins) and removes (its file).
+func planUnitFileGone(a Action, st UnitState, cur Current) Action {
+	a.Own, a.Kind = OwnFile, KindRemove
+	if j, ok := cur.Jobs[a.Unit]; ok && j.Job == JobStop {
+		return waiting(a, "unit file removed from the registry: stop job in progress")
+	}
+	if st.Active() || st.ActiveState == "deactivating" {
+		a.Writes, a.Removes, a.Forget = nil, nil, nil
+		a.Job = JobStop
+		a.Reason = "unit file removed from the registry, its drop-ins stay: stopping"
+		return a
+	}
+	a.Disable = st.UnitFileState == "enabled" && !IsTemplate(a.Unit) && !IsInstance(a.Unit)
+	a.ResetFailed = st.ActiveState == "failed"
+	a.DropRecord = true
+	a.Reason = "unit file removed from the registry; its drop-ins stay, written only: no job for a unit without its file"
 	return a
 }
 

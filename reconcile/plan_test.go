@@ -493,3 +493,108 @@ func TestOrderSocketServices(t *testing.T) {
 		}
 	}
 }
+
+// Issue 29, case 4: the registry holds a drop-in of a unit but no longer
+// the unit file the agent installed (an rm raced by a put of the drop-in,
+// etcdctl). The unit is removed as any removed unit — stopped, then
+// disabled and its file deleted — and the drop-in is only written or kept:
+// never a start, restart or reload of a unit without its file, which
+// systemd answers with "Unit dd.service not found". A unit systemd has
+// from elsewhere (a vendor unit in /usr/lib: loaded) still gets the job its
+// drop-in needs; one it does not have (not-found) gets none.
+func TestPlanDropInsWithoutTheirUnit(t *testing.T) {
+	const (
+		dd   = "dd.service"
+		ddX  = "dd.service.d/x.conf"
+		envB = "[Service]\nEnvironment=A=2\n"
+	)
+	notFound := func(st UnitState) UnitState {
+		st.LoadState, st.LoadError = "not-found", "Unit dd.service not found."
+		return st
+	}
+	installed := func(st UnitState) Current {
+		c := p2Host(map[string]UnitState{dd: st}, dd, svc, ddX, p2DropEnv)
+		c.Records[dd] = UnitRecord{Own: OwnFile, Applied: p2Files(dd, svc, ddX, p2DropEnv), Good: p2Files(dd, svc, ddX, p2DropEnv)}
+		c.Blobs = p2Blobs(svc, p2DropEnv)
+		return c
+	}
+	cases := []p2Case{
+		{name: "unit file gone, drop-in stays, unit running: stop only, no file touched",
+			entries: []Entry{entry(ddX, p2DropEnv)}, cur: func() Current { return installed(enabled(running)) },
+			want: p2Want{kind: KindRemove, job: JobStop, own: OwnFile, reasonLike: "stopping"}},
+		{name: "unit file gone, drop-in stays, unit deactivating: still a stop",
+			entries: []Entry{entry(ddX, p2DropEnv)},
+			cur: func() Current {
+				return installed(p2St(running, func(s *UnitState) { s.ActiveState, s.SubState = "deactivating", "stop-sigterm" }))
+			},
+			want: p2Want{kind: KindRemove, job: JobStop, own: OwnFile}},
+		{name: "unit file gone, drop-in stays, unit stopped and enabled: disable, delete the unit file, keep the drop-in, drop the record",
+			entries: []Entry{entry(ddX, p2DropEnv)}, cur: func() Current { return installed(enabled(stopped)) },
+			want: p2Want{kind: KindRemove, removes: []string{dd}, disable: true, drop: true, own: OwnFile, reasonLike: "no job"}},
+		{name: "unit file gone, drop-in changed, unit stopped: the drop-in written, the unit file deleted, no job",
+			entries: []Entry{entry(ddX, envB)}, cur: func() Current { return installed(p2FileState(failed, "disabled")) },
+			want: p2Want{kind: KindRemove, writes: p2Files(ddX, envB), removes: []string{dd}, drop: true, own: OwnFile}},
+		{name: "unit file gone, drop-in changed, unit running: stop first, nothing written yet",
+			entries: []Entry{entry(ddX, envB)}, cur: func() Current { return installed(running) },
+			want: p2Want{kind: KindRemove, job: JobStop, own: OwnFile}},
+		{name: "unit file gone, a stop job in flight: wait",
+			entries: []Entry{entry(ddX, p2DropEnv)},
+			cur: func() Current {
+				c := installed(running)
+				c.Jobs = map[string]InFlight{dd: {Job: JobStop}}
+				return c
+			},
+			want: p2Want{kind: KindWait, own: OwnFile, reasonLike: "stop job in progress"}},
+		{name: "unit file gone and the unit not-found but still running: stop, never a restart",
+			entries: []Entry{entry(ddX, envB)}, cur: func() Current { return installed(notFound(running)) },
+			want: p2Want{kind: KindRemove, job: JobStop, own: OwnFile}},
+		{name: "drop-in kept after its unit went, unit not-found: nothing to do",
+			entries: []Entry{entry(ddX, p2DropEnv)},
+			cur:     func() Current { return p2Host(map[string]UnitState{dd: notFound(absent)}, ddX, p2DropEnv) },
+			want:    p2Want{kind: KindNone, own: OwnDropIns}},
+		{name: "drop-in changed on a not-found unit: written, no job",
+			entries: []Entry{entry(ddX, envB)},
+			cur:     func() Current { return p2Host(map[string]UnitState{dd: notFound(absent)}, ddX, p2DropEnv) },
+			want:    p2Want{kind: KindUpdate, writes: p2Files(ddX, envB), own: OwnDropIns, reasonLike: "not-found", eff: nil, checkEff: true}},
+		{name: "drop-in new on a not-found unit that runs (its file deleted by hand): written, no restart",
+			entries: []Entry{entry(ddX, envB)},
+			cur:     func() Current { return p2Host(map[string]UnitState{dd: notFound(running)}) },
+			want:    p2Want{kind: KindUpdate, writes: p2Files(ddX, envB), own: OwnDropIns, reasonLike: "no job", eff: nil, checkEff: true}},
+		{name: "drop-in gone from a not-found unit that runs: nothing, drop the record",
+			cur: func() Current {
+				c := p2Host(map[string]UnitState{dd: notFound(running)})
+				c.Records[dd] = UnitRecord{Own: OwnDropIns, Applied: p2Files(ddX, p2DropEnv)}
+				c.Blobs = p2Blobs(p2DropEnv)
+				return c
+			},
+			want: p2Want{kind: KindNone, drop: true, own: OwnDropIns}},
+		{name: "drop-in new on a vendor unit systemd has (loaded, running): still restarted",
+			entries: []Entry{entry(ddX, envB)},
+			cur:     func() Current { return p2Host(map[string]UnitState{dd: running}) },
+			want:    p2Want{kind: KindRestart, job: JobRestart, writes: p2Files(ddX, envB), own: OwnDropIns}},
+		{name: "drop-in new on a vendor unit systemd has, stopped: written, not started",
+			entries: []Entry{entry(ddX, envB)},
+			cur:     func() Current { return p2Host(map[string]UnitState{dd: stopped}) },
+			want:    p2Want{kind: KindUpdate, writes: p2Files(ddX, envB), own: OwnDropIns, reasonLike: "not started"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := Plan(Desire(Snapshot{Entries: tc.entries}), tc.cur())
+			var got []Action
+			for _, a := range plan {
+				if a.Unit == dd {
+					got = append(got, a)
+				}
+			}
+			if len(got) != 1 {
+				t.Fatalf("%d actions for %s in %+v", len(got), dd, plan)
+			}
+			p2Check(t, got[0], tc.want)
+			if got[0].Job == JobStart || got[0].Job == JobRestart || got[0].Job == JobReload {
+				if st := tc.cur().Units[dd]; st.LoadState == "not-found" || tc.cur().Managed[dd] != "" {
+					t.Errorf("%s job for a unit whose file is gone", got[0].Job)
+				}
+			}
+		})
+	}
+}

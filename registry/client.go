@@ -58,6 +58,9 @@ type Client struct {
 	// testAfterRead, when set (tests only), runs in Watch between the
 	// full read and the start of the watch.
 	testAfterRead func()
+	// testAfterKeysRead, when set (tests only), runs in Remove between
+	// its read of the keys and its transaction.
+	testAfterKeysRead func()
 	// settleDelay is settleDelay (watch.go); tests make it long to show
 	// that a transaction lands without waiting it out.
 	settleDelay time.Duration

@@ -125,10 +125,12 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	ec.ListenPeerUrls = nil
 	ec.AdvertisePeerUrls = []url.URL{*purl}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
-	// A put writes each key, its history record and a prune in one
-	// transaction: etcd's default of 128 operations would cap one put at
-	// about 60 keys. (An external cluster needs --max-txn-ops likewise.)
-	ec.MaxTxnOps = 1024
+	// The limits every write is checked against before it is sent
+	// (limits.go): MaxTxnOps is raised from etcd's 128 (a put writes each
+	// key, its history record and a prune in one transaction); the
+	// request size is etcd's default, set here so that the two agree.
+	ec.MaxTxnOps = MaxTxnOps
+	ec.MaxRequestBytes = MaxRequestBytes
 	em := &Embedded{grace: closeGrace}
 	// Capture the client gRPC servers: etcd's own Close waits ~5 s for
 	// open watch and keep-alive streams; Close cuts them after a short

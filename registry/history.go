@@ -62,6 +62,9 @@ type writeOptions struct {
 	keep   int
 	now    func() time.Time
 	expect map[string]int64
+	// wholeUnits: Remove refuses to leave drop-ins without their unit
+	// (OnlyWholeUnits).
+	wholeUnits bool
 }
 
 func newWriteOptions(opts []WriteOption) writeOptions {
@@ -151,23 +154,31 @@ type keyState struct {
 	seqs   []int64 // kept history records, ascending
 }
 
-// readKeys reads, at one revision, the ModRevision of every unit key of t
-// and the sequence numbers of their history records (keys only).
-func (c *Client) readKeys(ctx context.Context, t Target, names []string) (map[string]*keyState, error) {
+// readKeys reads, at one revision (returned), the ModRevision of every
+// unit key of t in names and the sequence numbers of their history records
+// (keys only). With dropIns, every drop-in in the registry of a unit in
+// names ("<unit>.d/…") is read too, named or not.
+func (c *Client) readKeys(ctx context.Context, t Target, names []string, dropIns bool) (map[string]*keyState, int64, error) {
 	units, hist := c.targetUnits(t), c.historyUnits(t)
 	resp, err := c.cli.Txn(ctx).Then(
 		clientv3.OpGet(units, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(hist, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", units, err)
+		return nil, 0, fmt.Errorf("read %s: %w", units, err)
 	}
 	st := make(map[string]*keyState, len(names))
 	for _, n := range names {
 		st[n] = &keyState{}
 	}
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
-		if s, ok := st[strings.TrimPrefix(string(kv.Key), units)]; ok {
+		u := strings.TrimPrefix(string(kv.Key), units)
+		if _, ok := st[u]; !ok && dropIns {
+			if owner, _, ok := strings.Cut(u, ".d/"); ok && slices.Contains(names, owner) {
+				st[u] = &keyState{}
+			}
+		}
+		if s, ok := st[u]; ok {
 			s.modRev = kv.ModRevision
 		}
 	}
@@ -188,7 +199,7 @@ func (c *Client) readKeys(ctx context.Context, t Target, names []string) (map[st
 	for _, s := range st {
 		slices.Sort(s.seqs)
 	}
-	return st, nil
+	return st, resp.Header.Revision, nil
 }
 
 // historyOps returns the guards and operations that record the new

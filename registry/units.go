@@ -52,6 +52,9 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opt
 	if err := errors.Join(errs...); err != nil {
 		return 0, fmt.Errorf("put %s: %w", t, err)
 	}
+	if err := checkValues(t, units); err != nil {
+		return 0, err
+	}
 	o := newWriteOptions(opts)
 	root := c.targetUnits(t)
 	names := slices.Sorted(maps.Keys(units))
@@ -60,7 +63,7 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opt
 		puts[i] = clientv3.OpPut(root+u, string(units[u]))
 	}
 	for range 10 {
-		st, err := c.readKeys(ctx, t, names)
+		st, _, err := c.readKeys(ctx, t, names, false)
 		if err != nil {
 			return 0, fmt.Errorf("put %s: %w", t, err)
 		}
@@ -76,7 +79,11 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opt
 			}
 			ifs, ops = append(ifs, guard), append(ops, dels...)
 		}
-		resp, err := c.cli.Txn(ctx).If(ifs...).Then(ops...).Commit()
+		resp, err := c.commitWrite(ctx, writeTxn{op: "put", target: t, keys: len(names), ifs: ifs, ops: ops})
+		var le *LimitError
+		if errors.As(err, &le) {
+			return 0, err // says what and where in its own words
+		}
 		if err != nil {
 			return 0, fmt.Errorf("put %s (%s): %w", root, strings.Join(names, ", "), err)
 		}
@@ -93,12 +100,57 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opt
 // missing ones. The same transaction records a removal in each key's
 // history (see Put and History). For a group, it also deletes the group's
 // halts of every unit whose content it removes a part of.
+//
+// With OnlyWholeUnits, a unit whose drop-ins would stay in the registry is
+// not removed (see DropInsError).
 func (c *Client) Remove(ctx context.Context, t Target, units []string, opts ...WriteOption) (int64, error) {
+	rev, _, err := c.remove(ctx, t, units, false, opts)
+	return rev, err
+}
+
+// RemoveRecursive deletes units of t and every drop-in of them in the
+// registry ("<unit>.d/…"), named or not, in one transaction, and returns
+// its revision and the keys it removed, sorted. A unit whose own key is
+// gone but whose drop-ins are there is not missing: its drop-ins go. The
+// rest is as for Remove.
+func (c *Client) RemoveRecursive(ctx context.Context, t Target, units []string, opts ...WriteOption) (int64, []string, error) {
+	return c.remove(ctx, t, units, true, opts)
+}
+
+// OnlyWholeUnits makes Remove refuse to remove a unit whose drop-ins in
+// the registry it is not removing too: those drop-ins alone would leave
+// each host a drop-in for a unit it no longer has, and the unit stopped
+// but not gone from the operator's view. The error is a *DropInsError
+// listing them; nothing is removed. (`unit rm` asks for it; a revert to a
+// removal does not, and the hosts then keep the drop-ins only.)
+func OnlyWholeUnits() WriteOption { return func(o *writeOptions) { o.wholeUnits = true } }
+
+// ErrDropInsStay is wrapped by a DropInsError.
+var ErrDropInsStay = errors.New("drop-ins would stay without their unit")
+
+// DropInsError: Remove was asked to remove units whose drop-ins it was
+// not asked to remove. Nothing was removed.
+type DropInsError struct {
+	Target Target
+	Stay   map[string][]string // unit → its drop-in keys still in the registry, sorted
+}
+
+func (e *DropInsError) Error() string {
+	var parts []string
+	for _, u := range slices.Sorted(maps.Keys(e.Stay)) {
+		parts = append(parts, fmt.Sprintf("%s has %s", u, strings.Join(e.Stay[u], ", ")))
+	}
+	return fmt.Sprintf("drop-ins in the registry for %s would stay without their unit: %s; nothing removed", e.Target, strings.Join(parts, "; "))
+}
+
+func (e *DropInsError) Unwrap() error { return ErrDropInsStay }
+
+func (c *Client) remove(ctx context.Context, t Target, units []string, recursive bool, opts []WriteOption) (int64, []string, error) {
 	if err := t.Validate(); err != nil {
-		return 0, fmt.Errorf("remove: %w", err)
+		return 0, nil, fmt.Errorf("remove: %w", err)
 	}
 	if len(units) == 0 {
-		return 0, fmt.Errorf("remove from %s: %w: no units given", t, ErrInvalid)
+		return 0, nil, fmt.Errorf("remove from %s: %w: no units given", t, ErrInvalid)
 	}
 	var errs []error
 	for _, u := range units {
@@ -107,57 +159,100 @@ func (c *Client) Remove(ctx context.Context, t Target, units []string, opts ...W
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return 0, fmt.Errorf("remove from %s: %w", t, err)
+		return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
 	}
 	o := newWriteOptions(opts)
-	names := slices.Clone(units)
-	slices.Sort(names)
-	names = slices.Compact(names)
+	named := slices.Clone(units)
+	slices.Sort(named)
+	named = slices.Compact(named)
 	root := c.targetUnits(t)
-	dels := make([]clientv3.Op, len(names))
-	for i, u := range names {
-		dels[i] = clientv3.OpDelete(root + u)
-	}
 	for range 10 {
-		st, err := c.readKeys(ctx, t, names)
+		st, readRev, err := c.readKeys(ctx, t, named, recursive || o.wholeUnits)
 		if err != nil {
-			return 0, fmt.Errorf("remove from %s: %w", t, err)
+			return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
 		}
-		var missing []string
-		for _, u := range names {
-			if st[u].modRev == 0 {
+		if c.testAfterKeysRead != nil {
+			c.testAfterKeysRead()
+		}
+		// The drop-ins of each named unit: with recursive they go too;
+		// without, those not named refuse the removal.
+		var (
+			names   []string
+			missing []string
+			stay    = map[string][]string{}
+			hasDrop = map[string]bool{}
+		)
+		for _, k := range slices.Sorted(maps.Keys(st)) {
+			owner, _, isDrop := strings.Cut(k, ".d/")
+			switch {
+			case st[k].modRev != 0 && isDrop:
+				hasDrop[owner] = true
+				if recursive || slices.Contains(named, k) {
+					names = append(names, k)
+				} else if o.wholeUnits && slices.Contains(named, owner) && st[owner].modRev != 0 {
+					stay[owner] = append(stay[owner], k)
+				}
+			case st[k].modRev != 0:
+				names = append(names, k)
+			}
+		}
+		for _, u := range named {
+			if st[u].modRev == 0 && !(recursive && hasDrop[u]) {
 				missing = append(missing, u)
 			}
 		}
 		if len(missing) > 0 {
-			return 0, fmt.Errorf("remove from %s: %w: %s (nothing removed)", t, ErrNotFound, strings.Join(missing, ", "))
+			return 0, nil, fmt.Errorf("remove from %s: %w: %s (nothing removed)", t, ErrNotFound, strings.Join(missing, ", "))
+		}
+		if len(stay) > 0 {
+			return 0, nil, &DropInsError{Target: t, Stay: stay}
+		}
+		for k := range st {
+			if !slices.Contains(names, k) {
+				delete(st, k) // a drop-in read only to be judged: not written
+			}
 		}
 		// The guards (each key's ModRevision as read, never 0 here) also
-		// say that every key still exists.
+		// say that every key still exists; when its drop-ins were judged,
+		// one more per named unit says that none was written since.
 		ifs, hist, err := c.historyOps(t, names, nil, true, st, o)
 		if err != nil {
-			return 0, fmt.Errorf("remove from %s: %w", t, err)
+			return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
 		}
-		ops := append(slices.Clip(dels), hist...)
+		for _, u := range named {
+			if (recursive || o.wholeUnits) && !strings.Contains(u, ".d/") {
+				ifs = append(ifs, clientv3.Compare(clientv3.ModRevision(root+u+".d/"), "<", readRev+1).WithPrefix())
+			}
+		}
+		ops := make([]clientv3.Op, 0, len(names)+len(hist))
+		for _, u := range names {
+			ops = append(ops, clientv3.OpDelete(root+u))
+		}
+		ops = append(ops, hist...)
 		if t.Group != "" {
 			haltDels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool {
 				return slices.ContainsFunc(names, func(u string) bool { return partOf(u, h.Unit) })
 			})
 			if err != nil {
-				return 0, fmt.Errorf("remove from %s: %w", t, err)
+				return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
 			}
 			ifs, ops = append(ifs, guard), append(ops, haltDels...)
 		}
-		resp, err := c.cli.Txn(ctx).If(ifs...).Then(ops...).Commit()
+		resp, err := c.commitWrite(ctx, writeTxn{op: "removal", target: t, keys: len(names), ifs: ifs, ops: ops})
+		var le *LimitError
+		if errors.As(err, &le) {
+			return 0, nil, err // says what and where in its own words
+		}
 		if err != nil {
-			return 0, fmt.Errorf("remove %s (%s): %w", root, strings.Join(names, ", "), err)
+			return 0, nil, fmt.Errorf("remove %s (%s): %w", root, strings.Join(names, ", "), err)
 		}
 		if resp.Succeeded {
-			return resp.Header.Revision, nil
+			return resp.Header.Revision, names, nil
 		}
-		// A key or a halt of the group was written in between: read again.
+		// A key, a drop-in or a halt of the group was written in between:
+		// read again.
 	}
-	return 0, fmt.Errorf("remove from %s: its keys or the group's halts keep changing; nothing removed, retry", t)
+	return 0, nil, fmt.Errorf("remove from %s: its keys or the group's halts keep changing; nothing removed, retry", t)
 }
 
 // List returns the unit keys of t, or of every host and group when t is

@@ -177,7 +177,7 @@ returns at once).`,
 			}
 			if err != nil {
 				keep = true
-				return fmt.Errorf("unit edit %s: %w (your edit is kept in %s)", key, err, path)
+				return writeError(fmt.Errorf("unit edit %s: %w (your edit is kept in %s)", key, err, path))
 			}
 			h := reconcile.Hash(edited)
 			say(out, asJSON, map[string]any{"event": "stored", "key": name, "hash": h, "revision": newRev},

@@ -225,7 +225,7 @@ error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout.`,
 				return fmt.Errorf("unit revert: %w; look at agentd unit history again", err)
 			}
 			if err != nil {
-				return err
+				return writeError(err)
 			}
 			if asJSON {
 				writeJSONLine(out, map[string]any{"event": "reverted", "key": key, "to": v.Revision, "hash": v.Hash, "removed": v.Removed, "revision": rev})

@@ -135,7 +135,7 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 			}
 			rev, err := reg.Put(ctx, tg, units, writeOptions(cmd)...)
 			if err != nil {
-				return err
+				return writeError(err)
 			}
 			out := cmd.OutOrStdout()
 			for _, k := range slices.Sorted(mapsKeys(units)) {
@@ -172,11 +172,22 @@ func newUnitRmCmd() *cobra.Command {
 		timeout         time.Duration
 		skipUnreachable bool
 		asJSON          bool
+		recursive       bool
 	)
 	cmd := &cobra.Command{
-		Use:   "rm UNIT... (--host H | --group G) [--wait]",
+		Use:   "rm UNIT... (--host H | --group G) [--recursive] [--wait]",
 		Short: "Remove units from the registry: each agent stops, disables and deletes them",
-		Args:  usageArgs(cobra.MinimumNArgs(1)),
+		Long: `Remove unit keys from the registry, all in one transaction; each targeted agent
+stops, disables and deletes what it installed of them.
+
+A unit whose drop-ins (<unit>.d/<name>.conf) stay in the registry is not
+removed: the hosts would keep a drop-in for a unit they no longer have. Name
+the drop-ins too, or give --recursive to remove each unit with all its drop-ins
+for that target. Nothing is removed when one of the keys is missing.
+
+With --wait, block until every targeted live host has removed them; exit 3
+when a host fails, 4 on --timeout.`,
+		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tg, err := tf.target()
 			if err != nil {
@@ -188,12 +199,23 @@ func newUnitRmCmd() *cobra.Command {
 				return err
 			}
 			defer reg.Close()
-			rev, err := reg.Remove(ctx, tg, args, writeOptions(cmd)...)
+			var (
+				rev     int64
+				removed = args
+			)
+			if recursive {
+				rev, removed, err = reg.RemoveRecursive(ctx, tg, args, writeOptions(cmd)...)
+			} else {
+				rev, err = reg.Remove(ctx, tg, args, append(writeOptions(cmd), registry.OnlyWholeUnits())...)
+			}
+			if errors.Is(err, registry.ErrDropInsStay) {
+				err = fmt.Errorf("%w (name them too, or give --recursive to remove each unit with all its drop-ins)", err)
+			}
 			if err != nil {
-				return err
+				return writeError(err)
 			}
 			out := cmd.OutOrStdout()
-			for _, k := range args {
+			for _, k := range removed {
 				if asJSON {
 					writeJSONLine(out, map[string]any{"event": "removed", "key": tg.String() + "/units/" + k, "revision": rev})
 				} else {
@@ -204,7 +226,7 @@ func newUnitRmCmd() *cobra.Command {
 				return nil
 			}
 			units := map[string][]byte{}
-			for _, k := range args {
+			for _, k := range removed {
 				units[k] = nil
 			}
 			return waitConverged(ctx, reg, waitSpec{target: tg, units: units, removing: true, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
@@ -212,6 +234,7 @@ func newUnitRmCmd() *cobra.Command {
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	tf.bind(cmd)
+	cmd.Flags().BoolVar(&recursive, "recursive", false, "also remove every drop-in of each UNIT in the registry for that target (one transaction)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every targeted host has removed the units")
 	bindKeep(cmd)
 	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
@@ -422,6 +445,16 @@ func newHostsForgetCmd() *cobra.Command {
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	return cmd
+}
+
+// writeError gives a write that the registry refused before sending it —
+// over a size limit, or leaving drop-ins without their unit — the usage
+// exit code: the arguments as given cannot be written, and nothing was.
+func writeError(err error) error {
+	if errors.Is(err, registry.ErrTooLarge) || errors.Is(err, registry.ErrDropInsStay) {
+		return withCode(exitUsage, err)
+	}
+	return err
 }
 
 func prefixed(s string) string {

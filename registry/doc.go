@@ -35,7 +35,7 @@
 // [Client.Holders] and [Client.Halts].
 //
 // [StartEmbedded] runs a single-node etcd inside the process (for `agentd run`
-// without endpoints, and for tests via [StartTestEtcd]).
+// without endpoints, and for tests via registrytest.StartEtcd).
 //
 // A *Client and a *Session are safe for concurrent use. Every method honours
 // its ctx; agent-side calls (Watch reads, Join, Report, Acquire, Holding,

@@ -16,6 +16,7 @@ import (
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // Must-hold "a crash-resumable executor": the agent is SIGKILLed between
@@ -183,8 +184,8 @@ const (
 func newCrashScene(t *testing.T, host string) *crashScene {
 	t.Helper()
 	h := systemdtest.Start(t)
-	et := registry.StartTestEtcd(t)
-	return &crashScene{t: t, h: h, endpoint: et.Endpoint(), reg: registry.NewTestClient(t, et.Endpoint()), host: host,
+	et := registrytest.StartEtcd(t)
+	return &crashScene{t: t, h: h, endpoint: et.Endpoint(), reg: registrytest.NewClient(t, et.Endpoint()), host: host,
 		events: filepath.Join(h.Dir, "starts")}
 }
 
@@ -460,8 +461,8 @@ func TestTempFilesOfKilledWritesRemovedAtStart(t *testing.T) {
 	buildAgent(t) // before t.Parallel: buildAgent is not safe for concurrent use
 	t.Parallel()  // waits on timers, not the CPU
 	h := systemdtest.Start(t)
-	et := registry.StartTestEtcd(t)
-	reg := registry.NewTestClient(t, et.Endpoint())
+	et := registrytest.StartEtcd(t)
+	reg := registrytest.NewClient(t, et.Endpoint())
 	dropins := filepath.Join(h.UnitDir, "y.service.d")
 	if err := os.MkdirAll(dropins, 0o755); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 	"github.com/agentd/agentd/systemd"
 )
 
@@ -48,8 +49,8 @@ type testAgent struct {
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	h := systemdtest.Start(t)
-	e := registry.StartTestEtcd(t)
-	return &env{t: t, h: h, endpoint: e.Endpoint(), reg: registry.NewTestClient(t, e.Endpoint()), host: "h1"}
+	e := registrytest.StartEtcd(t)
+	return &env{t: t, h: h, endpoint: e.Endpoint(), reg: registrytest.NewClient(t, e.Endpoint()), host: "h1"}
 }
 
 func (e *env) startAgent() *testAgent {

@@ -20,6 +20,7 @@ import (
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // Issue 5: several agents, each with its own systemd and unit directory,
@@ -39,9 +40,9 @@ type fleet struct {
 func newFleet(t *testing.T, n int, endpoint string) *fleet {
 	t.Helper()
 	if endpoint == "" {
-		endpoint = registry.StartTestEtcd(t).Endpoint()
+		endpoint = registrytest.StartEtcd(t).Endpoint()
 	}
-	f := &fleet{t: t, endpoint: endpoint, reg: registry.NewTestClient(t, endpoint), byRun: map[string]string{}}
+	f := &fleet{t: t, endpoint: endpoint, reg: registrytest.NewClient(t, endpoint), byRun: map[string]string{}}
 	f.events = filepath.Join(t.TempDir(), "events")
 	for i := range n {
 		f.add(fmt.Sprintf("h%d", i+1))

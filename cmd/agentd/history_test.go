@@ -13,14 +13,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // newRegistryEnv is an env with an etcd and no systemd: for the registry
 // commands alone.
 func newRegistryEnv(t *testing.T) *env {
 	t.Helper()
-	e := registry.StartTestEtcd(t)
-	return &env{t: t, endpoint: e.Endpoint(), reg: registry.NewTestClient(t, e.Endpoint()), host: "h1"}
+	e := registrytest.StartEtcd(t)
+	return &env{t: t, endpoint: e.Endpoint(), reg: registrytest.NewClient(t, e.Endpoint()), host: "h1"}
 }
 
 // putFile stores content as name on e.host without --wait.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // garbageEnv is an etcd, a registry client, a raw etcd client to write
@@ -28,8 +29,8 @@ type garbageEnv struct {
 
 func newGarbageEnv(t *testing.T) *garbageEnv {
 	t.Helper()
-	e := registry.StartTestEtcd(t)
-	reg := registry.NewTestClient(t, e.Endpoint())
+	e := registrytest.StartEtcd(t)
+	reg := registrytest.NewClient(t, e.Endpoint())
 	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint()}, DialTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)

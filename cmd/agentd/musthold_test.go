@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 	"github.com/agentd/agentd/systemd"
 )
 
@@ -353,7 +354,7 @@ func TestEtcdAwayKeepsUnitsAndResyncs(t *testing.T) {
 	t.Parallel() // waits on timers and HealthySec, not the CPU
 	h := newEnv(t).h
 	et := newRestartableEtcd(t)
-	e := &env{t: t, h: h, endpoint: et.client, host: "h1", reg: registry.NewTestClient(t, et.client)}
+	e := &env{t: t, h: h, endpoint: et.client, host: "h1", reg: registrytest.NewClient(t, et.client)}
 	e.startAgent()
 	e.put("hello.service", helloV1)
 	e.put("other.service", helloV2)

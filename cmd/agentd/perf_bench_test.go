@@ -28,6 +28,7 @@ import (
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // perfCell is one cell of a benchmark: an etcd shared by the systems it
@@ -44,7 +45,7 @@ type perfCell struct {
 func newPerfCell(b *testing.B) *perfCell {
 	b.Helper()
 	b.Setenv(checkFocusEnv, "") // the check plans every unit on every pass
-	e := registry.StartTestEtcd(b)
+	e := registrytest.StartEtcd(b)
 	reg, err := registry.Dial(context.Background(), registry.Config{
 		Endpoints: []string{e.Endpoint()}, DialTimeout: 10 * time.Second,
 		Logger: slog.New(slog.DiscardHandler),

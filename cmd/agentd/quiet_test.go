@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // The memory a burst of passes used goes back to the OS once the loop has
@@ -147,8 +148,8 @@ func TestQuietSpellKeepsProcsForEmbeddedEtcd(t *testing.T) {
 func TestQuietAgentProcessRunsOnOneCPU(t *testing.T) {
 	t.Parallel() // waits on a quiet spell, not the CPU
 	bin := buildAgent(t)
-	e := registry.StartTestEtcd(t)
-	reg := registry.NewTestClient(t, e.Endpoint())
+	e := registrytest.StartEtcd(t)
+	reg := registrytest.NewClient(t, e.Endpoint())
 	h := systemdtest.Start(t)
 	wedge := filepath.Join(h.Dir, "wedge")
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -187,7 +188,7 @@ func TestQuietAgentProcessRunsOnOneCPU(t *testing.T) {
 	h2 := systemdtest.Start(t)
 	addr2 := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	cmd2 := exec.Command(bin, "run", "--user", "--host", "h2",
-		"--embedded-listen", "unix://"+filepath.Join(registry.TestSocketDir(t), "etcd.sock"),
+		"--embedded-listen", "unix://"+filepath.Join(registrytest.SocketDir(t), "etcd.sock"),
 		"--unit-dir", h2.UnitDir, "--state-dir", h2.StateDir, "--debug-socket", filepath.Join(h2.Dir, "agentd.sock"),
 		"--metrics-addr", addr2, "--log-level", "warn")
 	cmd2.Env = childEnv("DBUS_SESSION_BUS_ADDRESS="+h2.BusAddress, "GOMAXPROCS=2")

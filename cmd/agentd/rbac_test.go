@@ -19,6 +19,7 @@ import (
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // rbacOut runs `agentd rbac args…` in-process.
@@ -181,7 +182,7 @@ func isDenied(err error) bool {
 func TestAgentUnderLeastPrivilegeRole(t *testing.T) {
 	t.Parallel() // waits on timers and HealthySec, not the CPU
 	h := systemdtest.Start(t)
-	etcd := registry.StartTestEtcd(t)
+	etcd := registrytest.StartEtcd(t)
 	ep := etcd.Endpoint()
 
 	// As root: the role and user of host "a" (groups web), from the

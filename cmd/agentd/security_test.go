@@ -20,6 +20,7 @@ import (
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 	"github.com/agentd/agentd/systemd"
 	"github.com/agentd/agentd/unitdir"
 )
@@ -52,7 +53,7 @@ func agentdCLI(t *testing.T, args ...string) (string, int) {
 // with a short path (unix socket paths are limited to 107 bytes).
 func runtimeBase(t *testing.T) string {
 	t.Helper()
-	base := registry.TestSocketDir(t)
+	base := registrytest.SocketDir(t)
 	if err := os.Chmod(base, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func TestSecurityEmbeddedAgentNoFlags(t *testing.T) {
 	h := systemdtest.Start(t)
 	rt := filepath.Join(runtimeBase(t), "agentd") // the agent creates it
 	t.Setenv("AGENTD_RUNTIME_DIR", rt)            // the hidden --runtime-dir: /run/agentd is the machine's
-	certs := registry.WriteTestCerts(t)
+	certs := registrytest.WriteCerts(t)
 	tlsEP := fmt.Sprintf("https://127.0.0.1:%d", freePort(t))
 	old := syscall.Umask(0) // process-wide; this test is not parallel
 	defer syscall.Umask(old)
@@ -362,7 +363,7 @@ func TestSecurityFlagsRefused(t *testing.T) {
 // --etcd-password-file (and AGENTD_ETCD_PASSWORD) against a real etcd
 // with authentication enabled, reached over its socket.
 func TestSecurityPasswordFile(t *testing.T) {
-	rt := filepath.Join(registry.TestSocketDir(t), "agentd")
+	rt := filepath.Join(registrytest.SocketDir(t), "agentd")
 	if err := unitdir.MkdirPrivate(rt); err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +419,7 @@ func TestSecurityPasswordFile(t *testing.T) {
 // and fail with the fix to make without it.
 func TestSecurityDoctorTLS(t *testing.T) {
 	t.Parallel()
-	e, certs := registry.StartTestEtcdTLS(t)
+	e, certs := registrytest.StartEtcdTLS(t)
 	o := &runOptions{host: "h1", groups: []string{"all"}}
 	o.etcd.endpoints = []string{e.TLSEndpoint()}
 	o.etcd.prefix, o.etcd.timeout = registry.DefaultPrefix, 2*time.Second

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/internal/systemdtest"
-	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // The answer of --wait is the host's truth: it counts a host's statuses
@@ -32,8 +32,8 @@ func TestRmWaitAcrossAnAgentRestart(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		t.Run(sig.String(), func(t *testing.T) {
 			h := systemdtest.Start(t)
-			etcd := registry.StartTestEtcd(t)
-			e := &env{t: t, h: h, endpoint: etcd.Endpoint(), reg: registry.NewTestClient(t, etcd.Endpoint()), host: "h1"}
+			etcd := registrytest.StartEtcd(t)
+			e := &env{t: t, h: h, endpoint: etcd.Endpoint(), reg: registrytest.NewClient(t, etcd.Endpoint()), host: "h1"}
 			a1 := startCrashAgent(t, h, e.endpoint, "h1")
 			u := e.writeUnit("gone.service", "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n"+fast)
 			if out, code := e.cli("unit", "put", u, "--host", "h1", "--wait", "--timeout", "30s"); code != 0 {

@@ -1,4 +1,4 @@
-package registry
+package registrytest
 
 import (
 	"context"
@@ -14,12 +14,14 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/agentd/agentd/registry"
 )
 
-// TestCerts are PEM files for a TLS etcd in tests: a CA, a server
+// Certs are PEM files for a TLS etcd in tests: a CA, a server
 // certificate for 127.0.0.1 and localhost, a client certificate signed by
 // the CA, and one signed by another CA (which the server must refuse).
-type TestCerts struct {
+type Certs struct {
 	CA                        string // the CA that signs all but the Stranger* files
 	ServerCert, ServerKey     string
 	ClientCert, ClientKey     string
@@ -30,10 +32,10 @@ type TestCerts struct {
 	serial int64
 }
 
-// WriteTestCerts writes a fresh set of TestCerts into a temporary directory.
-func WriteTestCerts(t testing.TB) *TestCerts {
+// WriteCerts writes a fresh set of Certs into a temporary directory.
+func WriteCerts(t testing.TB) *Certs {
 	t.Helper()
-	c := &TestCerts{dir: t.TempDir()}
+	c := &Certs{dir: t.TempDir()}
 	caKey, ca, caFile := c.newCA(t, "ca", "agentd test CA")
 	strangerKey, stranger, strangerFile := c.newCA(t, "stranger-ca", "unrelated CA")
 	c.CA, c.StrangerCA = caFile, strangerFile
@@ -43,7 +45,7 @@ func WriteTestCerts(t testing.TB) *TestCerts {
 	return c
 }
 
-func (c *TestCerts) newCA(t testing.TB, file, name string) (*ecdsa.PrivateKey, *x509.Certificate, string) {
+func (c *Certs) newCA(t testing.TB, file, name string) (*ecdsa.PrivateKey, *x509.Certificate, string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -66,7 +68,7 @@ func (c *TestCerts) newCA(t testing.TB, file, name string) (*ecdsa.PrivateKey, *
 	return key, cert, c.write(t, file+".pem", "CERTIFICATE", der)
 }
 
-func (c *TestCerts) leaf(t testing.TB, file, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, usage x509.ExtKeyUsage) (certFile, keyFile string) {
+func (c *Certs) leaf(t testing.TB, file, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, usage x509.ExtKeyUsage) (certFile, keyFile string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -92,7 +94,7 @@ func (c *TestCerts) leaf(t testing.TB, file, name string, ca *x509.Certificate, 
 	return c.write(t, file+".pem", "CERTIFICATE", der), c.write(t, file+"-key.pem", "EC PRIVATE KEY", kder)
 }
 
-func (c *TestCerts) write(t testing.TB, name, typ string, der []byte) string {
+func (c *Certs) write(t testing.TB, name, typ string, der []byte) string {
 	t.Helper()
 	p := filepath.Join(c.dir, name)
 	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
@@ -101,10 +103,10 @@ func (c *TestCerts) write(t testing.TB, name, typ string, der []byte) string {
 	return p
 }
 
-// TestSocketDir returns a new private (0700) directory with a short path,
+// SocketDir returns a new private (0700) directory with a short path,
 // removed when the test ends: unix socket paths are limited to 107 bytes,
 // and t.TempDir's paths grow with the test's name.
-func TestSocketDir(t testing.TB) string {
+func SocketDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "agentd-sock-")
 	if err != nil {
@@ -114,18 +116,18 @@ func TestSocketDir(t testing.TB) string {
 	return dir
 }
 
-// StartTestEtcdTLS runs a real single-node etcd for a test the way `agentd
+// StartEtcdTLS runs a real single-node etcd for a test the way `agentd
 // run --embedded-listen https://…` does: its local listener is a unix
 // socket (Endpoint), and TLSEndpoint is an https:// listener on a random
 // loopback port that accepts only client certificates signed by certs.CA.
-func StartTestEtcdTLS(t testing.TB) (*Embedded, *TestCerts) {
+func StartEtcdTLS(t testing.TB) (*registry.Embedded, *Certs) {
 	t.Helper()
-	certs := WriteTestCerts(t)
+	certs := WriteCerts(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := StartEmbedded(ctx, EmbedConfig{
+	e, err := registry.StartEmbedded(ctx, registry.EmbedConfig{
 		Dir:       t.TempDir(),
-		ClientURL: "unix://" + filepath.Join(TestSocketDir(t), "etcd.sock"),
+		ClientURL: "unix://" + filepath.Join(SocketDir(t), "etcd.sock"),
 		TLSURL:    "https://127.0.0.1:0",
 		CertFile:  certs.ServerCert, KeyFile: certs.ServerKey, ClientCAFile: certs.CA,
 		ForTests: true,

@@ -1,20 +1,29 @@
-package registry
+// Package registrytest starts real etcd servers and clients for tests: a
+// single-node etcd in a temporary directory (StartEtcd), one behind TLS with
+// fresh certificates (StartEtcdTLS, WriteCerts), and a client dialled to
+// either (NewClient). Everything it starts is stopped when the test ends.
+//
+// It lives outside package registry so the agent binary does not link it.
+// The registry package's own tests reach it through registry/bridge_test.go.
+package registrytest
 
 import (
 	"context"
 	"log/slog"
 	"testing"
 	"time"
+
+	"github.com/agentd/agentd/registry"
 )
 
-// StartTestEtcd runs a real single-node etcd for a test: temporary data
+// StartEtcd runs a real single-node etcd for a test: temporary data
 // directory, random loopback ports, fast raft timings, no fsync. It is
 // closed when the test ends.
-func StartTestEtcd(t testing.TB) *Embedded {
+func StartEtcd(t testing.TB) *registry.Embedded {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := StartEmbedded(ctx, EmbedConfig{
+	e, err := registry.StartEmbedded(ctx, registry.EmbedConfig{
 		Dir:       t.TempDir(),
 		ClientURL: "http://127.0.0.1:0",
 		PeerURL:   "http://127.0.0.1:0",
@@ -27,12 +36,12 @@ func StartTestEtcd(t testing.TB) *Embedded {
 	return e
 }
 
-// NewTestClient dials endpoint (e.g. StartTestEtcd(t).Endpoint()) with the
+// NewClient dials endpoint (e.g. StartEtcd(t).Endpoint()) with the
 // default prefix, logging to t. It is closed when the test ends (before the
 // etcd it talks to, if that was started earlier in the same test).
-func NewTestClient(t testing.TB, endpoint string) *Client {
+func NewClient(t testing.TB, endpoint string) *registry.Client {
 	t.Helper()
-	c, err := Dial(context.Background(), Config{
+	c, err := registry.Dial(context.Background(), registry.Config{
 		Endpoints:   []string{endpoint},
 		DialTimeout: 10 * time.Second,
 		Logger:      slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),

@@ -339,13 +339,13 @@ func checkStateDir(o *runOptions) []check {
 		}
 		return b, err == nil, err
 	}
-	s, err := readSaved(read, o.host, o.etcd.prefix, o.groups)
+	s, err := unitdir.ReadSavedSnapshot(read, o.host, o.etcd.prefix, o.groups)
 	switch {
 	case readErr != nil:
 		out = append(out, check{"state dir", checkWarn, fmt.Sprintf("saved registry snapshot: %v", readErr), ""})
 	case err != nil:
 		out = append(out, check{"state dir", checkWarn, fmt.Sprintf("saved registry snapshot unusable: %v", err),
-			"remove " + filepath.Join(o.stateDir, snapshotFile) + " and " + snapshotJournal + "; the agent saves a new one when it reads the registry"})
+			"remove " + filepath.Join(o.stateDir, unitdir.SnapshotFile) + " and " + unitdir.SnapshotJournal + "; the agent saves a new one when it reads the registry"})
 	case s == nil:
 		out = append(out, check{"state dir", checkWarn, "no saved registry snapshot: started without the registry, the agent would touch nothing",
 			"nothing to do: the agent saves one as soon as it reads the registry"})

@@ -121,7 +121,7 @@ func TestSecurityEmbeddedAgentNoFlags(t *testing.T) {
 	sock := filepath.Join(rt, etcdSocket)
 	for p, want := range map[string]os.FileMode{
 		rt: 0o700, sock: 0o600,
-		h.StateDir: 0o700, filepath.Join(h.StateDir, "managed.journal.json"): 0o600, filepath.Join(h.StateDir, snapshotFile): 0o600,
+		h.StateDir: 0o700, filepath.Join(h.StateDir, "managed.journal.json"): 0o600, filepath.Join(h.StateDir, unitdir.SnapshotFile): 0o600,
 		filepath.Join(h.StateDir, "blobs"): 0o700,
 	} {
 		if got := fileMode(t, p); got != want {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/unitdir"
 )
 
 // notes records what a service sent to the service manager.
@@ -270,7 +271,7 @@ func TestLastKnownGood(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("applied %d snapshots", len(got))
 	}
-	if fi, err := os.Stat(filepath.Join(dir, snapshotFile)); err != nil || fi.Mode().Perm() != 0o600 {
+	if fi, err := os.Stat(filepath.Join(dir, unitdir.SnapshotFile)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("saved snapshot: %v (want mode 0600: it may hold secrets)", err)
 	}
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/unitdir"
 )
 
 // The last-known-good snapshot as a base file plus a journal of changes:
@@ -66,8 +67,8 @@ func TestLastKnownGoodJournal(t *testing.T) {
 
 	l := open()
 	l.received(snap, apply)
-	base := file(snapshotFile)
-	if file(snapshotJournal) != nil {
+	base := file(unitdir.SnapshotFile)
+	if file(unitdir.SnapshotJournal) != nil {
 		t.Fatal("the first snapshot after a start should be written whole, with no journal")
 	}
 	same("whole", loaded(), snap)
@@ -85,39 +86,39 @@ func TestLastKnownGoodJournal(t *testing.T) {
 	})
 	snap.Halts = []reconcile.Halt{{Scope: "groups/web", Unit: "c.service", Hash: "abc", Host: "h2", Reason: "failed", At: time.Unix(100, 0).UTC()}}
 	next(12, func(es []reconcile.Entry) []reconcile.Entry { return es })
-	if !bytes.Equal(file(snapshotFile), base) {
+	if !bytes.Equal(file(unitdir.SnapshotFile), base) {
 		t.Fatal("a change rewrote the whole snapshot")
 	}
-	if lines := bytes.Count(file(snapshotJournal), []byte("\n")); lines != 2 {
+	if lines := bytes.Count(file(unitdir.SnapshotJournal), []byte("\n")); lines != 2 {
 		t.Fatalf("journal has %d lines, want 2", lines)
 	}
-	if j := string(file(snapshotJournal)); bytes.Contains([]byte(j), []byte("/bin/c")) {
+	if j := string(file(unitdir.SnapshotJournal)); bytes.Contains([]byte(j), []byte("/bin/c")) {
 		t.Fatalf("the journal holds an unchanged key: %s", j)
 	}
 	same("base and journal", loaded(), snap)
 
 	// A line cut short by a crash is the last one, and ignored.
-	good := file(snapshotJournal)
+	good := file(unitdir.SnapshotJournal)
 	torn := append(slices.Clone(good), good[:len(good)/3]...)
-	if err := os.WriteFile(filepath.Join(dir, snapshotJournal), torn, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, unitdir.SnapshotJournal), torn, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	same("torn last line", loaded(), snap)
 	// Any other line that does not parse makes the snapshot unusable.
 	bad := append([]byte("not json\n"), good...)
-	if err := os.WriteFile(filepath.Join(dir, snapshotJournal), bad, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, unitdir.SnapshotJournal), bad, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := open().load(); err == nil {
 		t.Fatal("a bad line inside the journal should make the saved snapshot unusable")
 	}
-	if err := os.WriteFile(filepath.Join(dir, snapshotJournal), good, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, unitdir.SnapshotJournal), good, 0o600); err != nil {
 		t.Fatal(err)
 	}
 
 	// Changes until the journal outgrows the whole snapshot: written whole
 	// again, the journal started afresh.
-	for rev := int64(13); bytes.Equal(file(snapshotFile), base); rev++ {
+	for rev := int64(13); bytes.Equal(file(unitdir.SnapshotFile), base); rev++ {
 		if rev > 100 {
 			t.Fatal("the journal was never folded into the snapshot")
 		}
@@ -126,7 +127,7 @@ func TestLastKnownGoodJournal(t *testing.T) {
 			return es
 		})
 	}
-	if j := file(snapshotJournal); j != nil {
+	if j := file(unitdir.SnapshotJournal); j != nil {
 		t.Fatalf("journal left after the whole write: %q", j)
 	}
 	next(snap.Revision+1, func(es []reconcile.Entry) []reconcile.Entry { return es[1:] })
@@ -135,82 +136,17 @@ func TestLastKnownGoodJournal(t *testing.T) {
 	// A new start writes its first snapshot whole; the journal of the
 	// base before is not applied to it (here: left by a crash before its
 	// removal).
-	old := file(snapshotJournal)
+	old := file(unitdir.SnapshotJournal)
 	l = open()
 	next(snap.Revision+1, func(es []reconcile.Entry) []reconcile.Entry { return es })
-	if err := os.WriteFile(filepath.Join(dir, snapshotJournal), old, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, unitdir.SnapshotJournal), old, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	same("stale journal", loaded(), snap)
-	if fi, err := os.Stat(filepath.Join(dir, snapshotJournal)); err != nil || fi.Mode().Perm() != 0o600 {
+	if fi, err := os.Stat(filepath.Join(dir, unitdir.SnapshotJournal)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("journal: %v (want mode 0600: it may hold secrets)", err)
 	}
 	if want := len(applied); want < 5 || applied[want-1] != snap.Revision {
 		t.Fatalf("applied %v", applied)
 	}
-}
-
-// BenchmarkLastKnownGood: what saving the last-known-good snapshot costs
-// per registry change of one key (it is saved before the agent gets the
-// snapshot, so it is on the path of every change), with 100 … 5,000 keys:
-// the journal as the agent does it, beside writing the whole snapshot each
-// time (what every change cost before the journal, and what a compaction
-// costs). Real files in a temp dir under $TMPDIR, fsync included.
-//
-//	go test ./cmd/agentd -run '^$' -bench LastKnownGood -benchtime 1x -v
-func BenchmarkLastKnownGood(b *testing.B) {
-	for _, n := range []int{100, 1000, 5000} {
-		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
-			for b.Loop() {
-				benchLastKnownGood(b, n)
-			}
-		})
-	}
-}
-
-func benchLastKnownGood(b *testing.B, n int) {
-	const changes = 200
-	l, err := openLastKnownGood(b.TempDir(), "h1", "/agentd", nil, slog.New(slog.DiscardHandler))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	snap := reconcile.Snapshot{Revision: 1}
-	for i := range n {
-		snap.Entries = append(snap.Entries, reconcile.Entry{Unit: fmt.Sprintf("u%05d.service", i), ModRevision: 1,
-			Value: fmt.Appendf(nil, "[Unit]\nDescription=unit %d\n[Service]\nExecStart=/usr/bin/sleep infinity\n[X-Agentd]\nHealthySec=0\n", i)})
-	}
-	snap.Entries = reconcile.SortedEntries(snap.Entries)
-	change := func(i int) reconcile.Snapshot {
-		snap.Revision++
-		snap.Entries = slices.Clone(snap.Entries)
-		e := &snap.Entries[i*7919%n]
-		e.Value, e.ModRevision = fmt.Appendf(nil, "[Service]\nExecStart=/usr/bin/sleep %d\n", snap.Revision), snap.Revision
-		return snap
-	}
-	l.received(snap, func(reconcile.Snapshot) {})
-	var journal, whole time.Duration
-	var wholeWrites int
-	for i := range changes {
-		s := change(i)
-		t := time.Now()
-		l.received(s, func(reconcile.Snapshot) {})
-		journal += time.Since(t)
-		if l.written.journal == 0 {
-			wholeWrites++
-		}
-	}
-	for i := range changes {
-		s := change(i)
-		t := time.Now()
-		if err := l.saveWhole(s, s.Entries); err != nil {
-			b.Fatal(err)
-		}
-		whole += time.Since(t)
-	}
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / changes }
-	b.ReportMetric(ms(journal), "journal-ms")
-	b.ReportMetric(ms(whole), "whole-ms")
-	b.Logf("%d keys, one changed per snapshot: journal %.3f ms per change (%d of %d changes wrote it whole), whole snapshot each time (baseline) %.3f ms",
-		n, ms(journal), wholeWrites, changes, ms(whole))
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -18,7 +17,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/agentd/agentd/control"
 	"github.com/agentd/agentd/metrics"
@@ -136,57 +134,6 @@ func printChecks(w io.Writer, checks []check) {
 		}
 	}
 	tw.Flush()
-}
-
-// readEnvFile reads KEY=VALUE lines the way systemd's EnvironmentFile=
-// does for simple files: blank lines and lines starting with # or ; are
-// skipped, "export " is not understood, values may be wrapped in single or
-// double quotes.
-func readEnvFile(path string) (map[string]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	vars := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || line[0] == '#' || line[0] == ';' {
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		if !ok {
-			return nil, fmt.Errorf("%s:%d: want KEY=VALUE, got %q", path, n, line)
-		}
-		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
-		if len(v) >= 2 && (v[0] == '"' || v[0] == '\'') && v[len(v)-1] == v[0] {
-			v = v[1 : len(v)-1]
-		}
-		vars[k] = v
-	}
-	return vars, sc.Err()
-}
-
-// applyEnvVars sets every flag that neither the command line nor the
-// environment set from AGENTD_<FLAG> in vars.
-func applyEnvVars(fs *pflag.FlagSet, vars map[string]string) error {
-	var err error
-	fs.VisitAll(func(fl *pflag.Flag) {
-		if fl.Changed || err != nil {
-			return
-		}
-		name := "AGENTD_" + strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_"))
-		if _, inEnv := os.LookupEnv(name); inEnv {
-			return
-		}
-		if v, ok := vars[name]; ok {
-			if e := fl.Value.Set(v); e != nil {
-				err = withCode(exitUsage, fmt.Errorf("%s=%q (env file): %w", name, v, e))
-			}
-		}
-	})
-	return err
 }
 
 // runDoctor runs every check. embedded says the registry is the local

@@ -7,11 +7,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
-	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/agentd/agentd/registry"
@@ -125,22 +123,4 @@ func (f *etcdFlags) dial(ctx context.Context) (*registry.Client, error) {
 		c.SetLogger(cliWarnings(os.Stderr)) // a registry key skipped as garbage is said, once per key read
 	}
 	return c, err
-}
-
-// applyEnv fills every flag the user did not set from AGENTD_<FLAG>, e.g.
-// AGENTD_ETCD_ENDPOINTS for --etcd-endpoints.
-func applyEnv(cmd *cobra.Command) error {
-	var err error
-	cmd.Flags().VisitAll(func(fl *pflag.Flag) {
-		if fl.Changed || err != nil {
-			return
-		}
-		name := "AGENTD_" + strings.ToUpper(strings.ReplaceAll(fl.Name, "-", "_"))
-		if v, ok := os.LookupEnv(name); ok {
-			if e := fl.Value.Set(v); e != nil {
-				err = withCode(exitUsage, fmt.Errorf("%s=%q: %w", name, v, e))
-			}
-		}
-	})
-	return err
 }

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/agentd/agentd/registry"
@@ -123,4 +124,17 @@ func (f *etcdFlags) dial(ctx context.Context) (*registry.Client, error) {
 		c.SetLogger(cliWarnings(os.Stderr)) // a registry key skipped as garbage is said, once per key read
 	}
 	return c, err
+}
+
+// withRegistry is the setup of every registry command, after its arguments
+// are checked: it dials the registry ef names with cmd's context, runs fn
+// with the client and closes it.
+func withRegistry(cmd *cobra.Command, ef *etcdFlags, fn func(ctx context.Context, reg *registry.Client) error) error {
+	ctx := cmd.Context()
+	reg, err := ef.dial(ctx)
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	return fn(ctx, reg)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -85,61 +86,57 @@ UNIT is a unit key: "hello.service", or a drop-in "hello.service.d/x.conf".`,
 			if err := registry.ValidateUnit(args[0]); err != nil {
 				return withCode(exitUsage, fmt.Errorf("unit history: %w", err))
 			}
-			ctx := cmd.Context()
-			reg, err := ef.dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer reg.Close()
-			reg.SetLogger(cliWarnings(cmd.ErrOrStderr()))
-			h, err := reg.History(ctx, tg, args[0])
-			if err != nil {
-				return err
-			}
-			cur := h.CurrentIndex()
-			out := cmd.OutOrStdout()
-			if asJSON {
-				type item struct {
-					registry.Version
-					Current bool `json:"current"`
+			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
+				reg.SetLogger(cliWarnings(cmd.ErrOrStderr()))
+				h, err := reg.History(ctx, tg, args[0])
+				if err != nil {
+					return err
 				}
-				items := []item{}
+				cur := h.CurrentIndex()
+				out := cmd.OutOrStdout()
+				if asJSON {
+					type item struct {
+						registry.Version
+						Current bool `json:"current"`
+					}
+					items := []item{}
+					for i, v := range h.Versions {
+						items = append(items, item{v, i == cur})
+					}
+					return writeJSON(out, map[string]any{"key": tg.String() + "/units/" + args[0], "exists": h.Exists, "modRevision": h.ModRevision, "versions": items})
+				}
+				if len(h.Versions) == 0 {
+					fmt.Fprintf(out, "no history kept for %s/units/%s\n", tg, args[0])
+					return nil
+				}
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "REVISION\tTIME\tHASH\tSIZE\tUSER\t")
 				for i, v := range h.Versions {
-					items = append(items, item{v, i == cur})
+					hash, size, note := short(v.Hash), strconv.Itoa(v.Size), ""
+					if v.Removed {
+						hash, size = "(removed)", "-"
+					}
+					if i == cur {
+						note = "current"
+					}
+					who := v.User
+					if who == "" {
+						who = "-"
+					}
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Revision, v.Time.Local().Format(time.DateTime), hash, size, who, note)
 				}
-				return writeJSON(out, map[string]any{"key": tg.String() + "/units/" + args[0], "exists": h.Exists, "modRevision": h.ModRevision, "versions": items})
-			}
-			if len(h.Versions) == 0 {
-				fmt.Fprintf(out, "no history kept for %s/units/%s\n", tg, args[0])
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				if cur < 0 {
+					what := "holds content"
+					if !h.Exists {
+						what = "was removed"
+					}
+					fmt.Fprintf(out, "note: the key now %s not stored by agentd (etcdctl?), revision %d\n", what, h.ModRevision)
+				}
 				return nil
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "REVISION\tTIME\tHASH\tSIZE\tUSER\t")
-			for i, v := range h.Versions {
-				hash, size, note := short(v.Hash), strconv.Itoa(v.Size), ""
-				if v.Removed {
-					hash, size = "(removed)", "-"
-				}
-				if i == cur {
-					note = "current"
-				}
-				who := v.User
-				if who == "" {
-					who = "-"
-				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Revision, v.Time.Local().Format(time.DateTime), hash, size, who, note)
-			}
-			if err := tw.Flush(); err != nil {
-				return err
-			}
-			if cur < 0 {
-				what := "holds content"
-				if !h.Exists {
-					what = "was removed"
-				}
-				fmt.Fprintf(out, "note: the key now %s not stored by agentd (etcdctl?), revision %d\n", what, h.ModRevision)
-			}
-			return nil
+			})
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
@@ -184,58 +181,54 @@ error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout.`,
 			if cmd.Flags().Changed("to") && to < 1 {
 				return withCode(exitUsage, fmt.Errorf("unit revert: --to %d: want a revision shown by agentd unit history", to))
 			}
-			ctx := cmd.Context()
-			reg, err := ef.dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer reg.Close()
-			reg.SetLogger(cliWarnings(cmd.ErrOrStderr()))
-			h, err := reg.History(ctx, tg, unit)
-			if err != nil {
-				return err
-			}
-			var v registry.Version
-			if cmd.Flags().Changed("to") {
-				v, err = h.At(to)
-			} else {
-				v, err = h.Previous()
-			}
-			if err != nil {
-				return fmt.Errorf("unit revert: %w", err)
-			}
-			key := tg.String() + "/units/" + unit
-			out := cmd.OutOrStdout()
-			if h.Is(v) {
-				if asJSON {
-					writeJSONLine(out, map[string]any{"event": "unchanged", "key": key, "revision": v.Revision, "hash": v.Hash, "removed": v.Removed})
-				} else {
-					fmt.Fprintf(out, "%s already holds the content of revision %d%s: nothing stored\n", key, v.Revision, describe(v))
+			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
+				reg.SetLogger(cliWarnings(cmd.ErrOrStderr()))
+				h, err := reg.History(ctx, tg, unit)
+				if err != nil {
+					return err
 				}
-				return nil
-			}
-			opts := append(writeOptions(cmd), registry.IfModRevision(unit, h.ModRevision))
-			var rev int64
-			if v.Removed {
-				rev, err = reg.Remove(ctx, tg, []string{unit}, opts...)
-			} else {
-				rev, err = reg.Put(ctx, tg, map[string][]byte{unit: v.Content}, opts...)
-			}
-			if errors.Is(err, registry.ErrConflict) {
-				return fmt.Errorf("unit revert: %w; look at agentd unit history again", err)
-			}
-			if err != nil {
-				return writeError(err)
-			}
-			if asJSON {
-				writeJSONLine(out, map[string]any{"event": "reverted", "key": key, "to": v.Revision, "hash": v.Hash, "removed": v.Removed, "revision": rev})
-			} else {
-				fmt.Fprintf(out, "reverted %s to revision %d%s: stored as revision %d\n", key, v.Revision, describe(v), rev)
-			}
-			if !wait {
-				return nil
-			}
-			return waitConverged(ctx, reg, waitSpec{target: tg, units: map[string][]byte{unit: v.Content}, removing: v.Removed, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
+				var v registry.Version
+				if cmd.Flags().Changed("to") {
+					v, err = h.At(to)
+				} else {
+					v, err = h.Previous()
+				}
+				if err != nil {
+					return fmt.Errorf("unit revert: %w", err)
+				}
+				key := tg.String() + "/units/" + unit
+				out := cmd.OutOrStdout()
+				if h.Is(v) {
+					if asJSON {
+						writeJSONLine(out, map[string]any{"event": "unchanged", "key": key, "revision": v.Revision, "hash": v.Hash, "removed": v.Removed})
+					} else {
+						fmt.Fprintf(out, "%s already holds the content of revision %d%s: nothing stored\n", key, v.Revision, describe(v))
+					}
+					return nil
+				}
+				opts := append(writeOptions(cmd), registry.IfModRevision(unit, h.ModRevision))
+				var rev int64
+				if v.Removed {
+					rev, err = reg.Remove(ctx, tg, []string{unit}, opts...)
+				} else {
+					rev, err = reg.Put(ctx, tg, map[string][]byte{unit: v.Content}, opts...)
+				}
+				if errors.Is(err, registry.ErrConflict) {
+					return fmt.Errorf("unit revert: %w; look at agentd unit history again", err)
+				}
+				if err != nil {
+					return writeError(err)
+				}
+				if asJSON {
+					writeJSONLine(out, map[string]any{"event": "reverted", "key": key, "to": v.Revision, "hash": v.Hash, "removed": v.Removed, "revision": rev})
+				} else {
+					fmt.Fprintf(out, "reverted %s to revision %d%s: stored as revision %d\n", key, v.Revision, describe(v), rev)
+				}
+				if !wait {
+					return nil
+				}
+				return waitConverged(ctx, reg, waitSpec{target: tg, units: map[string][]byte{unit: v.Content}, removing: v.Removed, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
+			})
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -118,38 +119,34 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 			if dryRun {
 				return dryRunPut(cmd, &ef, tg, units, wait, asJSON)
 			}
-			ctx := cmd.Context()
-			reg, err := ef.dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer reg.Close()
-			// Without --wait nobody hears the hosts' answer: say now which
-			// are known to refuse the put (from the registry as it is
-			// before it), once it is stored.
-			var warnings bytes.Buffer
-			if !wait {
-				if err := warnRefusals(ctx, &warnings, reg, tg, units); err != nil {
-					fmt.Fprintf(&warnings, "warning: the hosts' facts could not be read, so refusals are not known: %v\n", err)
+			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
+				// Without --wait nobody hears the hosts' answer: say now which
+				// are known to refuse the put (from the registry as it is
+				// before it), once it is stored.
+				var warnings bytes.Buffer
+				if !wait {
+					if err := warnRefusals(ctx, &warnings, reg, tg, units); err != nil {
+						fmt.Fprintf(&warnings, "warning: the hosts' facts could not be read, so refusals are not known: %v\n", err)
+					}
 				}
-			}
-			rev, err := reg.Put(ctx, tg, units, writeOptions(cmd)...)
-			if err != nil {
-				return writeError(err)
-			}
-			out := cmd.OutOrStdout()
-			for _, k := range slices.Sorted(mapsKeys(units)) {
-				if asJSON {
-					writeJSONLine(out, map[string]any{"event": "stored", "key": tg.String() + "/units/" + k, "hash": reconcile.Hash(units[k]), "revision": rev})
-				} else {
-					fmt.Fprintf(out, "stored %s/units/%s (hash %s, revision %d)\n", tg.String(), k, short(reconcile.Hash(units[k])), rev)
+				rev, err := reg.Put(ctx, tg, units, writeOptions(cmd)...)
+				if err != nil {
+					return writeError(err)
 				}
-			}
-			if !wait {
-				_, err := warnings.WriteTo(cmd.ErrOrStderr())
-				return err
-			}
-			return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
+				out := cmd.OutOrStdout()
+				for _, k := range slices.Sorted(mapsKeys(units)) {
+					if asJSON {
+						writeJSONLine(out, map[string]any{"event": "stored", "key": tg.String() + "/units/" + k, "hash": reconcile.Hash(units[k]), "revision": rev})
+					} else {
+						fmt.Fprintf(out, "stored %s/units/%s (hash %s, revision %d)\n", tg.String(), k, short(reconcile.Hash(units[k])), rev)
+					}
+				}
+				if !wait {
+					_, err := warnings.WriteTo(cmd.ErrOrStderr())
+					return err
+				}
+				return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
+			})
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+", the local agent's embedded etcd)")
@@ -193,43 +190,39 @@ when a host fails, 4 on --timeout.`,
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			reg, err := ef.dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer reg.Close()
-			var (
-				rev     int64
-				removed = args
-			)
-			if recursive {
-				rev, removed, err = reg.RemoveRecursive(ctx, tg, args, writeOptions(cmd)...)
-			} else {
-				rev, err = reg.Remove(ctx, tg, args, append(writeOptions(cmd), registry.OnlyWholeUnits())...)
-			}
-			if errors.Is(err, registry.ErrDropInsStay) {
-				err = fmt.Errorf("%w (name them too, or give --recursive to remove each unit with all its drop-ins)", err)
-			}
-			if err != nil {
-				return writeError(err)
-			}
-			out := cmd.OutOrStdout()
-			for _, k := range removed {
-				if asJSON {
-					writeJSONLine(out, map[string]any{"event": "removed", "key": tg.String() + "/units/" + k, "revision": rev})
+			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
+				var (
+					rev     int64
+					removed = args
+				)
+				if recursive {
+					rev, removed, err = reg.RemoveRecursive(ctx, tg, args, writeOptions(cmd)...)
 				} else {
-					fmt.Fprintf(out, "removed %s/units/%s (revision %d)\n", tg.String(), k, rev)
+					rev, err = reg.Remove(ctx, tg, args, append(writeOptions(cmd), registry.OnlyWholeUnits())...)
 				}
-			}
-			if !wait {
-				return nil
-			}
-			units := map[string][]byte{}
-			for _, k := range removed {
-				units[k] = nil
-			}
-			return waitConverged(ctx, reg, waitSpec{target: tg, units: units, removing: true, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
+				if errors.Is(err, registry.ErrDropInsStay) {
+					err = fmt.Errorf("%w (name them too, or give --recursive to remove each unit with all its drop-ins)", err)
+				}
+				if err != nil {
+					return writeError(err)
+				}
+				out := cmd.OutOrStdout()
+				for _, k := range removed {
+					if asJSON {
+						writeJSONLine(out, map[string]any{"event": "removed", "key": tg.String() + "/units/" + k, "revision": rev})
+					} else {
+						fmt.Fprintf(out, "removed %s/units/%s (revision %d)\n", tg.String(), k, rev)
+					}
+				}
+				if !wait {
+					return nil
+				}
+				units := map[string][]byte{}
+				for _, k := range removed {
+					units[k] = nil
+				}
+				return waitConverged(ctx, reg, waitSpec{target: tg, units: units, removing: true, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
+			})
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
@@ -262,42 +255,38 @@ func newUnitLsCmd() *cobra.Command {
 				}
 				tp = &tg
 			}
-			ctx := cmd.Context()
-			reg, err := ef.dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer reg.Close()
-			ls, err := reg.List(ctx, tp)
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				type item struct {
-					Host     string `json:"host,omitempty"`
-					Group    string `json:"group,omitempty"`
-					Unit     string `json:"unit"`
-					Hash     string `json:"hash"`
-					Size     int    `json:"size"`
-					Revision int64  `json:"modRevision"`
+			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
+				ls, err := reg.List(ctx, tp)
+				if err != nil {
+					return err
 				}
-				items := []item{}
+				out := cmd.OutOrStdout()
+				if asJSON {
+					type item struct {
+						Host     string `json:"host,omitempty"`
+						Group    string `json:"group,omitempty"`
+						Unit     string `json:"unit"`
+						Hash     string `json:"hash"`
+						Size     int    `json:"size"`
+						Revision int64  `json:"modRevision"`
+					}
+					items := []item{}
+					for _, l := range ls {
+						items = append(items, item{l.Host, l.Group, l.Unit, reconcile.Hash(l.Value), len(l.Value), l.ModRevision})
+					}
+					return writeJSON(out, items)
+				}
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "TARGET\tUNIT\tHASH\tSIZE\tREVISION")
 				for _, l := range ls {
-					items = append(items, item{l.Host, l.Group, l.Unit, reconcile.Hash(l.Value), len(l.Value), l.ModRevision})
+					target := "hosts/" + l.Host
+					if l.Group != "" {
+						target = "groups/" + l.Group
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", target, l.Unit, short(reconcile.Hash(l.Value)), len(l.Value), l.ModRevision)
 				}
-				return writeJSON(out, items)
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TARGET\tUNIT\tHASH\tSIZE\tREVISION")
-			for _, l := range ls {
-				target := "hosts/" + l.Host
-				if l.Group != "" {
-					target = "groups/" + l.Group
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", target, l.Unit, short(reconcile.Hash(l.Value)), len(l.Value), l.ModRevision)
-			}
-			return tw.Flush()
+				return tw.Flush()
+			})
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
@@ -321,21 +310,17 @@ func newUnitCatCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			reg, err := ef.dial(ctx)
-			if err != nil {
+			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
+				b, err := reg.Get(ctx, tg, args[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), map[string]any{"key": tg.String() + "/units/" + args[0], "hash": reconcile.Hash(b), "content": string(b)})
+				}
+				_, err = cmd.OutOrStdout().Write(b)
 				return err
-			}
-			defer reg.Close()
-			b, err := reg.Get(ctx, tg, args[0])
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return writeJSON(cmd.OutOrStdout(), map[string]any{"key": tg.String() + "/units/" + args[0], "hash": reconcile.Hash(b), "content": string(b)})
-			}
-			_, err = cmd.OutOrStdout().Write(b)
-			return err
+			})
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")

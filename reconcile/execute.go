@@ -59,7 +59,11 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 		}
 	}
 	a.keepBlobs()
-	a.persist()
+	if err := a.persist(); err != nil {
+		// The pass stands: what it did is done, and a later pass saves
+		// the records it could not.
+		a.log.Error("persist the pass", "err", err)
+	}
 	t1 := time.Now()
 	reportErr := a.report(ctx)
 	a.updateFacts()

@@ -1,14 +1,16 @@
 package reconcile
 
 import (
+	"fmt"
 	"maps"
 )
 
 // persist saves the records that changed, in one write. Only the records
 // of units this pass planned, or touched for the next, can have changed;
 // after a pass over every unit all are compared, and blobs nothing refers
-// to any more are dropped.
-func (a *Agent) persist() {
+// to any more are dropped. A failed save changes nothing in memory (a later
+// pass that looks at those units saves them) and skips the clean-up.
+func (a *Agent) persist() error {
 	full := a.focus.reported == nil
 	units := map[string]bool{}
 	if full {
@@ -36,8 +38,7 @@ func (a *Agent) persist() {
 	}
 	if len(changed) > 0 || !intentEqual(a.cfg.Manifest.Intent(), a.mem.intent) {
 		if err := a.cfg.Manifest.SetUnits(changed, a.mem.intent); err != nil {
-			a.log.Error("save unit records", "err", err)
-			return
+			return fmt.Errorf("save unit records: %w", err)
 		}
 		for u, rec := range changed {
 			if _, ok := a.mem.records[u]; ok {
@@ -50,9 +51,10 @@ func (a *Agent) persist() {
 	if full {
 		a.pruneKept()
 		if err := a.cfg.Manifest.GC(); err != nil {
-			a.log.Warn("clean state directory", "err", err)
+			return fmt.Errorf("clean state directory: %w", err)
 		}
 	}
+	return nil
 }
 
 func recordEqual(x, y UnitRecord) bool {

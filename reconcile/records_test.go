@@ -1,0 +1,67 @@
+package reconcile_test
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/unitdir"
+)
+
+// refusesRecords is a manifest whose records cannot be saved.
+type refusesRecords struct{ *unitdir.Manifest }
+
+func (refusesRecords) SetUnits(map[string]reconcile.UnitRecord, reconcile.Intent) error {
+	return errors.New("disk full")
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A pass whose records cannot be saved still stands, and says so once, in
+// one line that names what failed once.
+func TestPersistErrorLoggedOnce(t *testing.T) {
+	files, m, _ := testDirs(t)
+	sd := &fakeSystemd{active: map[string]bool{}}
+	var log syncBuffer
+	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: refusesRecords{m}, CheckFocus: true,
+		Log: slog.New(slog.NewTextHandler(&log, nil))})
+	a.SetSnapshot(snapshot("a.service"))
+	stop := runAgent(t, a)
+	waitCalls(t, sd, 2)
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(log.String(), "disk full"); {
+		if time.Now().After(deadline) {
+			stop()
+			t.Fatalf("no error logged:\n%s", log.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	for _, line := range strings.Split(log.String(), "\n") {
+		if !strings.Contains(line, "disk full") {
+			continue
+		}
+		if n := strings.Count(line, "save unit records"); n != 1 || !strings.Contains(line, "level=ERROR") {
+			t.Errorf("want one error naming the save once, got: %s", line)
+		}
+	}
+}

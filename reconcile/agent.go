@@ -14,6 +14,8 @@ import (
 
 // Systemd is what the agent needs from the service manager. Job methods
 // wait for the job's result and return an error for anything but "done".
+// An error names what failed ("daemon-reload: …", "start x.service: …",
+// "state of x.service: …"); the agent does not name it again.
 type Systemd interface {
 	Reload(ctx context.Context) error
 	Start(ctx context.Context, unit string) error

@@ -3,7 +3,6 @@ package reconcile
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -576,7 +575,7 @@ func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
 	wg.Wait()
 	for i, u := range need {
 		if errs[i] != nil {
-			return fmt.Errorf("read state of %s: %w", u, errs[i])
+			return errs[i] // names the unit already (Systemd's contract)
 		}
 		a.keepState(u, states[i])
 	}

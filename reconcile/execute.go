@@ -183,8 +183,9 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		a.log.Debug("daemon-reload", "why", why)
 		began := time.Now()
 		if err := a.cfg.Systemd.Reload(ctx); err != nil {
-			// The intent keeps Reload: the next pass reloads first.
-			return false, fmt.Errorf("daemon-reload: %w", err)
+			// The intent keeps Reload: the next pass reloads first. The
+			// error names the daemon-reload already (Systemd's contract).
+			return false, err
 		}
 		a.log.Debug("daemon-reload done", "took", time.Since(began))
 		// Recorded before any job starts (below), or else with the pass's

@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"context"
-	"fmt"
 	"maps"
 )
 
@@ -273,7 +272,7 @@ func (a *Agent) state(ctx context.Context, unit string) (UnitState, error) {
 	}
 	st, err := a.stateReader(unit)(ctx)
 	if err != nil {
-		return st, fmt.Errorf("read state of %s: %w", unit, err)
+		return st, err // names the unit already (Systemd's contract)
 	}
 	a.keepState(unit, st)
 	return st, nil

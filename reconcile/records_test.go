@@ -2,7 +2,9 @@ package reconcile_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -63,5 +65,47 @@ func TestPersistErrorLoggedOnce(t *testing.T) {
 		if n := strings.Count(line, "save unit records"); n != 1 || !strings.Contains(line, "level=ERROR") {
 			t.Errorf("want one error naming the save once, got: %s", line)
 		}
+	}
+}
+
+// errorsSystemd fails as the systemd adapter does: its errors name the
+// operation and the unit.
+type errorsSystemd struct {
+	*fakeSystemd
+	reload, state error
+}
+
+func (e *errorsSystemd) Reload(context.Context) error { return e.reload }
+
+func (e *errorsSystemd) State(ctx context.Context, u string) (reconcile.UnitState, error) {
+	if e.state != nil {
+		return reconcile.UnitState{}, fmt.Errorf("state of %s: %w", u, e.state)
+	}
+	return e.fakeSystemd.State(ctx, u)
+}
+
+// A pass's error names each layer's part once: no "daemon-reload:
+// daemon-reload:", no "read state of x: state of x:".
+func TestPassErrorsNotDoubled(t *testing.T) {
+	for name, sd := range map[string]*errorsSystemd{
+		"daemon-reload": {reload: errors.New("daemon-reload: bus gone")},
+		"state of":      {state: errors.New("bus gone")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			files, m, _ := testDirs(t)
+			sd.fakeSystemd = &fakeSystemd{active: map[string]bool{}}
+			a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+			a.SetSnapshot(snapshot("a.service"))
+			defer runAgent(t, a)()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := a.Sync(ctx)
+			if err == nil {
+				t.Fatal("sync succeeded")
+			}
+			if n := strings.Count(err.Error(), name); n != 1 {
+				t.Errorf("error %q names %q %d times, want once", err, name, n)
+			}
+		})
 	}
 }

@@ -149,9 +149,14 @@ type Config struct {
 	Pause func(ctx context.Context, at string)
 }
 
-// Agent is the reconcile loop of one host. Run owns all its mutable state;
-// other goroutines only poke it (SetSnapshot, UnitChanged), hand it job
-// results, or ask it for work through requests.
+// Agent is the reconcile loop of one host. Run's goroutine owns its state
+// but for four parts shared under a lock each with the goroutines it
+// meets: handoff (the snapshot in, statuses out, what signals and fsnotify
+// said changed), slots (filled by the goroutines that wait for them), and
+// the statuses' and the facts' publishers (each emptied by the goroutine
+// that publishes). Other goroutines only poke it (SetSnapshot,
+// UnitChanged), hand it job results over a channel, or ask it for work
+// through requests.
 type Agent struct {
 	cfg  Config
 	log  *slog.Logger

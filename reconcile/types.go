@@ -3,9 +3,11 @@
 // unitdir) import it, never the other way round.
 //
 // Plan is pure: it maps desired state (from the registry) and current state
-// (from disk and D-Bus) to actions. Agent is the thin, single-goroutine loop
-// that gathers state, calls Plan and executes the actions in a fixed order
-// with one daemon-reload per batch.
+// (from disk and D-Bus) to actions. Agent is the loop around it: on one
+// goroutine (Run) it observes state, judges health, calls Plan, executes
+// the actions in a fixed order with one daemon-reload per batch, records
+// the outcome and hands statuses on; systemd jobs, slot waits and
+// publishing (statuses, facts) run in goroutines it owns.
 package reconcile
 
 import (

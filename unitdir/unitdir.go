@@ -1,5 +1,10 @@
-// Package unitdir is the agent's only way to touch the filesystem: unit files
-// in the unit directory and the ownership manifest in the state directory.
+// Package unitdir is how the agent writes its files: unit files in the unit
+// directory, and in the state directory the ownership manifest (Manifest)
+// and the last-known-good registry snapshot (SnapshotStore). Other file
+// access is elsewhere: configuration the agent reads (TLS files,
+// /etc/machine-id), the embedded etcd's data directory (registry), the
+// debug socket (control), and in cmd/agentd the doctor's checks, the
+// editor's file of `unit edit` and test-only fault markers.
 //
 // Every access goes through an os.Root, so no path — however it is spelled or
 // whatever symlinks lie on the way — can reach outside the directory. Writes

@@ -180,6 +180,10 @@ type Member struct {
 	Groups    []string  `json:"groups"`
 	Version   string    `json:"version"`
 	StartedAt time.Time `json:"startedAt"`
+	// PassRecords says the agent publishes its pass record (Pass): a
+	// client judges its answers by revision only then. An agent from
+	// before pass records is judged by its statuses alone.
+	PassRecords bool `json:"passRecords,omitempty"`
 }
 
 // PassKey is the name, among a host's statuses, of its pass record: no

@@ -73,6 +73,7 @@ func (c *Client) Join(ctx context.Context, m reconcile.Member, ttl time.Duration
 	if ttl <= 0 {
 		ttl = defaultSessionTTL
 	}
+	m.PassRecords = true // Publish writes them
 	s := &Session{c: c, member: m, ttl: int((ttl + time.Second - 1) / time.Second)}
 	if err := s.establishLocked(ctx); err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,7 +12,11 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/agentd/agentd/internal/systemdtest"
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
 )
 
@@ -193,4 +198,51 @@ func regexpLine(out, pattern string) bool {
 func cmdline(t *testing.T, h *systemdtest.Harness, unit string) string {
 	t.Helper()
 	return strings.Join(judgeProc(t, h.MainPID(t, unit), "cmdline"), " ")
+}
+
+// An agent from before pass records (its membership says nothing of
+// them) never publishes one: its answers are judged by its statuses
+// alone, as before, so a new CLI still waits for old agents.
+func TestWaitJudgesAnAgentWithoutPassRecordsByItsStatuses(t *testing.T) {
+	t.Parallel()
+	g := newGarbageEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	lease, err := g.raw.Grant(ctx, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.raw.Put(ctx, "/agentd/agents/old", `{"host":"old","machineID":"m-old","groups":["all"],"version":"v0"}`, clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	content := "[Service]\nExecStart=/bin/true\n"
+	file := filepath.Join(t.TempDir(), "hello.service")
+	if err := os.WriteFile(file, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	agent := make(chan error, 1)
+	go func() { // the old agent: a status once the unit is stored, no pass record
+		for {
+			if _, err := g.reg.Get(ctx, registry.Target{Host: "old"}, "hello.service"); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				agent <- ctx.Err()
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		h := reconcile.Hash([]byte(content))
+		st, _ := json.Marshal(reconcile.Status{Unit: "hello.service", Hash: h, DesiredHash: h, ActiveState: "active", SubState: "running", Health: "healthy"})
+		_, err := g.raw.Put(ctx, "/agentd/status/old/hello.service", string(st), clientv3.WithLease(lease.ID))
+		agent <- err
+	}()
+	out, _, code := g.run(t, "unit", "put", file, "--host", "old", "--wait", "--timeout", "20s")
+	if err := <-agent; err != nil {
+		t.Fatalf("stand-in agent: %v", err)
+	}
+	if code != 0 || !strings.Contains(out, "healthy") {
+		t.Fatalf("put --wait on an agent without pass records: exit %d, want 0\n%s", code, out)
+	}
 }

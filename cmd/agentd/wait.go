@@ -93,6 +93,11 @@ func waitConverged(ctx context.Context, reg *registry.Client, w waitSpec, out io
 
 	view := newProgressView(out, w.json, hosts, want)
 	seen := lastSeen(known)
+	// A live agent from before pass records never publishes one.
+	legacy := map[string]bool{}
+	for _, k := range known {
+		legacy[k.Host] = k.Live && !k.PassRecords
+	}
 	var rows map[string]row
 	err = reg.WatchReports(wctx, hosts, func(all map[string]reconcile.HostReport) bool {
 		rows = map[string]row{}
@@ -116,6 +121,9 @@ func waitConverged(ctx context.Context, reg *registry.Client, w waitSpec, out io
 		}
 		for _, h := range hosts {
 			for _, e := range want {
+				if legacy[h] {
+					e.Revision = 0 // its answers are its statuses alone
+				}
 				p, detail := e.Judge(all[h], isLive(h))
 				if p == reconcile.ProgressNoAgent {
 					detail = seen.describe(h)

@@ -250,6 +250,11 @@ func (e Expectation) judgeRemoval(st Status, ok, acted bool, live func() bool) (
 	if acted && st.DesiredHash != "" {
 		return ProgressSuperseded, superseded(st)
 	}
+	if acted && st.Hash == "" {
+		// The unit file is gone; the unit keeps a status only for
+		// drop-ins other keys still give it (another target's).
+		return ProgressRemoved, "unit file removed; drop-ins of other keys stay"
+	}
 	if st.DesiredHash == "" && st.Error != "" {
 		return ProgressFailed, st.Error
 	}

@@ -137,6 +137,8 @@ func TestJudgeByRevision(t *testing.T) {
 		{"rm: acted on an older revision, status gone", rm, HostReport{Pass: Pass{Acted: 9}}, alive, ProgressPending},
 		{"rm: acted, status gone", rm, HostReport{Pass: Pass{Acted: 10}}, alive, ProgressRemoved},
 		{"rm: acted on a later put of the unit", rm, HostReport{Pass: Pass{Acted: 12}, Statuses: running("v3")}, alive, ProgressSuperseded},
+		{"rm: acted, file gone, another target's drop-in keeps a status", rm, HostReport{Pass: Pass{Acted: 10}, Statuses: map[string]Status{"a.service": {Unit: "a.service", ActiveState: "inactive", LoadState: "not-found", DropIns: map[string]string{"a.service.d/x.conf": "d"}}}}, alive, ProgressRemoved},
+		{"rm: acted, file still on disk", rm, HostReport{Pass: Pass{Acted: 10}, Statuses: map[string]Status{"a.service": {Unit: "a.service", Hash: "old", ActiveState: "active"}}}, alive, ProgressApplying},
 		{"rm: acted, still stopping", rm, HostReport{Pass: Pass{Acted: 10}, Statuses: map[string]Status{"a.service": {Unit: "a.service", Hash: "old", Job: "stop"}}}, alive, ProgressApplying},
 		{"put: healthy on the old hash, not acted yet", put, HostReport{Pass: Pass{Acted: 9}, Statuses: running("old")}, alive, ProgressPending},
 		{"put: acted, healthy", put, HostReport{Pass: Pass{Acted: 10}, Statuses: running(h)}, alive, ProgressHealthy},

@@ -37,11 +37,47 @@ type Listed struct {
 // resumes their rollout. Putting the version that failed again leaves
 // its halt in place (delete it with etcdctl to retry that version).
 func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opts ...WriteOption) (int64, error) {
+	o := newWriteOptions(opts)
+	for range 10 {
+		w, err := c.putTxn(ctx, t, units, o)
+		if err != nil {
+			return 0, err
+		}
+		resp, err := c.commitWrite(ctx, w)
+		var le *LimitError
+		if errors.As(err, &le) {
+			return 0, err // says what and where in its own words
+		}
+		if err != nil {
+			return 0, fmt.Errorf("put %s (%s): %w", c.targetUnits(t), strings.Join(slices.Sorted(maps.Keys(units)), ", "), err)
+		}
+		if resp.Succeeded {
+			return resp.Header.Revision, nil
+		}
+		// A key or a halt of the group was written in between: read again.
+	}
+	return 0, fmt.Errorf("put %s: its keys or the group's halts keep changing; nothing written, retry", t)
+}
+
+// CheckPut says whether Put would take units as they are now, without
+// writing anything: the names, the values and the size of the request it
+// would send (a LimitError in plain words), for `unit put --dry-run`.
+func (c *Client) CheckPut(ctx context.Context, t Target, units map[string][]byte, opts ...WriteOption) error {
+	w, err := c.putTxn(ctx, t, units, newWriteOptions(opts))
+	if err != nil {
+		return err
+	}
+	return checkLimits(w)
+}
+
+// putTxn builds the transaction that puts units to t, guarded by the
+// keys (and the group's halts) as read now.
+func (c *Client) putTxn(ctx context.Context, t Target, units map[string][]byte, o writeOptions) (writeTxn, error) {
 	if err := t.Validate(); err != nil {
-		return 0, fmt.Errorf("put: %w", err)
+		return writeTxn{}, fmt.Errorf("put: %w", err)
 	}
 	if len(units) == 0 {
-		return 0, fmt.Errorf("put %s: %w: no units given", t, ErrInvalid)
+		return writeTxn{}, fmt.Errorf("put %s: %w: no units given", t, ErrInvalid)
 	}
 	var errs []error
 	for u := range units {
@@ -50,49 +86,34 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opt
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return 0, fmt.Errorf("put %s: %w", t, err)
+		return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
 	}
 	if err := checkValues(t, units); err != nil {
-		return 0, err
+		return writeTxn{}, err
 	}
-	o := newWriteOptions(opts)
 	root := c.targetUnits(t)
 	names := slices.Sorted(maps.Keys(units))
-	puts := make([]clientv3.Op, len(names))
+	ops := make([]clientv3.Op, len(names))
 	for i, u := range names {
-		puts[i] = clientv3.OpPut(root+u, string(units[u]))
+		ops[i] = clientv3.OpPut(root+u, string(units[u]))
 	}
-	for range 10 {
-		st, _, err := c.readKeys(ctx, t, names, false)
-		if err != nil {
-			return 0, fmt.Errorf("put %s: %w", t, err)
-		}
-		ifs, hist, err := c.historyOps(t, names, units, false, st, o)
-		if err != nil {
-			return 0, fmt.Errorf("put %s: %w", t, err)
-		}
-		ops := append(slices.Clip(puts), hist...)
-		if t.Group != "" {
-			dels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool { return putClears(h, units) })
-			if err != nil {
-				return 0, fmt.Errorf("put %s: %w", t, err)
-			}
-			ifs, ops = append(ifs, guard), append(ops, dels...)
-		}
-		resp, err := c.commitWrite(ctx, writeTxn{op: "put", target: t, keys: len(names), ifs: ifs, ops: ops})
-		var le *LimitError
-		if errors.As(err, &le) {
-			return 0, err // says what and where in its own words
-		}
-		if err != nil {
-			return 0, fmt.Errorf("put %s (%s): %w", root, strings.Join(names, ", "), err)
-		}
-		if resp.Succeeded {
-			return resp.Header.Revision, nil
-		}
-		// A key or a halt of the group was written in between: read again.
+	st, _, err := c.readKeys(ctx, t, names, false)
+	if err != nil {
+		return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
 	}
-	return 0, fmt.Errorf("put %s: its keys or the group's halts keep changing; nothing written, retry", t)
+	ifs, hist, err := c.historyOps(t, names, units, false, st, o)
+	if err != nil {
+		return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
+	}
+	ops = append(ops, hist...)
+	if t.Group != "" {
+		dels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool { return putClears(h, units) })
+		if err != nil {
+			return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
+		}
+		ifs, ops = append(ifs, guard), append(ops, dels...)
+	}
+	return writeTxn{op: "put", target: t, keys: len(names), ifs: ifs, ops: ops}, nil
 }
 
 // Remove deletes units of t in one transaction. If any of them does not

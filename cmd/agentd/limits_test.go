@@ -59,6 +59,10 @@ func TestPutOverTheRequestLimitSaysSoPlainly(t *testing.T) {
 	if h, err := e.reg.History(context.Background(), registry.Target{Host: e.host}, "big0.service"); err != nil || len(h.Versions) > 0 {
 		t.Errorf("history of big0.service: %+v, %v; want none", h, err)
 	}
+	// The dry run says what the put would: the same refusal, not "start".
+	if out, code := e.cli(append([]string{"unit", "put", "--dry-run", "--host", e.host}, files...)...); code != exitUsage || !strings.Contains(out, want) {
+		t.Errorf("--dry-run: exit %d, want %d saying the put is refused:\n%s", code, exitUsage, out)
+	}
 	// Split in two, it is stored.
 	for _, half := range [][]string{files[:3], files[3:]} {
 		if out, code := e.cli(append([]string{"unit", "put", "--host", e.host}, half...)...); code != 0 {

@@ -140,6 +140,10 @@ func dryRunPut(cmd *cobra.Command, ef *etcdFlags, tg registry.Target, units map[
 		return err
 	}
 	defer reg.Close()
+	// What the registry would refuse, the dry run refuses too.
+	if err := reg.CheckPut(ctx, tg, units, writeOptions(cmd)...); err != nil {
+		return writeError(err)
+	}
 	fp, err := previewFleet(ctx, reg, tg, units)
 	if err != nil {
 		return err

@@ -246,3 +246,26 @@ func TestWaitJudgesAnAgentWithoutPassRecordsByItsStatuses(t *testing.T) {
 		t.Fatalf("put --wait on an agent without pass records: exit %d, want 0\n%s", code, out)
 	}
 }
+
+// rm --wait of a unit whose drop-in stays under another target (the
+// group's): the host removes the file and makes no job, and the wait says
+// removed once it has (it kept waiting on the status the drop-in keeps,
+// and exited 4 — seen in the operator trial).
+func TestRmWaitWithAnotherTargetsDropInLeft(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startAgent()
+	e.put("dd2.service", "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n"+fast)
+	if out, code := e.cli("unit", "put", e.writeUnit("dd2.service.d/y.conf", "[Service]\nEnvironment=Y=1\n"), "--group", "all", "--wait", "--timeout", "30s"); code != 0 {
+		t.Fatalf("put the group's drop-in: exit %d\n%s", code, out)
+	}
+	out, code := e.cli("unit", "rm", "dd2.service", "--host", e.host, "--wait", "--timeout", "30s")
+	state := e.h.ActiveState(t, "dd2.service")
+	_, onDisk := e.readLocal("dd2.service")
+	if code != 0 || !strings.Contains(out, "removed") {
+		t.Fatalf("rm --wait: exit %d, want 0 saying removed\n%s", code, out)
+	}
+	if state == "active" || onDisk {
+		t.Fatalf("rm --wait said removed, but dd2.service is %s, file on disk: %v", state, onDisk)
+	}
+}

@@ -152,7 +152,9 @@ func waitConverged(ctx context.Context, reg *registry.Client, w waitSpec, out io
 		case r.state.Terminal():
 			failures = append(failures, fmt.Sprintf("%s %s: %s%s", r.host, r.key, r.state, prefixed(r.detail)))
 		case r.state == reconcile.ProgressNoAgent && w.skipUnreachable:
-			skipped = append(skipped, fmt.Sprintf("%s %s (%s)", r.host, r.key, r.detail))
+			skipped = append(skipped, fmt.Sprintf("%s %s (no live agent, %s)", r.host, r.key, seen.describe(r.host)))
+		case r.state == reconcile.ProgressNoAgent:
+			pending = append(pending, fmt.Sprintf("%s %s (no live agent, %s)", r.host, r.key, seen.describe(r.host)))
 		default:
 			pending = append(pending, fmt.Sprintf("%s %s (%s%s)", r.host, r.key, r.state, prefixed(r.detail)))
 		}
@@ -167,7 +169,7 @@ func waitConverged(ctx context.Context, reg *registry.Client, w waitSpec, out io
 		return err
 	}
 	if len(skipped) > 0 {
-		return withCode(exitSkipped, fmt.Errorf("every reachable host converged; skipped, with no live agent: %s", strings.Join(skipped, "; ")))
+		return withCode(exitSkipped, fmt.Errorf("every host with a live agent converged; skipped: %s", strings.Join(skipped, "; ")))
 	}
 	return nil
 }
@@ -199,9 +201,9 @@ func lastSeen(ks []registry.KnownHost) seenTimes {
 func (s seenTimes) describe(h string) string {
 	k, ok := s[h]
 	if !ok || k.LastSeen.IsZero() {
-		return "no live agent, never seen"
+		return "never seen"
 	}
-	return "no live agent, last seen " + ago(time.Since(k.LastSeen)) + " ago"
+	return "last seen " + ago(time.Since(k.LastSeen)) + " ago"
 }
 
 func ago(d time.Duration) string {
@@ -230,7 +232,7 @@ func describeOverwrite(t registry.Target, o registry.Overwrite) string {
 	if !o.Time.IsZero() {
 		msg += " at " + o.Time.Local().Format(time.DateTime)
 	}
-	return msg + "): this write will never run"
+	return msg + "): the registry no longer holds this write; the hosts go to the newer one"
 }
 
 // progressView shows --wait progress: a table redrawn in place on a

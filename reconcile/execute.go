@@ -315,13 +315,13 @@ func (a *Agent) bookkeep(ctx context.Context, plan []Action, cur Current, failed
 			if act.Ran {
 				// The owed job ran before the agent died: judged as if it
 				// had just ended (HealthySec from now).
-				a.recordAs(act, "adopt", "done", nil)
+				a.recordAs(act, ActionAdopt, "done", nil)
 				a.begin(ctx, act, JobDone, "", cur.Units[u], time.Now())
 			} else if _, verifying := a.verify[u]; !verifying {
 				a.markGood(u, act.Effective)
 			}
 		}
-		if act.Kind != KindBlocked && a.mem.last[u].action == KindBlocked.String() {
+		if act.Kind != KindBlocked && a.mem.last[u].action == ActionBlocked {
 			delete(a.mem.last, u) // no longer blocked: the old verdict would only confuse
 		}
 		switch {
@@ -329,7 +329,7 @@ func (a *Agent) bookkeep(ctx context.Context, plan []Action, cur Current, failed
 			a.mem.refused[u] = *act.Refuse
 			a.record(act, "refused", errors.New(act.Err))
 		case act.Kind == KindBlocked:
-			if prev, ok := a.mem.last[u]; !ok || (prev.err != act.Err && prev.action != "rolled-back") {
+			if prev, ok := a.mem.last[u]; !ok || (prev.err != act.Err && prev.action != ActionRolledBack) {
 				a.record(act, "blocked", errors.New(act.Err))
 			}
 		case act.Kind == KindUpdate && act.Err != "":
@@ -339,7 +339,7 @@ func (a *Agent) bookkeep(ctx context.Context, plan []Action, cur Current, failed
 		case act.Kind == KindUpdate:
 			a.record(act, "done", nil)
 		case act.Kind == KindRollback && act.Job == JobNone:
-			a.recordAs(act, "rolled-back", "done", errors.New(act.Reason))
+			a.recordAs(act, ActionRolledBack, "done", errors.New(act.Reason))
 			rec := a.mem.records[u]
 			rec.Good, rec.Previous = act.Effective, nil
 			a.mem.records[u] = rec

@@ -281,10 +281,10 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		a.cfg.Observer.Rollback(r.unit)
 		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Effective)) + " (the version that ran before)"
 		if r.err != nil {
-			a.recordAs(act, "rolled-back", "failed", fmt.Errorf("%s; restarting it failed: %w", msg, r.err))
+			a.recordAs(act, ActionRolledBack, "failed", fmt.Errorf("%s; restarting it failed: %w", msg, r.err))
 			return
 		}
-		a.recordAs(act, "rolled-back", "done", errors.New(msg))
+		a.recordAs(act, ActionRolledBack, "done", errors.New(msg))
 		return
 	}
 	if act.Effective == nil {

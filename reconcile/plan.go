@@ -349,7 +349,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	stale := len(rec.Applied) > 0 && applied != a.ContentKey && !a.Ran || pending
 	// A halted rollout: another host of the group failed this version.
 	if h, ok := cur.Halts[SlotKey(name)]; ok && !backToOld && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
-		a = waiting(a, fmt.Sprintf("held: the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason))
+		a = waiting(a, heldText(fmt.Sprintf("the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason)))
 		a.Err, a.Effective = a.Reason, nil
 		return a
 	}

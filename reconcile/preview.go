@@ -181,6 +181,12 @@ func isRollingWait(a Action) bool {
 	return a.Kind == KindWait && strings.HasPrefix(a.Reason, "waiting for the rolling update")
 }
 
+// isHeld: a unit held by a halted rollout.
+func isHeld(a Action) bool {
+	_, held := cutHeld(a.Reason)
+	return a.Kind == KindWait && held
+}
+
 // Describe says a planned action as a preview prints it: what the host
 // would do (a Do word) and why.
 func Describe(a Action) (do, reason string) {
@@ -210,15 +216,16 @@ func Describe(a Action) (do, reason string) {
 		return DoUpdate, a.Reason
 	case KindWait:
 		switch {
-		case strings.HasPrefix(a.Reason, "held:"):
-			return DoHeld, strings.TrimSpace(strings.TrimPrefix(a.Reason, "held:"))
+		case isHeld(a):
+			why, _ := cutHeld(a.Reason)
+			return DoHeld, why
 		case isRollingWait(a):
 			if a.Policy.OnChange == "stop-start" {
 				return DoStopStart, a.Reason
 			}
 			return DoRestart, a.Reason
 		}
-		return "wait", a.Reason
+		return string(ActionWait), a.Reason
 	case KindNone:
 		if a.Reason == "" {
 			return DoNothing, "already runs this content"
@@ -315,7 +322,7 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 		// change waits (held), was not applied to the running unit (it
 		// cannot reload, OnChange=none), or the file is another.
 		active := st.ActiveState == "active" || st.ActiveState == "reloading" || st.ActiveState == "activating"
-		other := st.PendingRestart || active && (st.Action == "held" || st.Action == KindUpdate.String() && st.Result == "failed")
+		other := st.PendingRestart || active && (st.Action == ActionHeld || st.Action == KindUpdate.Word() && st.Result == "failed")
 		differs := false
 		for _, f := range d.Files() {
 			if h := diskHash(st, f.Path); h != "" && h != f.Hash {

@@ -63,10 +63,10 @@ func recordEqual(x, y UnitRecord) bool {
 }
 
 func (a *Agent) record(act Action, result string, err error) {
-	a.recordAs(act, act.Kind.String(), result, err)
+	a.recordAs(act, act.Kind.Word(), result, err)
 }
 
-func (a *Agent) recordAs(act Action, action, result string, err error) {
+func (a *Agent) recordAs(act Action, action ActionWord, result string, err error) {
 	o := outcome{action: action, result: result, contentKey: act.ContentKey}
 	if err != nil {
 		o.err = err.Error()
@@ -95,14 +95,14 @@ func (a *Agent) recordAs(act Action, action, result string, err error) {
 	switch {
 	case err != nil && result == "blocked":
 		log.Warn(msg("not applied", errText), "err", err)
-	case action == "rolled-back":
+	case action == ActionRolledBack:
 		log.Error(msg("change rolled back", errText), "err", err)
-	case action == "rolling-back":
+	case action == ActionRollingBack:
 		log.Error(msg("change failed, rolling back", errText), "err", err)
 	case result == "unknown":
-		log.Warn(msg(action+": outcome unknown", errText), "err", err)
+		log.Warn(msg(string(action)+": outcome unknown", errText), "err", err)
 	case err != nil:
-		log.Error(msg(action+" failed", errText), "err", err)
+		log.Error(msg(string(action)+" failed", errText), "err", err)
 	default:
 		log.Info(msg(actionMessage(act), act.Reason))
 	}

@@ -3,7 +3,6 @@ package reconcile
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -12,7 +11,7 @@ import (
 // window is a unit after a job, until Health gives a verdict.
 type window struct {
 	act     Action
-	op      string // the action that started it, for messages
+	op      Kind // the action that started it, for messages
 	outcome JobOutcome
 	jobErr  string
 	base    UnitState
@@ -41,7 +40,7 @@ func (a *Agent) begin(ctx context.Context, act Action, outcome JobOutcome, jobEr
 		a.markGood(act.Unit, act.Effective)
 		return
 	}
-	a.verify[act.Unit] = &window{act: act, op: act.Kind.String(), outcome: outcome, jobErr: jobErr, base: base, ended: ended}
+	a.verify[act.Unit] = &window{act: act, op: act.Kind, outcome: outcome, jobErr: jobErr, base: base, ended: ended}
 }
 
 // judge ends the HealthySec windows Health has a verdict for: healthy units
@@ -56,7 +55,7 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 			continue
 		}
 		v, why := Health(HealthInput{
-			Unit: u, Healthy: w.act.Policy.Healthy, Op: w.op, Job: w.outcome, JobErr: w.jobErr,
+			Unit: u, Healthy: w.act.Policy.Healthy, Op: w.op.String(), Job: w.outcome, JobErr: w.jobErr,
 			Base: w.base, Now: st, Elapsed: now.Sub(w.ended),
 		})
 		switch v {
@@ -68,7 +67,7 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 			a.log.Info(u+": healthy — "+why, "unit", u, "healthy_sec", w.act.Policy.Healthy.Seconds(), "action", "healthy")
 		case VerdictUnknown:
 			delete(a.verify, u)
-			a.recordAs(w.act, w.op, "unknown", errors.New(why))
+			a.recordAs(w.act, w.op.Word(), "unknown", errors.New(why))
 		case VerdictUnhealthy:
 			delete(a.verify, u)
 			a.fail(ctx, w, why)
@@ -82,7 +81,7 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 func (a *Agent) fail(ctx context.Context, w *window, reason string) {
 	u := w.act.Unit
 	rec := a.mem.records[u]
-	rec.Failed, rec.FailReason, rec.FailedOp = w.act.ContentKey, reason, w.op
+	rec.Failed, rec.FailReason, rec.FailedOp = w.act.ContentKey, reason, w.op.String()
 	a.mem.records[u] = rec
 	// The halt is written now; the slot is given back at the end of the
 	// pass (SlotsNeeded), after it.
@@ -109,12 +108,12 @@ func (a *Agent) fail(ctx context.Context, w *window, reason string) {
 	}
 	switch {
 	case !w.act.Policy.Rollback:
-		a.recordAs(w.act, w.op, "failed", errors.New(reason+"; Rollback=no: left as it is"))
+		a.recordAs(w.act, w.op.Word(), "failed", errors.New(reason+"; Rollback=no: left as it is"))
 	case len(rec.Previous) == 0 || KeyOf(rec.Previous) == rec.Failed:
-		a.recordAs(w.act, w.op, "failed", errors.New(reason+"; no earlier version to roll back to"))
+		a.recordAs(w.act, w.op.Word(), "failed", errors.New(reason+"; no earlier version to roll back to"))
 	default:
 		// Not final: the next round of this pass rolls it back.
-		a.recordAs(w.act, "rolling-back", "pending", errors.New(reason))
+		a.recordAs(w.act, ActionRollingBack, "pending", errors.New(reason))
 	}
 }
 
@@ -141,6 +140,6 @@ func (a *Agent) resumeVerification(plan []Action, cur Current) {
 		}
 		a.log.Info(act.Unit+": resuming the health check of a version not yet judged healthy", "unit", act.Unit, "healthy_sec", act.Policy.Healthy.Seconds())
 		act.Kind = KindRestart // what put it there, as far as messages go
-		a.verify[act.Unit] = &window{act: act, op: fmt.Sprint(act.Kind), outcome: JobDone, base: cur.Units[act.Unit], ended: time.Now()}
+		a.verify[act.Unit] = &window{act: act, op: act.Kind, outcome: JobDone, base: cur.Units[act.Unit], ended: time.Now()}
 	}
 }

@@ -257,7 +257,7 @@ func (a *Agent) rememberInFlight(cur *Current) {
 	}
 	cur.Jobs = map[string]InFlight{}
 	for u, j := range a.jobs.inflight {
-		cur.Jobs[u] = InFlight{Job: j.act.Job, ContentKey: j.act.ContentKey, Rollback: j.act.Kind == KindRollback}
+		cur.Jobs[u] = InFlight{Job: j.act.Steps.Job, ContentKey: j.act.ContentKey, Rollback: j.act.Kind == KindRollback}
 	}
 }
 

@@ -92,7 +92,7 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		if IsInstance(name) && a.Kind.Disruptive() {
 			t := TemplateOf(name)
 			if rolling[t] {
-				a = waiting(a, "waiting for the rolling update of "+t+": one instance at a time ("+a.Reason+")")
+				a = waiting(a, WaitRolling, "waiting for the rolling update of "+t+": one instance at a time ("+a.Reason+")")
 			}
 			rolling[t] = true
 		}
@@ -102,8 +102,7 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		// wait for it too while instances run: the template set is the unit
 		// of rollout.
 		if (a.Kind.Disruptive() || templateChangeDisrupts(a, cur)) && a.Policy.MaxUnavailable > 0 && a.Scope != "" && cur.Slots[SlotKey(name)] == "" {
-			a = waiting(a, fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.MaxUnavailable, a.Scope, a.Reason))
-			a.NeedSlot = true
+			a = waiting(a, WaitSlot, fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.MaxUnavailable, a.Scope, a.Reason))
 		}
 		out = append(out, a)
 	}
@@ -120,12 +119,12 @@ func orderSocketServices(plan []Action, desired map[string]*DesiredUnit) {
 		byUnit[a.Unit] = i
 	}
 	for _, s := range plan {
-		if !strings.HasSuffix(s.Unit, ".socket") || (s.Job != JobStart && s.Job != JobRestart) {
+		if !strings.HasSuffix(s.Unit, ".socket") || (s.Steps.Job != JobStart && s.Steps.Job != JobRestart) {
 			continue
 		}
-		if i, ok := byUnit[socketService(s.Unit, desired[s.Unit])]; ok && plan[i].Job != JobNone {
-			plan[i].After = s.Unit
-			plan[i].Reason += "; after " + s.Unit + "'s " + s.Job.String() + " (systemd starts no socket whose service runs)"
+		if i, ok := byUnit[socketService(s.Unit, desired[s.Unit])]; ok && plan[i].Steps.Job != JobNone {
+			plan[i].Steps.After = s.Unit
+			plan[i].Reason += "; after " + s.Unit + "'s " + s.Steps.Job.String() + " (systemd starts no socket whose service runs)"
 		}
 	}
 }
@@ -171,7 +170,7 @@ func SlotsNeeded(plan []Action, cur Current) map[string]SlotNeed {
 			continue
 		}
 		_, inflight := cur.Jobs[a.Unit]
-		if a.NeedSlot || a.Kind.Disruptive() || inflight || cur.Verifying[a.Unit] {
+		if a.Gate.On == WaitSlot || a.Kind.Disruptive() || inflight || cur.Verifying[a.Unit] {
 			need[SlotKey(a.Unit)] = SlotNeed{Scope: a.Scope, Hash: a.Hash, Limit: a.Policy.MaxUnavailable}
 		}
 	}
@@ -187,12 +186,12 @@ func ReloadNeeded(plan []Action, cur Current) (bool, string) {
 		return true, "a daemon-reload owed by an interrupted pass"
 	}
 	for _, a := range plan {
-		if a.Changes() || a.Enable || a.Disable {
+		if a.Changes() || a.Steps.Enable || a.Steps.Disable {
 			return true, "unit files changed"
 		}
 	}
 	for _, a := range plan {
-		if a.Job != JobNone && cur.Units[a.Unit].NeedDaemonReload {
+		if a.Steps.Job != JobNone && cur.Units[a.Unit].NeedDaemonReload {
 			return true, a.Unit + " has NeedDaemonReload=yes"
 		}
 	}
@@ -251,7 +250,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			return blocked(a, fmt.Sprintf("unmanaged file: %s exists and agentd did not write it; not overwriting (move it away to let agentd manage it)", f.Path))
 		}
 		if !lf.Exists || lf.Hash != f.Hash {
-			a.Writes = append(a.Writes, f)
+			a.Steps.Writes = append(a.Steps.Writes, f)
 		}
 	}
 	wanted := map[string]bool{}
@@ -263,10 +262,10 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		case wanted[p]:
 		case cur.Managed[p] == InstanceMarker:
 			if !d.Instance {
-				a.Forget = append(a.Forget, p)
+				a.Steps.Forget = append(a.Steps.Forget, p)
 			}
 		default:
-			a.Removes = append(a.Removes, p)
+			a.Steps.Removes = append(a.Steps.Removes, p)
 		}
 	}
 	if d.File == nil && !d.Instance && ownsUnitFile(name, cur) {
@@ -279,7 +278,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	backToOld := false // an instance goes back to the template set that ran before a failure
 	p := d.Policy
 	if IsInstance(name) {
-		a.Instance = d.Instance
+		a.Record.Instance = d.Instance
 		if t := desired[TemplateOf(name)]; t != nil && t.Err == nil {
 			tkey := ContentKey(t)
 			if tr := cur.Records[t.Name]; tr.Failed == tkey || cur.Refused[t.Name].ContentKey == tkey {
@@ -289,7 +288,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 				}
 			} else {
 				maps.Copy(effective, fileHashes(t.Files()))
-				a.TemplateKey = tkey
+				a.Record.TemplateKey = tkey
 			}
 			if d.File == nil {
 				p = t.Policy // an instance key carries no policy: its template's applies
@@ -305,14 +304,14 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			a.Hash = t.Hash()
 		}
 	}
-	a.Effective = effective
+	a.Record.Effective = effective
 	a.ContentKey = KeyOf(effective)
 	if d.Instance && len(effective) == 0 {
 		a.ContentKey = InstanceMarker
 	}
 	changed := a.Changes()
 	if j, ok := cur.Jobs[name]; ok && j.ContentKey == a.ContentKey && !changed {
-		return waiting(a, j.Job.String()+" job in progress")
+		return waiting(a, WaitJob, j.Job.String()+" job in progress")
 	}
 	if r, ok := cur.Refused[name]; ok && r.ContentKey == a.ContentKey {
 		return blocked(a, r.Reason)
@@ -324,7 +323,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		if j, ok := cur.Jobs[name]; ok && j.Rollback {
 			// The files are back; the disk differs from the registry until
 			// the content changes, which must not start the rollback again.
-			return waiting(a, "rollback "+j.Job.String()+" job in progress")
+			return waiting(a, WaitJob, "rollback "+j.Job.String()+" job in progress")
 		}
 		if IsTemplate(name) {
 			if rb, ok := planTemplateRollback(a, rec, managed, cur); ok {
@@ -342,15 +341,15 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		// ... but it did: the unit started after systemd last loaded the
 		// unit files, which are the desired ones (nothing to write, no
 		// newer file) — the agent died after the job, before recording it.
-		pending, a.Ran = false, true
+		pending, a.Record.Ran = false, true
 		a.Reason = "the job owed by a pass the agent did not finish ran: the unit started after systemd loaded its current files"
 	}
 	// stale: the running unit is known to run other content than desired.
-	stale := len(rec.Applied) > 0 && applied != a.ContentKey && !a.Ran || pending
+	stale := len(rec.Applied) > 0 && applied != a.ContentKey && !a.Record.Ran || pending
 	// A halted rollout: another host of the group failed this version.
 	if h, ok := cur.Halts[SlotKey(name)]; ok && !backToOld && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
-		a = waiting(a, heldText(fmt.Sprintf("the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason)))
-		a.Err, a.Effective = a.Reason, nil
+		a = waiting(a, WaitHeld, heldText(fmt.Sprintf("the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason)))
+		a.Err, a.Record.Effective = a.Reason, nil
 		return a
 	}
 	planEnable(&a, st, changed)
@@ -365,7 +364,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	case p.State == StateStopped:
 		switch {
 		case st.Active():
-			a.Kind, a.Job, a.Reason = KindStop, JobStop, "State=stopped and the unit is "+st.ActiveState
+			a.Kind, a.Steps.Job, a.Reason = KindStop, JobStop, "State=stopped and the unit is "+st.ActiveState
 			if changed {
 				a.Reason = describe(a, rec, cur) + "; " + a.Reason
 			}
@@ -376,7 +375,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		// State=started, and the unit is not running.
 		switch {
 		case changed || (stale && cur.Started[name] != a.ContentKey):
-			a.Kind, a.Job, a.Reason = KindStart, JobStart, describe(a, rec, cur)
+			a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, describe(a, rec, cur)
 			if !changed && !pending {
 				a.Reason = "content changed while the unit was stopped"
 			}
@@ -384,7 +383,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 				a.Kind = KindStopStart // the second half: the old version is down
 			}
 		case d.Instance && !isManaged[name]:
-			a.Kind, a.Job, a.Reason = KindStart, JobStart, "new instance of "+TemplateOf(name)
+			a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, "new instance of "+TemplateOf(name)
 		case !st.Ran && st.LoadState == "loaded" && cur.Started[name] != a.ContentKey && !ranToCompletion(st, rec, a.ContentKey) &&
 			!(cur.Manager != "" && rec.StartedIn == cur.Manager && KeyOf(rec.Applied) == a.ContentKey):
 			// Not run since the manager started (a boot, or the agent was
@@ -393,19 +392,19 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			// systemd's Restart= to handle; both show in status. So is one
 			// the agent started under this very manager: systemd unloaded
 			// it once stopped and forgot it ran, the agent did not.
-			a.Kind, a.Job, a.Reason = KindStart, JobStart, "not started since the manager started"
+			a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, "not started since the manager started"
 		}
 	case changed || stale:
 		planChange(&a, st, changed, rec, d, desired, cur)
 	}
-	if a.Kind == KindNone && (a.Enable || a.Disable) {
+	if a.Kind == KindNone && (a.Steps.Enable || a.Steps.Disable) {
 		a.Kind, a.Reason = KindUpdate, "enable per [Install]"
-		if a.Disable && !a.Enable {
+		if a.Steps.Disable && !a.Steps.Enable {
 			a.Reason = "disable: Enable=no, or no [Install] section"
 		}
 	}
-	if (a.Kind == KindUpdate || a.Kind == KindNone) && a.Effective != nil && st.Active() && applied != a.ContentKey {
-		a.Adopt = true
+	if (a.Kind == KindUpdate || a.Kind == KindNone) && a.Record.Effective != nil && st.Active() && applied != a.ContentKey {
+		a.Record.Adopt = true
 	}
 	return a
 }
@@ -421,9 +420,9 @@ func planEnable(a *Action, st UnitState, changed bool) {
 	unknown := st.UnitFileState == "" || st.LoadState == "not-found"
 	switch {
 	case want && (st.UnitFileState == "disabled" || unknown && changed):
-		a.Enable = true
+		a.Steps.Enable = true
 	case !want && st.UnitFileState == "enabled":
-		a.Disable = true
+		a.Steps.Disable = true
 	}
 }
 
@@ -431,7 +430,7 @@ func planEnable(a *Action, st UnitState, changed bool) {
 // changes.
 func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) {
 	name, p := a.Unit, a.Policy
-	oldFiles, newFiles := filesForClassify(name, rec, a.Effective, d, desired, cur)
+	oldFiles, newFiles := filesForClassify(name, rec, a.Record.Effective, d, desired, cur)
 	if len(rec.Applied) == 0 && cur.Intent.Jobs[name] == a.ContentKey {
 		// An interrupted pass wrote these files; what the unit runs is
 		// unknown: compare against nothing, i.e. restart.
@@ -452,7 +451,7 @@ func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *Desire
 			// old version, and say so.
 			a.Kind, a.Reason = KindUpdate, what+"; OnChange=reload"
 			a.Err = fmt.Sprintf("reload %s: the new version cannot reload (no ExecReload=); not restarting it silently — use OnChange=reload-or-restart or restart", name)
-			a.Effective = nil
+			a.Record.Effective = nil
 		}
 	case "reload-or-restart":
 		if canReload {
@@ -463,31 +462,31 @@ func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *Desire
 	case "stop-start":
 		a.Kind, a.Reason = KindStopStart, what+"; OnChange=stop-start: stopping with the old definition first"
 		// The new files are written once the old version is down (next pass).
-		a.Writes, a.Removes, a.Enable, a.Disable, a.Effective = nil, nil, false, false, nil
-		a.Job = JobStop
+		a.Steps.Writes, a.Steps.Removes, a.Steps.Enable, a.Steps.Disable, a.Record.Effective = nil, nil, false, false, nil
+		a.Steps.Job = JobStop
 		return
 	case "none":
 		if changed {
 			a.Kind, a.Reason = KindUpdate, what+"; OnChange=none: restart pending"
 		}
-		a.Effective = nil // the unit keeps running the old content
+		a.Record.Effective = nil // the unit keeps running the old content
 	default:
 		a.Kind, a.Reason = autoKind(name, c)
 		if a.Kind == KindReload && !canReload {
 			a.Kind, a.Reason = KindRestart, c.Reason()+": the new version cannot reload, restart"
 		}
 		if c.Kind == ChangeInstall && a.Own == OwnFile && p.HasInstall && p.Enable {
-			a.Enable, a.Disable = true, true
+			a.Steps.Enable, a.Steps.Disable = true, true
 		}
 		if a.Kind == KindUpdate && !changed {
 			a.Kind = KindNone // nothing to write: just record that it runs current content
 		}
 		a.Reason = what + "; " + a.Reason
 	}
-	a.Job = jobOf(a.Kind)
+	a.Steps.Job = jobOf(a.Kind)
 	if a.Kind == KindRestart && strings.HasSuffix(name, ".socket") {
 		if svc := socketService(name, d); svc != "" {
-			a.AlsoStop = []string{svc}
+			a.Steps.AlsoStop = []string{svc}
 		}
 	}
 }
@@ -501,10 +500,10 @@ func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *Desire
 // gets its drop-ins written and no job: starting, restarting or reloading
 // it could only end in "Unit … not found".
 func planForeign(a *Action, st UnitState, changed, stale bool, rec UnitRecord, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) {
-	a.Enable, a.Disable = false, false
+	a.Steps.Enable, a.Steps.Disable = false, false
 	switch {
 	case st.LoadState == "not-found":
-		a.Effective = nil // it runs none of them: nothing to record or adopt
+		a.Record.Effective = nil // it runs none of them: nothing to record or adopt
 		if changed {
 			a.Kind, a.Reason = KindUpdate, describe(*a, rec, cur)+"; drop-ins on "+a.Unit+", which systemd does not have (not-found): written, no job"
 		}
@@ -548,10 +547,11 @@ func jobOf(k Kind) Job {
 	return JobNone
 }
 
-// waiting turns an action into a wait: nothing is written or run.
-func waiting(a Action, why string) Action {
-	a.Kind, a.Reason, a.Job = KindWait, why, JobNone
-	a.Writes, a.Removes, a.Forget, a.Enable, a.Disable, a.Adopt, a.AlsoStop = nil, nil, nil, false, false, false, nil
+// waiting turns an action into a wait on what on says: nothing is
+// written, run or adopted.
+func waiting(a Action, on Wait, why string) Action {
+	a.Kind, a.Reason, a.Gate = KindWait, why, Gate{On: on}
+	a.Steps, a.Record.Adopt = Steps{}, false
 	return a
 }
 
@@ -707,7 +707,7 @@ func sortUnitFirst(m map[string]string) []string {
 // from the one it should run.
 func describe(a Action, rec UnitRecord, cur Current) string {
 	var parts []string
-	for _, f := range a.Writes {
+	for _, f := range a.Steps.Writes {
 		old := cur.Files[f.Path]
 		if old.Exists {
 			parts = append(parts, fmt.Sprintf("%s changed (%s → %s)", f.Path, short(old.Hash), short(f.Hash)))
@@ -715,20 +715,20 @@ func describe(a Action, rec UnitRecord, cur Current) string {
 			parts = append(parts, fmt.Sprintf("%s new (%s)", f.Path, short(f.Hash)))
 		}
 	}
-	for _, r := range a.Removes {
+	for _, r := range a.Steps.Removes {
 		parts = append(parts, r+" removed")
 	}
 	if len(parts) == 0 {
-		for _, p := range slices.Sorted(maps.Keys(a.Effective)) {
+		for _, p := range slices.Sorted(maps.Keys(a.Record.Effective)) {
 			switch old, ok := rec.Applied[p]; {
 			case !ok:
-				parts = append(parts, fmt.Sprintf("%s new (%s)", p, short(a.Effective[p])))
-			case old != a.Effective[p]:
-				parts = append(parts, fmt.Sprintf("%s changed (%s → %s)", p, short(old), short(a.Effective[p])))
+				parts = append(parts, fmt.Sprintf("%s new (%s)", p, short(a.Record.Effective[p])))
+			case old != a.Record.Effective[p]:
+				parts = append(parts, fmt.Sprintf("%s changed (%s → %s)", p, short(old), short(a.Record.Effective[p])))
 			}
 		}
 		for _, p := range slices.Sorted(maps.Keys(rec.Applied)) {
-			if _, ok := a.Effective[p]; !ok {
+			if _, ok := a.Record.Effective[p]; !ok {
 				parts = append(parts, p+" removed")
 			}
 		}
@@ -740,9 +740,8 @@ func describe(a Action, rec UnitRecord, cur Current) string {
 }
 
 func blocked(a Action, why string) Action {
-	a.Kind, a.Job = KindBlocked, JobNone
-	a.Err = why
-	a.Writes, a.Removes, a.Forget, a.Enable, a.Disable, a.Effective, a.Adopt, a.AlsoStop = nil, nil, nil, false, false, nil, false, nil
+	a.Kind, a.Err, a.Gate = KindBlocked, why, Gate{}
+	a.Steps, a.Record.Effective, a.Record.Adopt = Steps{}, nil, false
 	return a
 }
 

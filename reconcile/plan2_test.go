@@ -672,11 +672,11 @@ func p2Check(t *testing.T, a Action, w p2Want) {
 	if a.Kind != w.kind {
 		t.Fatalf("kind = %s (reason %q, err %q), want %s", a.Kind, a.Reason, a.Err, w.kind)
 	}
-	if a.Job != w.job {
-		t.Errorf("job = %s, want %s", a.Job, w.job)
+	if a.Steps.Job != w.job {
+		t.Errorf("job = %s, want %s", a.Steps.Job, w.job)
 	}
 	got := map[string]string{}
-	for _, f := range a.Writes {
+	for _, f := range a.Steps.Writes {
 		got[f.Path] = f.Hash
 		if Hash(f.Content) != f.Hash {
 			t.Errorf("write %s: content hashes to %s, not %s", f.Path, short(Hash(f.Content)), short(f.Hash))
@@ -688,28 +688,28 @@ func p2Check(t *testing.T, a Action, w p2Want) {
 	if !maps.Equal(got, w.writes) {
 		t.Errorf("writes = %v, want %v", got, w.writes)
 	}
-	if !slices.Equal(a.Removes, w.removes) {
-		t.Errorf("removes = %v, want %v", a.Removes, w.removes)
+	if !slices.Equal(a.Steps.Removes, w.removes) {
+		t.Errorf("removes = %v, want %v", a.Steps.Removes, w.removes)
 	}
-	if !slices.Equal(a.Forget, w.forget) {
-		t.Errorf("forget = %v, want %v", a.Forget, w.forget)
+	if !slices.Equal(a.Steps.Forget, w.forget) {
+		t.Errorf("forget = %v, want %v", a.Steps.Forget, w.forget)
 	}
-	if a.Enable != w.enable || a.Disable != w.disable {
-		t.Errorf("enable/disable = %v/%v, want %v/%v", a.Enable, a.Disable, w.enable, w.disable)
+	if a.Steps.Enable != w.enable || a.Steps.Disable != w.disable {
+		t.Errorf("enable/disable = %v/%v, want %v/%v", a.Steps.Enable, a.Steps.Disable, w.enable, w.disable)
 	}
-	if a.DropRecord != w.drop {
-		t.Errorf("drop record = %v, want %v", a.DropRecord, w.drop)
+	if a.Record.DropRecord != w.drop {
+		t.Errorf("drop record = %v, want %v", a.Record.DropRecord, w.drop)
 	}
-	if a.Adopt != w.adopt {
-		t.Errorf("adopt = %v, want %v", a.Adopt, w.adopt)
+	if a.Record.Adopt != w.adopt {
+		t.Errorf("adopt = %v, want %v", a.Record.Adopt, w.adopt)
 	}
 	switch {
-	case w.refuse == "" && a.Refuse != nil:
-		t.Errorf("refuse = %+v, want none", *a.Refuse)
-	case w.refuse != "" && a.Refuse == nil:
+	case w.refuse == "" && a.Record.Refuse != nil:
+		t.Errorf("refuse = %+v, want none", *a.Record.Refuse)
+	case w.refuse != "" && a.Record.Refuse == nil:
 		t.Errorf("no refusal, want one for %s", w.refuse)
-	case w.refuse != "" && a.Refuse.ContentKey != w.refuse:
-		t.Errorf("refusal of %s, want %s", a.Refuse.ContentKey, w.refuse)
+	case w.refuse != "" && a.Record.Refuse.ContentKey != w.refuse:
+		t.Errorf("refusal of %s, want %s", a.Record.Refuse.ContentKey, w.refuse)
 	}
 	if w.own != OwnNone && a.Own != w.own {
 		t.Errorf("own = %q, want %q", a.Own, w.own)
@@ -723,8 +723,8 @@ func p2Check(t *testing.T, a Action, w p2Want) {
 	if w.reasonLike != "" && !strings.Contains(a.Reason, w.reasonLike) {
 		t.Errorf("reason = %q, want it to mention %q", a.Reason, w.reasonLike)
 	}
-	if w.checkEff && (w.eff == nil) != (a.Effective == nil) || w.checkEff && !maps.Equal(a.Effective, w.eff) {
-		t.Errorf("effective = %v, want %v", a.Effective, w.eff)
+	if w.checkEff && (w.eff == nil) != (a.Record.Effective == nil) || w.checkEff && !maps.Equal(a.Record.Effective, w.eff) {
+		t.Errorf("effective = %v, want %v", a.Record.Effective, w.eff)
 	}
 	p2Messages(t, a)
 }
@@ -790,17 +790,17 @@ func TestPlan2ReloadNeeded(t *testing.T) {
 		why  string
 	}{
 		{name: "interrupted pass owes a reload", cur: Current{Intent: Intent{Reload: true}}, want: true, why: "interrupted"},
-		{name: "a job on a unit with NeedDaemonReload", plan: []Action{{Unit: p2Hello, Kind: KindRestart, Job: JobRestart}},
+		{name: "a job on a unit with NeedDaemonReload", plan: []Action{{Unit: p2Hello, Kind: KindRestart, Steps: Steps{Job: JobRestart}}},
 			cur: Current{Units: map[string]UnitState{p2Hello: owed}}, want: true, why: "NeedDaemonReload"},
 		{name: "NeedDaemonReload without a job", plan: []Action{{Unit: p2Hello, Kind: KindNone}},
 			cur: Current{Units: map[string]UnitState{p2Hello: owed}}},
-		{name: "a job, nothing owed", plan: []Action{{Unit: p2Hello, Kind: KindStart, Job: JobStart}},
+		{name: "a job, nothing owed", plan: []Action{{Unit: p2Hello, Kind: KindStart, Steps: Steps{Job: JobStart}}},
 			cur: Current{Units: map[string]UnitState{p2Hello: running}}},
-		{name: "files written", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Writes: []DesiredFile{{Path: p2Hello}}}}, want: true, why: "changed"},
-		{name: "files removed", plan: []Action{{Unit: p2Hello, Kind: KindRemove, Removes: []string{p2Hello}}}, want: true, why: "changed"},
-		{name: "enable only", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Enable: true}}, want: true},
-		{name: "disable only", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Disable: true}}, want: true},
-		{name: "instance marker forgotten only", plan: []Action{{Unit: "web@1.service", Kind: KindRemove, Forget: []string{"web@1.service"}}}},
+		{name: "files written", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Steps: Steps{Writes: []DesiredFile{{Path: p2Hello}}}}}, want: true, why: "changed"},
+		{name: "files removed", plan: []Action{{Unit: p2Hello, Kind: KindRemove, Steps: Steps{Removes: []string{p2Hello}}}}, want: true, why: "changed"},
+		{name: "enable only", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Steps: Steps{Enable: true}}}, want: true},
+		{name: "disable only", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Steps: Steps{Disable: true}}}, want: true},
+		{name: "instance marker forgotten only", plan: []Action{{Unit: "web@1.service", Kind: KindRemove, Steps: Steps{Forget: []string{"web@1.service"}}}}},
 		{name: "nothing", plan: []Action{{Unit: p2Hello}}, cur: Current{Intent: Intent{Jobs: map[string]string{p2Hello: "k"}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

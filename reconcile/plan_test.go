@@ -165,16 +165,16 @@ func TestPlan(t *testing.T) {
 			if got.Kind != tt.want {
 				t.Fatalf("kind = %s (%s %s), want %s", got.Kind, got.Reason, got.Err, tt.want)
 			}
-			if len(got.Writes) != tt.writes || len(got.Removes) != tt.removes {
-				t.Errorf("writes/removes = %d/%d, want %d/%d", len(got.Writes), len(got.Removes), tt.writes, tt.removes)
+			if len(got.Steps.Writes) != tt.writes || len(got.Steps.Removes) != tt.removes {
+				t.Errorf("writes/removes = %d/%d, want %d/%d", len(got.Steps.Writes), len(got.Steps.Removes), tt.writes, tt.removes)
 			}
-			if got.Enable != tt.enable || got.Disable != tt.disable {
-				t.Errorf("enable/disable = %v/%v, want %v/%v", got.Enable, got.Disable, tt.enable, tt.disable)
+			if got.Steps.Enable != tt.enable || got.Steps.Disable != tt.disable {
+				t.Errorf("enable/disable = %v/%v, want %v/%v", got.Steps.Enable, got.Steps.Disable, tt.enable, tt.disable)
 			}
 			if tt.errLike != "" && !strings.Contains(got.Err, tt.errLike) {
 				t.Errorf("err = %q, want it to mention %q", got.Err, tt.errLike)
 			}
-			if tt.want == KindBlocked && (len(got.Writes) > 0 || len(got.Removes) > 0) {
+			if tt.want == KindBlocked && (len(got.Steps.Writes) > 0 || len(got.Steps.Removes) > 0) {
 				t.Errorf("blocked action touches files: %+v", got)
 			}
 		})
@@ -231,7 +231,7 @@ func TestPlanRemovedInstanceIsStoppedNoFileTouched(t *testing.T) {
 		Files:   map[string]LocalFile{},
 	}
 	plan := Plan(Desire(Snapshot{}), cur)
-	if len(plan) != 1 || plan[0].Kind != KindRemove || len(plan[0].Removes) != 0 || plan[0].Disable {
+	if len(plan) != 1 || plan[0].Kind != KindRemove || len(plan[0].Steps.Removes) != 0 || plan[0].Steps.Disable {
 		t.Fatalf("plan = %+v", plan)
 	}
 }
@@ -368,17 +368,17 @@ func TestPlanChangeOnRunningUnit(t *testing.T) {
 			if tt.writes < 0 {
 				want = 0
 			}
-			if len(a.Writes) != want {
-				t.Errorf("writes = %d, want %d", len(a.Writes), want)
+			if len(a.Steps.Writes) != want {
+				t.Errorf("writes = %d, want %d", len(a.Steps.Writes), want)
 			}
-			if a.Enable != tt.enable {
-				t.Errorf("enable = %v, want %v", a.Enable, tt.enable)
+			if a.Steps.Enable != tt.enable {
+				t.Errorf("enable = %v, want %v", a.Steps.Enable, tt.enable)
 			}
-			if tt.alsoStop != "" && (len(a.AlsoStop) != 1 || a.AlsoStop[0] != tt.alsoStop) {
-				t.Errorf("alsoStop = %v, want %s", a.AlsoStop, tt.alsoStop)
+			if tt.alsoStop != "" && (len(a.Steps.AlsoStop) != 1 || a.Steps.AlsoStop[0] != tt.alsoStop) {
+				t.Errorf("alsoStop = %v, want %s", a.Steps.AlsoStop, tt.alsoStop)
 			}
-			if tt.noEffRecord != (a.Effective == nil) {
-				t.Errorf("effective record = %v", a.Effective)
+			if tt.noEffRecord != (a.Record.Effective == nil) {
+				t.Errorf("effective record = %v", a.Record.Effective)
 			}
 		})
 	}
@@ -418,13 +418,13 @@ func TestPlanMaxUnavailableAndHalts(t *testing.T) {
 	group := []Entry{groupEntry("web", "hello.service", v2)}
 	// A group's restart waits for a slot, writing nothing before it.
 	a := Plan(Desire(Snapshot{Entries: group}), base())[0]
-	if a.Kind != KindWait || !a.NeedSlot || len(a.Writes) != 0 || a.Scope != "groups/web" {
+	if a.Kind != KindWait || a.Gate.On != WaitSlot || len(a.Steps.Writes) != 0 || a.Scope != "groups/web" {
 		t.Fatalf("without a slot: %+v", a)
 	}
 	// With the slot: restart.
 	cur := base()
 	cur.Slots = map[string]string{"hello.service": Hash([]byte(v2))}
-	if a := Plan(Desire(Snapshot{Entries: group}), cur)[0]; a.Kind != KindRestart || len(a.Writes) != 1 {
+	if a := Plan(Desire(Snapshot{Entries: group}), cur)[0]; a.Kind != KindRestart || len(a.Steps.Writes) != 1 {
 		t.Fatalf("with a slot: %s", a.Kind)
 	}
 	// A host's own key needs no slot: one host, nothing to coordinate.
@@ -442,12 +442,12 @@ func TestPlanMaxUnavailableAndHalts(t *testing.T) {
 	halt := Halt{Scope: "groups/web", Unit: "hello.service", Hash: Hash([]byte(v2)), Host: "h9", Reason: "exit status 3"}
 	cur.Halts = map[string]Halt{"hello.service": halt}
 	a = Plan(Desire(Snapshot{Entries: group}), cur)[0]
-	if a.Kind != KindWait || !strings.HasPrefix(a.Err, "held:") || !strings.Contains(a.Err, "h9") || len(a.Writes) != 0 {
+	if a.Kind != KindWait || !strings.HasPrefix(a.Err, "held:") || !strings.Contains(a.Err, "h9") || len(a.Steps.Writes) != 0 {
 		t.Fatalf("halted: %+v", a)
 	}
 	// New content resumes the rollout.
 	v3 := strings.Replace(v1, "1000", "1002", 1)
-	if a := Plan(Desire(Snapshot{Entries: []Entry{groupEntry("web", "hello.service", v3)}}), cur)[0]; a.Kind != KindWait || !a.NeedSlot {
+	if a := Plan(Desire(Snapshot{Entries: []Entry{groupEntry("web", "hello.service", v3)}}), cur)[0]; a.Kind != KindWait || a.Gate.On != WaitSlot {
 		t.Fatalf("new content after a halt: %+v", a)
 	}
 	// A host already on the halted version is not disturbed.
@@ -468,28 +468,28 @@ func enabled(st UnitState) UnitState {
 // one, waits for nothing.
 func TestOrderSocketServices(t *testing.T) {
 	plan := []Action{
-		{Unit: "a.service", Job: JobRestart},
-		{Unit: "a.socket", Job: JobRestart, AlsoStop: []string{"a.service"}},
-		{Unit: "b.service", Job: JobNone},
-		{Unit: "b.socket", Job: JobRestart, AlsoStop: []string{"b.service"}},
-		{Unit: "c.service", Job: JobStart},
-		{Unit: "c.socket", Job: JobNone},
-		{Unit: "d.service", Job: JobRestart},
-		{Unit: "e.socket", Job: JobRestart, AlsoStop: []string{"d.service"}},
-		{Unit: "f.service", Job: JobStart},
-		{Unit: "f.socket", Job: JobStart},
-		{Unit: "g.timer", Job: JobStart},
-		{Unit: "g.service", Job: JobStart},
+		{Unit: "a.service", Steps: Steps{Job: JobRestart}},
+		{Unit: "a.socket", Steps: Steps{Job: JobRestart, AlsoStop: []string{"a.service"}}},
+		{Unit: "b.service", Steps: Steps{Job: JobNone}},
+		{Unit: "b.socket", Steps: Steps{Job: JobRestart, AlsoStop: []string{"b.service"}}},
+		{Unit: "c.service", Steps: Steps{Job: JobStart}},
+		{Unit: "c.socket", Steps: Steps{Job: JobNone}},
+		{Unit: "d.service", Steps: Steps{Job: JobRestart}},
+		{Unit: "e.socket", Steps: Steps{Job: JobRestart, AlsoStop: []string{"d.service"}}},
+		{Unit: "f.service", Steps: Steps{Job: JobStart}},
+		{Unit: "f.socket", Steps: Steps{Job: JobStart}},
+		{Unit: "g.timer", Steps: Steps{Job: JobStart}},
+		{Unit: "g.service", Steps: Steps{Job: JobStart}},
 	}
 	desired := map[string]*DesiredUnit{"e.socket": {File: &DesiredFile{Content: []byte("[Socket]\nService=d.service\n")}}}
 	orderSocketServices(plan, desired)
 	want := map[string]string{"a.service": "a.socket", "d.service": "e.socket", "f.service": "f.socket"}
 	for _, a := range plan {
-		if a.After != want[a.Unit] {
-			t.Errorf("%s: After %q, want %q", a.Unit, a.After, want[a.Unit])
+		if a.Steps.After != want[a.Unit] {
+			t.Errorf("%s: After %q, want %q", a.Unit, a.Steps.After, want[a.Unit])
 		}
-		if a.After != "" && !strings.Contains(a.Reason, "after "+a.After+"'s") {
-			t.Errorf("%s: reason %q does not say it waits for %s (sync --dry-run shows it)", a.Unit, a.Reason, a.After)
+		if a.Steps.After != "" && !strings.Contains(a.Reason, "after "+a.Steps.After+"'s") {
+			t.Errorf("%s: reason %q does not say it waits for %s (sync --dry-run shows it)", a.Unit, a.Reason, a.Steps.After)
 		}
 	}
 }
@@ -590,9 +590,9 @@ func TestPlanDropInsWithoutTheirUnit(t *testing.T) {
 				t.Fatalf("%d actions for %s in %+v", len(got), dd, plan)
 			}
 			p2Check(t, got[0], tc.want)
-			if got[0].Job == JobStart || got[0].Job == JobRestart || got[0].Job == JobReload {
+			if got[0].Steps.Job == JobStart || got[0].Steps.Job == JobRestart || got[0].Steps.Job == JobReload {
 				if st := tc.cur().Units[dd]; st.LoadState == "not-found" || tc.cur().Managed[dd] != "" {
-					t.Errorf("%s job for a unit whose file is gone", got[0].Job)
+					t.Errorf("%s job for a unit whose file is gone", got[0].Steps.Job)
 				}
 			}
 		})

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 )
 
 // What a host would do with a unit, as a preview (`unit put --dry-run`,
@@ -178,13 +177,7 @@ func Preview(v HostView, put Put) []Prediction {
 
 // isRollingWait: an instance that waits for the one before it.
 func isRollingWait(a Action) bool {
-	return a.Kind == KindWait && strings.HasPrefix(a.Reason, "waiting for the rolling update")
-}
-
-// isHeld: a unit held by a halted rollout.
-func isHeld(a Action) bool {
-	_, held := cutHeld(a.Reason)
-	return a.Kind == KindWait && held
+	return a.Kind == KindWait && a.Gate.On == WaitRolling
 }
 
 // Describe says a planned action as a preview prints it: what the host
@@ -210,13 +203,13 @@ func Describe(a Action) (do, reason string) {
 		if IsTemplate(a.Unit) {
 			return DoUpdate, "a template is installed, never started; its running instances restart onto it as listed"
 		}
-		if a.Enable && a.Disable {
+		if a.Steps.Enable && a.Steps.Disable {
 			return DoUpdate, a.Reason + " (re-enabled)"
 		}
 		return DoUpdate, a.Reason
 	case KindWait:
 		switch {
-		case isHeld(a):
+		case a.Gate.On == WaitHeld:
 			why, _ := cutHeld(a.Reason)
 			return DoHeld, why
 		case isRollingWait(a):

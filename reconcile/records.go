@@ -117,7 +117,7 @@ func actionMessage(act Action) string {
 	case KindReload:
 		return "replaced unit file, reloaded in place"
 	case KindStopStart:
-		if act.Job == JobStop {
+		if act.Steps.Job == JobStop {
 			return "stopped with the old definition; the new version is written and started next"
 		}
 		return "started the new version (stopped with the old definition before)"
@@ -126,11 +126,11 @@ func actionMessage(act Action) string {
 	case KindUpdate:
 		return "replaced unit file (daemon-reload only)"
 	case KindNone:
-		if act.Ran {
+		if act.Record.Ran {
 			return "recorded as running the new version, not restarted again"
 		}
 	case KindRemove:
-		if act.Job == JobStop {
+		if act.Steps.Job == JobStop {
 			return "stopped unit (removed from the registry)"
 		}
 		return "removed unit"
@@ -142,12 +142,12 @@ func actionMessage(act Action) string {
 // else that of the first file it writes or runs.
 func actionHash(act Action) string {
 	switch {
-	case act.Effective[act.Unit] != "":
-		return act.Effective[act.Unit]
-	case len(act.Writes) > 0:
-		return act.Writes[0].Hash
+	case act.Record.Effective[act.Unit] != "":
+		return act.Record.Effective[act.Unit]
+	case len(act.Steps.Writes) > 0:
+		return act.Steps.Writes[0].Hash
 	case act.Hash != "":
 		return act.Hash
 	}
-	return headHash(act.Unit, act.Effective)
+	return headHash(act.Unit, act.Record.Effective)
 }

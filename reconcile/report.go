@@ -177,7 +177,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		}
 	}
 	if j, ok := a.jobs.inflight[name]; ok {
-		s.Job = j.act.Job.String()
+		s.Job = j.act.Steps.Job.String()
 	}
 	if IsInstance(name) {
 		s.RunsHash = a.mem.records[name].Applied[TemplateOf(name)]
@@ -201,10 +201,10 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		}
 	} else if act.Kind == KindWait {
 		s.Action, s.Result = ActionWait, "waiting"
-		if act.NeedSlot {
+		switch act.Gate.On {
+		case WaitSlot:
 			s.Action = ActionWaitSlot
-		}
-		if act.Err != "" {
+		case WaitHeld:
 			s.Action, s.Error = ActionHeld, act.Err
 		}
 	}

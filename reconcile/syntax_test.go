@@ -164,7 +164,7 @@ func TestDesireBlocksBadSyntax(t *testing.T) {
 			continue
 		}
 		seen++
-		if act.Kind != KindBlocked || len(act.Writes) > 0 || len(act.Removes) > 0 || act.Job != JobNone || !strings.Contains(act.Err, "line") {
+		if act.Kind != KindBlocked || len(act.Steps.Writes) > 0 || len(act.Steps.Removes) > 0 || act.Steps.Job != JobNone || !strings.Contains(act.Err, "line") {
 			t.Errorf("%s: %+v, want blocked with the line in its error, nothing written or started", act.Unit, act)
 		}
 	}

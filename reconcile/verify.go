@@ -37,7 +37,7 @@ func (a *Agent) nextHealthDeadline() (time.Time, bool) {
 // good at once.
 func (a *Agent) begin(ctx context.Context, act Action, outcome JobOutcome, jobErr string, base UnitState, ended time.Time) {
 	if act.Policy.State != StateStarted || (act.Policy.Healthy == 0 && outcome == JobDone) {
-		a.markGood(act.Unit, act.Effective)
+		a.markGood(act.Unit, act.Record.Effective)
 		return
 	}
 	a.verify[act.Unit] = &window{act: act, op: act.Kind, outcome: outcome, jobErr: jobErr, base: base, ended: ended}
@@ -63,7 +63,7 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 			continue
 		case VerdictHealthy:
 			delete(a.verify, u)
-			a.markGood(u, w.act.Effective)
+			a.markGood(u, w.act.Record.Effective)
 			a.log.Info(u+": healthy — "+why, "unit", u, "healthy_sec", w.act.Policy.Healthy.Seconds(), "action", "healthy")
 		case VerdictUnknown:
 			delete(a.verify, u)
@@ -86,14 +86,14 @@ func (a *Agent) fail(ctx context.Context, w *window, reason string) {
 	// The halt is written now; the slot is given back at the end of the
 	// pass (SlotsNeeded), after it.
 	a.halt(ctx, SlotKey(u), w.act.Scope, w.act.Hash, reason)
-	if w.act.TemplateKey != "" {
+	if w.act.Record.TemplateKey != "" {
 		// The template's new content is what failed: hold it too, so the
 		// other instances are not moved onto it.
 		// What ran before is the template set the other instances stay on
 		// (or are restarted back onto, if they had moved).
 		t := TemplateOf(u)
 		tr := a.mem.records[t]
-		tr.Failed, tr.FailReason = w.act.TemplateKey, reason
+		tr.Failed, tr.FailReason = w.act.Record.TemplateKey, reason
 		old := map[string]string{}
 		for p, h := range rec.Previous {
 			if UnitOfPath(p) == t {
@@ -130,7 +130,7 @@ func (a *Agent) markGood(u string, effective map[string]string) {
 func (a *Agent) resumeVerification(plan []Action, cur Current) {
 	for _, act := range plan {
 		rec := a.mem.records[act.Unit]
-		if act.Kind != KindNone || act.Effective == nil || act.Policy.State != StateStarted || act.Policy.Healthy == 0 ||
+		if act.Kind != KindNone || act.Record.Effective == nil || act.Policy.State != StateStarted || act.Policy.Healthy == 0 ||
 			len(rec.Applied) == 0 || KeyOf(rec.Applied) != act.ContentKey || KeyOf(rec.Good) == act.ContentKey ||
 			!cur.Units[act.Unit].Active() {
 			continue

@@ -248,18 +248,19 @@ type InFlight struct {
 	Rollback   bool // the job restores the version that ran before
 }
 
-// Current is everything Plan needs to know about the host.
+// Current is everything Plan needs to know besides the registry: what the
+// host is (disk and systemd), what the agent remembers, and what the fleet
+// says of this host's rollouts.
 type Current struct {
-	Files   map[string]LocalFile // every desired or managed path
-	Managed map[string]string    // the manifest: path -> hash (or InstanceMarker)
-	Units   map[string]UnitState // every desired or managed unit
-	Records map[string]UnitRecord
-	// Blobs holds content by hash for the files of Applied and Previous
-	// records, so a change can be classified against what the unit
-	// actually runs, and rolled back.
-	Blobs map[string][]byte
-	// Refused maps a unit to the content key systemd refused to load and why.
-	Refused map[string]Refusal
+	Host   HostFacts
+	Memory Memory
+	Fleet  Fleet
+}
+
+// HostFacts are what the unit directory and systemd say now.
+type HostFacts struct {
+	Files map[string]LocalFile // every desired or managed path
+	Units map[string]UnitState // every desired or managed unit
 	// Manager names the running service manager instance ("" when
 	// unknown): see UnitRecord.StartedIn.
 	Manager string
@@ -268,6 +269,20 @@ type Current struct {
 	// 0 once the agent reloaded itself or when unknown. A unit started
 	// after it runs the files on disk.
 	Loaded uint64
+}
+
+// Memory is what the agent remembers: its state directory (the manifest,
+// the records, kept content, the intent) and what this process did (the
+// units it started, the jobs in flight, the windows of HealthySec).
+type Memory struct {
+	Managed map[string]string // the manifest: path -> hash (or InstanceMarker)
+	Records map[string]UnitRecord
+	// Blobs holds content by hash for the files of Applied and Previous
+	// records, so a change can be classified against what the unit
+	// actually runs, and rolled back.
+	Blobs map[string][]byte
+	// Refused maps a unit to the content key systemd refused to load and why.
+	Refused map[string]Refusal
 	// Started maps a unit to the content key this agent process last
 	// started or restarted it with. systemd forgets that a unit ran once it
 	// unloads it (an unreferenced unit is unloaded when stopped), so this is
@@ -275,15 +290,19 @@ type Current struct {
 	Started map[string]string
 	// Verifying lists units inside their HealthySec window after a (re)start.
 	Verifying map[string]bool
+	// Jobs are the jobs in flight, by unit.
+	Jobs map[string]InFlight
+	// Intent is the unfinished work of an earlier pass.
+	Intent Intent
+}
+
+// Fleet is what the other hosts of this host's groups have a say in.
+type Fleet struct {
 	// Slots maps a unit to the hash for which this host holds its
 	// MaxUnavailable slot.
 	Slots map[string]string
 	// Halts are the halted rollouts of this host's groups, by unit.
 	Halts map[string]Halt
-	// Jobs are the jobs in flight, by unit.
-	Jobs map[string]InFlight
-	// Intent is the unfinished work of an earlier pass.
-	Intent Intent
 }
 
 // Refusal remembers content systemd would not load.

@@ -239,7 +239,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		if act.Steps.Job == JobStart || act.Steps.Job == JobRestart {
 			a.mem.started[act.Unit] = act.ContentKey
 		}
-		a.launch(ctx, act, cur.Units[act.Unit], gates)
+		a.launch(ctx, act, cur.Host.Units[act.Unit], gates)
 		delete(gates, act.Unit)
 	}
 	for _, g := range gates {
@@ -316,7 +316,7 @@ func (a *Agent) bookkeep(ctx context.Context, plan []Action, cur Current, failed
 				// The owed job ran before the agent died: judged as if it
 				// had just ended (HealthySec from now).
 				a.recordAs(act, ActionAdopt, "done", nil)
-				a.begin(ctx, act, JobDone, "", cur.Units[u], time.Now())
+				a.begin(ctx, act, JobDone, "", cur.Host.Units[u], time.Now())
 			} else if _, verifying := a.verify[u]; !verifying {
 				a.markGood(u, act.Record.Effective)
 			}

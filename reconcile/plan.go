@@ -57,7 +57,7 @@ func UnitOfPath(path string) string {
 // not touch them.
 func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 	managedBy := map[string][]string{} // unit -> managed paths
-	for p := range cur.Managed {
+	for p := range cur.Memory.Managed {
 		u := UnitOfPath(p)
 		managedBy[u] = append(managedBy[u], p)
 	}
@@ -68,17 +68,17 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 	for n := range managedBy {
 		names[n] = true
 	}
-	for n := range cur.Records {
+	for n := range cur.Memory.Records {
 		names[n] = true
 	}
 	var out []Action
 	rolling := map[string]bool{} // templates with an instance mid-update
-	for n := range cur.Verifying {
+	for n := range cur.Memory.Verifying {
 		if IsInstance(n) {
 			rolling[TemplateOf(n)] = true
 		}
 	}
-	for n, j := range cur.Jobs {
+	for n, j := range cur.Memory.Jobs {
 		if IsInstance(n) && j.Job != JobStop {
 			rolling[TemplateOf(n)] = true
 		}
@@ -101,7 +101,7 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		// Instances share their template's slot, and a template's new files
 		// wait for it too while instances run: the template set is the unit
 		// of rollout.
-		if (a.Kind.Disruptive() || templateChangeDisrupts(a, cur)) && a.Policy.MaxUnavailable > 0 && a.Scope != "" && cur.Slots[SlotKey(name)] == "" {
+		if (a.Kind.Disruptive() || templateChangeDisrupts(a, cur)) && a.Policy.MaxUnavailable > 0 && a.Scope != "" && cur.Fleet.Slots[SlotKey(name)] == "" {
 			a = waiting(a, WaitSlot, fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.MaxUnavailable, a.Scope, a.Reason))
 		}
 		out = append(out, a)
@@ -144,7 +144,7 @@ func templateChangeDisrupts(a Action, cur Current) bool {
 	if !IsTemplate(a.Unit) || !a.Changes() {
 		return false
 	}
-	for u, st := range cur.Units {
+	for u, st := range cur.Host.Units {
 		if IsInstance(u) && TemplateOf(u) == a.Unit && st.Active() {
 			return true
 		}
@@ -169,8 +169,8 @@ func SlotsNeeded(plan []Action, cur Current) map[string]SlotNeed {
 		if a.Policy.MaxUnavailable <= 0 || a.Scope == "" {
 			continue
 		}
-		_, inflight := cur.Jobs[a.Unit]
-		if a.Gate.On == WaitSlot || a.Kind.Disruptive() || inflight || cur.Verifying[a.Unit] {
+		_, inflight := cur.Memory.Jobs[a.Unit]
+		if a.Gate.On == WaitSlot || a.Kind.Disruptive() || inflight || cur.Memory.Verifying[a.Unit] {
 			need[SlotKey(a.Unit)] = SlotNeed{Scope: a.Scope, Hash: a.Hash, Limit: a.Policy.MaxUnavailable}
 		}
 	}
@@ -182,7 +182,7 @@ func SlotsNeeded(plan []Action, cur Current) map[string]SlotNeed {
 // reload, or systemd itself says a unit about to get a job has a newer file
 // on disk than it loaded (NeedDaemonReload). Pure.
 func ReloadNeeded(plan []Action, cur Current) (bool, string) {
-	if cur.Intent.Reload {
+	if cur.Memory.Intent.Reload {
 		return true, "a daemon-reload owed by an interrupted pass"
 	}
 	for _, a := range plan {
@@ -191,7 +191,7 @@ func ReloadNeeded(plan []Action, cur Current) (bool, string) {
 		}
 	}
 	for _, a := range plan {
-		if a.Steps.Job != JobNone && cur.Units[a.Unit].NeedDaemonReload {
+		if a.Steps.Job != JobNone && cur.Host.Units[a.Unit].NeedDaemonReload {
 			return true, a.Unit + " has NeedDaemonReload=yes"
 		}
 	}
@@ -211,23 +211,23 @@ func ownershipOf(name string, d *DesiredUnit, cur Current) Ownership {
 		}
 		return OwnDropIns
 	}
-	if h, ok := cur.Managed[name]; ok {
+	if h, ok := cur.Memory.Managed[name]; ok {
 		if h == InstanceMarker {
 			return OwnInstance
 		}
 		return OwnFile
 	}
-	for p := range cur.Managed {
+	for p := range cur.Memory.Managed {
 		if UnitOfPath(p) == name {
 			return OwnDropIns
 		}
 	}
-	return cur.Records[name].Own
+	return cur.Memory.Records[name].Own
 }
 
 func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]*DesiredUnit, cur Current) Action {
-	st := cur.Units[name]
-	rec := cur.Records[name]
+	st := cur.Host.Units[name]
+	rec := cur.Memory.Records[name]
 	a := Action{Unit: name, Own: ownershipOf(name, d, cur)}
 	if d == nil {
 		return planRemove(a, managed, cur)
@@ -242,7 +242,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		isManaged[p] = true
 	}
 	for _, f := range d.Files() {
-		lf := cur.Files[f.Path]
+		lf := cur.Host.Files[f.Path]
 		if lf.Err != "" {
 			return blocked(a, fmt.Sprintf("%s: %s", f.Path, lf.Err))
 		}
@@ -260,7 +260,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	for _, p := range managed {
 		switch {
 		case wanted[p]:
-		case cur.Managed[p] == InstanceMarker:
+		case cur.Memory.Managed[p] == InstanceMarker:
 			if !d.Instance {
 				a.Steps.Forget = append(a.Steps.Forget, p)
 			}
@@ -281,7 +281,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		a.Record.Instance = d.Instance
 		if t := desired[TemplateOf(name)]; t != nil && t.Err == nil {
 			tkey := ContentKey(t)
-			if tr := cur.Records[t.Name]; tr.Failed == tkey || cur.Refused[t.Name].ContentKey == tkey {
+			if tr := cur.Memory.Records[t.Name]; tr.Failed == tkey || cur.Memory.Refused[t.Name].ContentKey == tkey {
 				if len(tr.Applied) > 0 {
 					maps.Copy(effective, tr.Applied)
 					backToOld = true
@@ -310,17 +310,17 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 		a.ContentKey = InstanceMarker
 	}
 	changed := a.Changes()
-	if j, ok := cur.Jobs[name]; ok && j.ContentKey == a.ContentKey && !changed {
+	if j, ok := cur.Memory.Jobs[name]; ok && j.ContentKey == a.ContentKey && !changed {
 		return waiting(a, WaitJob, j.Job.String()+" job in progress")
 	}
-	if r, ok := cur.Refused[name]; ok && r.ContentKey == a.ContentKey {
+	if r, ok := cur.Memory.Refused[name]; ok && r.ContentKey == a.ContentKey {
 		return blocked(a, r.Reason)
 	}
 	if !changed && (st.LoadState == "bad-setting" || st.LoadState == "error") && !st.NeedDaemonReload && KeyOf(rec.Applied) != a.ContentKey {
 		return planRefused(a, rec, st, cur)
 	}
 	if rec.Failed != "" && rec.Failed == a.ContentKey {
-		if j, ok := cur.Jobs[name]; ok && j.Rollback {
+		if j, ok := cur.Memory.Jobs[name]; ok && j.Rollback {
 			// The files are back; the disk differs from the registry until
 			// the content changes, which must not start the rollback again.
 			return waiting(a, WaitJob, "rollback "+j.Job.String()+" job in progress")
@@ -336,8 +336,8 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	}
 	applied := KeyOf(rec.Applied)
 	// pending: an earlier pass began this content's job and never heard back.
-	pending := cur.Intent.Jobs[name] == a.ContentKey
-	if pending && !changed && cur.Loaded != 0 && st.ActiveState == "active" && !st.NeedDaemonReload && st.InactiveExitMono > cur.Loaded {
+	pending := cur.Memory.Intent.Jobs[name] == a.ContentKey
+	if pending && !changed && cur.Host.Loaded != 0 && st.ActiveState == "active" && !st.NeedDaemonReload && st.InactiveExitMono > cur.Host.Loaded {
 		// ... but it did: the unit started after systemd last loaded the
 		// unit files, which are the desired ones (nothing to write, no
 		// newer file) — the agent died after the job, before recording it.
@@ -347,7 +347,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	// stale: the running unit is known to run other content than desired.
 	stale := len(rec.Applied) > 0 && applied != a.ContentKey && !a.Record.Ran || pending
 	// A halted rollout: another host of the group failed this version.
-	if h, ok := cur.Halts[SlotKey(name)]; ok && !backToOld && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
+	if h, ok := cur.Fleet.Halts[SlotKey(name)]; ok && !backToOld && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
 		a = waiting(a, WaitHeld, heldText(fmt.Sprintf("the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason)))
 		a.Err, a.Record.Effective = a.Reason, nil
 		return a
@@ -374,7 +374,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	case !st.Active():
 		// State=started, and the unit is not running.
 		switch {
-		case changed || (stale && cur.Started[name] != a.ContentKey):
+		case changed || (stale && cur.Memory.Started[name] != a.ContentKey):
 			a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, describe(a, rec, cur)
 			if !changed && !pending {
 				a.Reason = "content changed while the unit was stopped"
@@ -384,8 +384,8 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			}
 		case d.Instance && !isManaged[name]:
 			a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, "new instance of "+TemplateOf(name)
-		case !st.Ran && st.LoadState == "loaded" && cur.Started[name] != a.ContentKey && !ranToCompletion(st, rec, a.ContentKey) &&
-			!(cur.Manager != "" && rec.StartedIn == cur.Manager && KeyOf(rec.Applied) == a.ContentKey):
+		case !st.Ran && st.LoadState == "loaded" && cur.Memory.Started[name] != a.ContentKey && !ranToCompletion(st, rec, a.ContentKey) &&
+			!(cur.Host.Manager != "" && rec.StartedIn == cur.Host.Manager && KeyOf(rec.Applied) == a.ContentKey):
 			// Not run since the manager started (a boot, or the agent was
 			// away): start it. A unit that ran and stopped or failed is left
 			// as it is — an operator's stop is respected, and a crash is
@@ -431,7 +431,7 @@ func planEnable(a *Action, st UnitState, changed bool) {
 func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) {
 	name, p := a.Unit, a.Policy
 	oldFiles, newFiles := filesForClassify(name, rec, a.Record.Effective, d, desired, cur)
-	if len(rec.Applied) == 0 && cur.Intent.Jobs[name] == a.ContentKey {
+	if len(rec.Applied) == 0 && cur.Memory.Intent.Jobs[name] == a.ContentKey {
 		// An interrupted pass wrote these files; what the unit runs is
 		// unknown: compare against nothing, i.e. restart.
 		oldFiles = nil
@@ -638,10 +638,10 @@ func socketService(name string, d *DesiredUnit) string {
 // what is on disk now.
 func filesForClassify(name string, rec UnitRecord, effective map[string]string, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) (old, new []File) {
 	content := func(path, hash string) ([]byte, bool) {
-		if b, ok := cur.Blobs[hash]; ok {
+		if b, ok := cur.Memory.Blobs[hash]; ok {
 			return b, true
 		}
-		if lf := cur.Files[path]; lf.Exists && lf.Hash == hash {
+		if lf := cur.Host.Files[path]; lf.Exists && lf.Hash == hash {
 			return lf.Content, true
 		}
 		return nil, false
@@ -650,7 +650,7 @@ func filesForClassify(name string, rec UnitRecord, effective map[string]string, 
 	if len(oldMap) == 0 {
 		oldMap = map[string]string{}
 		for p := range effective {
-			if lf := cur.Files[p]; lf.Exists {
+			if lf := cur.Host.Files[p]; lf.Exists {
 				oldMap[p] = lf.Hash
 			}
 		}
@@ -708,7 +708,7 @@ func sortUnitFirst(m map[string]string) []string {
 func describe(a Action, rec UnitRecord, cur Current) string {
 	var parts []string
 	for _, f := range a.Steps.Writes {
-		old := cur.Files[f.Path]
+		old := cur.Host.Files[f.Path]
 		if old.Exists {
 			parts = append(parts, fmt.Sprintf("%s changed (%s → %s)", f.Path, short(old.Hash), short(f.Hash)))
 		} else {

@@ -9,10 +9,10 @@ import (
 // planRemove: the registry no longer wants the unit. What happens follows
 // what the agent owns of it.
 func planRemove(a Action, managed []string, cur Current) Action {
-	st := cur.Units[a.Unit]
-	rec := cur.Records[a.Unit]
+	st := cur.Host.Units[a.Unit]
+	rec := cur.Memory.Records[a.Unit]
 	a.Kind = KindRemove
-	if j, ok := cur.Jobs[a.Unit]; ok && (j.Job == JobStop || a.Own == OwnDropIns) {
+	if j, ok := cur.Memory.Jobs[a.Unit]; ok && (j.Job == JobStop || a.Own == OwnDropIns) {
 		// A hung start is replaced by the stop; anything else is waited out.
 		return waiting(a, WaitJob, "removed from the registry: "+j.Job.String()+" job in progress")
 	}
@@ -33,7 +33,7 @@ func planRemove(a Action, managed []string, cur Current) Action {
 		}
 		var old []File
 		for _, p := range sortUnitFirst(rec.Applied) {
-			b, ok := cur.Blobs[rec.Applied[p]]
+			b, ok := cur.Memory.Blobs[rec.Applied[p]]
 			if !ok {
 				old = nil // unknown: compare against nothing → restart
 				break
@@ -65,7 +65,7 @@ func planRemove(a Action, managed []string, cur Current) Action {
 		// Stopped: disable, delete, and one daemon-reload for both.
 		a.Steps.Disable = st.UnitFileState == "enabled" && a.Own == OwnFile && !IsTemplate(a.Unit) && !IsInstance(a.Unit)
 		for _, p := range managed {
-			if cur.Managed[p] == InstanceMarker {
+			if cur.Memory.Managed[p] == InstanceMarker {
 				a.Steps.Forget = append(a.Steps.Forget, p) // no file: the agent owns only the running instance
 			} else {
 				a.Steps.Removes = append(a.Steps.Removes, p)
@@ -83,7 +83,7 @@ func planRemove(a Action, managed []string, cur Current) Action {
 // ownsUnitFile says whether the agent installed name's own unit file (the
 // manifest has it, and not as an instance's marker).
 func ownsUnitFile(name string, cur Current) bool {
-	h, ok := cur.Managed[name]
+	h, ok := cur.Memory.Managed[name]
 	return ok && h != InstanceMarker
 }
 
@@ -98,7 +98,7 @@ func ownsUnitFile(name string, cur Current) bool {
 // has. a holds the plan's writes (its drop-ins) and removes (its file).
 func planUnitFileGone(a Action, st UnitState, cur Current) Action {
 	a.Own, a.Kind = OwnFile, KindRemove
-	if j, ok := cur.Jobs[a.Unit]; ok && j.Job == JobStop {
+	if j, ok := cur.Memory.Jobs[a.Unit]; ok && j.Job == JobStop {
 		return waiting(a, WaitJob, "unit file removed from the registry: stop job in progress")
 	}
 	if st.Active() || st.ActiveState == "deactivating" {
@@ -126,13 +126,13 @@ func planRefused(a Action, rec UnitRecord, st UnitState, cur Current) Action {
 		switch {
 		case ran && old == effective[p]:
 		case ran:
-			content, ok := cur.Blobs[old]
+			content, ok := cur.Memory.Blobs[old]
 			if !ok {
 				b.Err += fmt.Sprintf("; the previous version of %s (%s) is not kept, left as it is", p, short(old))
 				continue
 			}
 			b.Steps.Writes = append(b.Steps.Writes, DesiredFile{Path: p, Content: content, Hash: old})
-		case cur.Managed[p] != "":
+		case cur.Memory.Managed[p] != "":
 			b.Steps.Removes = append(b.Steps.Removes, p)
 		}
 	}
@@ -165,7 +165,7 @@ func planRollback(a Action, rec UnitRecord, managed []string, cur Current) (Acti
 		gone[p] = true
 	}
 	for _, p := range slices.Sorted(maps.Keys(gone)) {
-		if _, keep := rec.Previous[p]; !keep && cur.Managed[p] != "" && cur.Managed[p] != InstanceMarker {
+		if _, keep := rec.Previous[p]; !keep && cur.Memory.Managed[p] != "" && cur.Memory.Managed[p] != InstanceMarker {
 			r.Steps.Removes = append(r.Steps.Removes, p)
 		}
 	}
@@ -194,7 +194,7 @@ func planTemplateRollback(a Action, rec UnitRecord, managed []string, cur Curren
 	}
 	r.Steps.Writes = writes
 	for _, p := range managed {
-		if _, keep := rec.Applied[p]; !keep && cur.Managed[p] != InstanceMarker {
+		if _, keep := rec.Applied[p]; !keep && cur.Memory.Managed[p] != InstanceMarker {
 			r.Steps.Removes = append(r.Steps.Removes, p)
 		}
 	}
@@ -211,10 +211,10 @@ func planTemplateRollback(a Action, rec UnitRecord, managed []string, cur Curren
 func restoreWrites(files map[string]string, cur Current) (writes []DesiredFile, why string) {
 	for _, p := range slices.Sorted(maps.Keys(files)) {
 		h := files[p]
-		if lf := cur.Files[p]; lf.Exists && lf.Hash == h {
+		if lf := cur.Host.Files[p]; lf.Exists && lf.Hash == h {
 			continue
 		}
-		content, ok := cur.Blobs[h]
+		content, ok := cur.Memory.Blobs[h]
 		if !ok {
 			return nil, fmt.Sprintf("cannot roll back: the previous version of %s (%s) is not kept", p, short(h))
 		}

@@ -254,20 +254,20 @@ func sameContent(u string, old, next map[string]*DesiredUnit) bool {
 // for what it assumes.
 func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, halts []Halt, facts *Facts) Current {
 	cur := Current{
-		Files:     map[string]LocalFile{},
-		Managed:   map[string]string{},
-		Units:     map[string]UnitState{},
-		Records:   map[string]UnitRecord{},
-		Blobs:     map[string][]byte{},
-		Refused:   map[string]Refusal{},
-		Started:   map[string]string{},
-		Verifying: map[string]bool{},
-		Slots:     map[string]string{},
-		Halts:     map[string]Halt{},
-		Jobs:      map[string]InFlight{},
+		Host: HostFacts{Files: map[string]LocalFile{}, Units: map[string]UnitState{}},
+		Memory: Memory{
+			Managed:   map[string]string{},
+			Records:   map[string]UnitRecord{},
+			Blobs:     map[string][]byte{},
+			Refused:   map[string]Refusal{},
+			Started:   map[string]string{},
+			Verifying: map[string]bool{},
+			Jobs:      map[string]InFlight{},
+		},
+		Fleet: Fleet{Slots: map[string]string{}, Halts: map[string]Halt{}},
 	}
 	for _, h := range halts {
-		cur.Halts[h.Unit] = h
+		cur.Fleet.Halts[h.Unit] = h
 	}
 	// Files a facts-publishing host says it does not own are not its: it
 	// neither wrote them nor runs what the registry holds for them.
@@ -291,20 +291,20 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 			if h := diskHash(st, f.Path); hasStatus && h != "" && h != f.Hash {
 				// The host has not written the current content (a held
 				// rollout): its status says what the file holds.
-				cur.Files[f.Path] = LocalFile{Exists: true, Hash: h}
-				cur.Managed[f.Path] = h
+				cur.Host.Files[f.Path] = LocalFile{Exists: true, Hash: h}
+				cur.Memory.Managed[f.Path] = h
 				continue
 			}
-			cur.Files[f.Path] = LocalFile{Exists: true, Hash: f.Hash, Content: f.Content}
-			cur.Managed[f.Path] = f.Hash
-			cur.Blobs[f.Hash] = f.Content
+			cur.Host.Files[f.Path] = LocalFile{Exists: true, Hash: f.Hash, Content: f.Content}
+			cur.Memory.Managed[f.Path] = f.Hash
+			cur.Memory.Blobs[f.Hash] = f.Content
 		}
 		if d.Instance {
-			cur.Managed[name] = InstanceMarker
+			cur.Memory.Managed[name] = InstanceMarker
 		}
 	}
 	for p, uf := range unowned {
-		cur.Files[p] = LocalFile{Exists: true, Hash: uf.Hash, Err: uf.Err}
+		cur.Host.Files[p] = LocalFile{Exists: true, Hash: uf.Hash, Err: uf.Err}
 	}
 	for name, d := range old {
 		st, ok := statuses[name]
@@ -350,21 +350,21 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 		if len(eff) == 0 && d.Instance {
 			key = InstanceMarker
 		}
-		cur.Records[name] = UnitRecord{Applied: eff, Own: own}
-		cur.Started[name] = key
+		cur.Memory.Records[name] = UnitRecord{Applied: eff, Own: own}
+		cur.Memory.Started[name] = key
 		if st.Verifying {
-			cur.Verifying[name] = true
+			cur.Memory.Verifying[name] = true
 		}
 		if j := jobNamed(st.Job); j != JobNone {
-			cur.Jobs[name] = InFlight{Job: j, ContentKey: key}
+			cur.Memory.Jobs[name] = InFlight{Job: j, ContentKey: key}
 		}
 	}
 	if facts != nil {
-		maps.Copy(cur.Refused, facts.Refused)
+		maps.Copy(cur.Memory.Refused, facts.Refused)
 		for u, f := range facts.Failed {
-			rec := cur.Records[u]
+			rec := cur.Memory.Records[u]
 			rec.Failed, rec.FailReason = f.ContentKey, f.Reason
-			cur.Records[u] = rec
+			cur.Memory.Records[u] = rec
 		}
 	}
 	names := map[string]bool{}
@@ -373,22 +373,22 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 	}
 	for n := range next {
 		names[n] = true
-		cur.Slots[SlotKey(n)] = "preview" // shown as it will run once it has its slot
+		cur.Fleet.Slots[SlotKey(n)] = "preview" // shown as it will run once it has its slot
 	}
 	for n := range names {
 		st, ok := statuses[n]
 		switch {
 		case IsTemplate(n):
-			cur.Units[n] = UnitState{LoadState: "template", ActiveState: "inactive", SubState: "template"}
+			cur.Host.Units[n] = UnitState{LoadState: "template", ActiveState: "inactive", SubState: "template"}
 		case ok:
 			load := st.LoadState
 			if load == "" {
 				load = "loaded"
 			}
-			cur.Units[n] = UnitState{LoadState: load, ActiveState: st.ActiveState,
+			cur.Host.Units[n] = UnitState{LoadState: load, ActiveState: st.ActiveState,
 				SubState: st.SubState, Result: st.UnitResult, MainPID: st.MainPID, Ran: true}
 		default:
-			cur.Units[n] = UnitState{LoadState: "not-found", ActiveState: "inactive", SubState: "dead"}
+			cur.Host.Units[n] = UnitState{LoadState: "not-found", ActiveState: "inactive", SubState: "dead"}
 		}
 	}
 	return cur

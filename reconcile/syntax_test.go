@@ -153,10 +153,14 @@ func TestDesireBlocksBadSyntax(t *testing.T) {
 	// a.service runs the unit file alone; the drop-in must not reach it.
 	running := UnitState{LoadState: "loaded", ActiveState: "active", SubState: "running", MainPID: 42}
 	cur := Current{
-		Files:   map[string]LocalFile{"a.service": {Exists: true, Hash: Hash(good), Content: good}},
-		Managed: map[string]string{"a.service": Hash(good)},
-		Units:   map[string]UnitState{"a.service": running},
-		Records: map[string]UnitRecord{"a.service": {Applied: map[string]string{"a.service": Hash(good)}}},
+		Host: HostFacts{
+			Files: map[string]LocalFile{"a.service": {Exists: true, Hash: Hash(good), Content: good}},
+			Units: map[string]UnitState{"a.service": running},
+		},
+		Memory: Memory{
+			Managed: map[string]string{"a.service": Hash(good)},
+			Records: map[string]UnitRecord{"a.service": {Applied: map[string]string{"a.service": Hash(good)}}},
+		},
 	}
 	seen := 0
 	for _, act := range Plan(units, cur) {

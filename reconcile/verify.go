@@ -50,7 +50,7 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 	now := time.Now()
 	for _, u := range slices.Sorted(maps.Keys(a.verify)) {
 		w := a.verify[u]
-		st, ok := cur.Units[u]
+		st, ok := cur.Host.Units[u]
 		if !ok {
 			continue
 		}
@@ -132,7 +132,7 @@ func (a *Agent) resumeVerification(plan []Action, cur Current) {
 		rec := a.mem.records[act.Unit]
 		if act.Kind != KindNone || act.Record.Effective == nil || act.Policy.State != StateStarted || act.Policy.Healthy == 0 ||
 			len(rec.Applied) == 0 || KeyOf(rec.Applied) != act.ContentKey || KeyOf(rec.Good) == act.ContentKey ||
-			!cur.Units[act.Unit].Active() {
+			!cur.Host.Units[act.Unit].Active() {
 			continue
 		}
 		if _, verifying := a.verify[act.Unit]; verifying {
@@ -140,6 +140,6 @@ func (a *Agent) resumeVerification(plan []Action, cur Current) {
 		}
 		a.log.Info(act.Unit+": resuming the health check of a version not yet judged healthy", "unit", act.Unit, "healthy_sec", act.Policy.Healthy.Seconds())
 		act.Kind = KindRestart // what put it there, as far as messages go
-		a.verify[act.Unit] = &window{act: act, op: act.Kind, outcome: JobDone, base: cur.Units[act.Unit], ended: time.Now()}
+		a.verify[act.Unit] = &window{act: act, op: act.Kind, outcome: JobDone, base: cur.Host.Units[act.Unit], ended: time.Now()}
 	}
 }

@@ -225,9 +225,11 @@ func ownershipOf(name string, d *DesiredUnit, cur Current) Ownership {
 	return cur.Memory.Records[name].Own
 }
 
+// planUnit plans one unit, in the order of its seams: what it owns and
+// which files change (planFiles), the set of files it runs on once
+// converged (planEffective), what holds it back (planGates), and what it
+// takes to run that set (planRun).
 func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]*DesiredUnit, cur Current) Action {
-	st := cur.Host.Units[name]
-	rec := cur.Memory.Records[name]
 	a := Action{Unit: name, Own: ownershipOf(name, d, cur)}
 	if d == nil {
 		return planRemove(a, managed, cur)
@@ -235,8 +237,25 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	if d.Err != nil {
 		return blocked(a, d.Err.Error())
 	}
+	if why := planFiles(&a, d, managed, cur); why != "" {
+		return blocked(a, why)
+	}
+	if d.File == nil && !d.Instance && ownsUnitFile(name, cur) {
+		return planUnitFileGone(a, cur.Host.Units[name], cur)
+	}
+	backToOld := planEffective(&a, d, desired, cur)
+	u, gated := planGates(&a, managed, backToOld, cur)
+	if gated {
+		return a
+	}
+	planRun(&a, u, d, slices.Contains(managed, name), desired, cur)
+	return a
+}
 
-	// Ownership first: never overwrite what is not ours.
+// planFiles: ownership first — never overwrite what is not ours (why says
+// what is in the way) — then the files to write, remove, or forget (an
+// instance's marker).
+func planFiles(a *Action, d *DesiredUnit, managed []string, cur Current) (why string) {
 	isManaged := map[string]bool{}
 	for _, p := range managed {
 		isManaged[p] = true
@@ -244,10 +263,10 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	for _, f := range d.Files() {
 		lf := cur.Host.Files[f.Path]
 		if lf.Err != "" {
-			return blocked(a, fmt.Sprintf("%s: %s", f.Path, lf.Err))
+			return fmt.Sprintf("%s: %s", f.Path, lf.Err)
 		}
 		if lf.Exists && !isManaged[f.Path] {
-			return blocked(a, fmt.Sprintf("unmanaged file: %s exists and agentd did not write it; not overwriting (move it away to let agentd manage it)", f.Path))
+			return fmt.Sprintf("unmanaged file: %s exists and agentd did not write it; not overwriting (move it away to let agentd manage it)", f.Path)
 		}
 		if !lf.Exists || lf.Hash != f.Hash {
 			a.Steps.Writes = append(a.Steps.Writes, f)
@@ -268,14 +287,16 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			a.Steps.Removes = append(a.Steps.Removes, p)
 		}
 	}
-	if d.File == nil && !d.Instance && ownsUnitFile(name, cur) {
-		return planUnitFileGone(a, st, cur)
-	}
+	return ""
+}
 
-	// What the unit runs on once converged: its own files, and for an
-	// instance its template's (unless the template's change was rolled back).
+// planEffective sets what the unit runs on once converged — its own files,
+// and for an instance its template's (unless the template's change was
+// rolled back: backToOld, the instance goes back to the template set that
+// ran before the failure) — with the policy, scope and hash of that version.
+func planEffective(a *Action, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) (backToOld bool) {
+	name := a.Unit
 	effective := fileHashes(d.Files())
-	backToOld := false // an instance goes back to the template set that ran before a failure
 	p := d.Policy
 	if IsInstance(name) {
 		a.Record.Instance = d.Instance
@@ -309,93 +330,112 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	if d.Instance && len(effective) == 0 {
 		a.ContentKey = InstanceMarker
 	}
-	changed := a.Changes()
-	if j, ok := cur.Memory.Jobs[name]; ok && j.ContentKey == a.ContentKey && !changed {
-		return waiting(a, WaitJob, j.Job.String()+" job in progress")
+	return backToOld
+}
+
+// unitCase is what the gates found out about a unit that the run decision
+// goes on.
+type unitCase struct {
+	st      UnitState
+	rec     UnitRecord
+	applied string // the content key the unit is recorded as running
+	changed bool   // files to write or remove
+	// pending: an earlier pass began this content's job and never heard back.
+	pending bool
+	// stale: the running unit is known to run other content than desired.
+	stale bool
+}
+
+// planGates turns a into what holds it back, when something does (gated):
+// its job in progress, a refusal, a failure (a rollback, or blocked until
+// the content changes), a halted rollout.
+func planGates(a *Action, managed []string, backToOld bool, cur Current) (u unitCase, gated bool) {
+	name := a.Unit
+	u.st, u.rec = cur.Host.Units[name], cur.Memory.Records[name]
+	st, rec := u.st, u.rec
+	u.changed = a.Changes()
+	if j, ok := cur.Memory.Jobs[name]; ok && j.ContentKey == a.ContentKey && !u.changed {
+		*a = waiting(*a, WaitJob, j.Job.String()+" job in progress")
+		return u, true
 	}
 	if r, ok := cur.Memory.Refused[name]; ok && r.ContentKey == a.ContentKey {
-		return blocked(a, r.Reason)
+		*a = blocked(*a, r.Reason)
+		return u, true
 	}
-	if !changed && (st.LoadState == "bad-setting" || st.LoadState == "error") && !st.NeedDaemonReload && KeyOf(rec.Applied) != a.ContentKey {
-		return planRefused(a, rec, st, cur)
+	if !u.changed && (st.LoadState == "bad-setting" || st.LoadState == "error") && !st.NeedDaemonReload && KeyOf(rec.Applied) != a.ContentKey {
+		*a = planRefused(*a, rec, st, cur)
+		return u, true
 	}
 	if rec.Failed != "" && rec.Failed == a.ContentKey {
-		if j, ok := cur.Memory.Jobs[name]; ok && j.Rollback {
-			// The files are back; the disk differs from the registry until
-			// the content changes, which must not start the rollback again.
-			return waiting(a, WaitJob, "rollback "+j.Job.String()+" job in progress")
-		}
-		if IsTemplate(name) {
-			if rb, ok := planTemplateRollback(a, rec, managed, cur); ok {
-				return rb
-			}
-		} else if rb, ok := planRollback(a, rec, managed, cur); ok {
-			return rb
-		}
-		return blocked(a, rec.FailReason+"; not retried until the registry content changes")
+		*a = planFailed(*a, rec, managed, cur)
+		return u, true
 	}
-	applied := KeyOf(rec.Applied)
-	// pending: an earlier pass began this content's job and never heard back.
-	pending := cur.Memory.Intent.Jobs[name] == a.ContentKey
-	if pending && !changed && cur.Host.Loaded != 0 && st.ActiveState == "active" && !st.NeedDaemonReload && st.InactiveExitMono > cur.Host.Loaded {
+	u.applied = KeyOf(rec.Applied)
+	u.pending = cur.Memory.Intent.Jobs[name] == a.ContentKey
+	if u.pending && !u.changed && cur.Host.Loaded != 0 && st.ActiveState == "active" && !st.NeedDaemonReload && st.InactiveExitMono > cur.Host.Loaded {
 		// ... but it did: the unit started after systemd last loaded the
 		// unit files, which are the desired ones (nothing to write, no
 		// newer file) — the agent died after the job, before recording it.
-		pending, a.Record.Ran = false, true
+		u.pending, a.Record.Ran = false, true
 		a.Reason = "the job owed by a pass the agent did not finish ran: the unit started after systemd loaded its current files"
 	}
-	// stale: the running unit is known to run other content than desired.
-	stale := len(rec.Applied) > 0 && applied != a.ContentKey && !a.Record.Ran || pending
+	u.stale = len(rec.Applied) > 0 && u.applied != a.ContentKey && !a.Record.Ran || u.pending
 	// A halted rollout: another host of the group failed this version.
-	if h, ok := cur.Fleet.Halts[SlotKey(name)]; ok && !backToOld && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
-		a = waiting(a, WaitHeld, heldText(fmt.Sprintf("the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason)))
+	if h, ok := cur.Fleet.Halts[SlotKey(name)]; ok && !backToOld && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (u.changed || u.stale) {
+		*a = waiting(*a, WaitHeld, heldText(fmt.Sprintf("the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason)))
 		a.Err, a.Record.Effective = a.Reason, nil
-		return a
+		return u, true
 	}
-	planEnable(&a, st, changed)
+	return u, false
+}
 
+// planFailed: the desired content failed. Wait for a rollback in progress,
+// else roll back (the unit, or a template's set), else block until the
+// registry content changes.
+func planFailed(a Action, rec UnitRecord, managed []string, cur Current) Action {
+	if j, ok := cur.Memory.Jobs[a.Unit]; ok && j.Rollback {
+		// The files are back; the disk differs from the registry until
+		// the content changes, which must not start the rollback again.
+		return waiting(a, WaitJob, "rollback "+j.Job.String()+" job in progress")
+	}
+	if IsTemplate(a.Unit) {
+		if rb, ok := planTemplateRollback(a, rec, managed, cur); ok {
+			return rb
+		}
+	} else if rb, ok := planRollback(a, rec, managed, cur); ok {
+		return rb
+	}
+	return blocked(a, rec.FailReason+"; not retried until the registry content changes")
+}
+
+// planRun decides what it takes for the unit to run its effective set as
+// its policy asks: enablement, then a job (or none), then whether the set
+// is recorded as running now (Adopt). isManaged: the manifest has the
+// unit's own path (a file, or an instance's marker).
+func planRun(a *Action, u unitCase, d *DesiredUnit, isManaged bool, desired map[string]*DesiredUnit, cur Current) {
+	name, p, st, rec, changed, stale := a.Unit, a.Policy, u.st, u.rec, u.changed, u.stale
+	planEnable(a, st, changed)
 	switch {
 	case a.Own == OwnDropIns:
-		planForeign(&a, st, changed, stale, rec, d, desired, cur)
+		planForeign(a, st, changed, stale, rec, d, desired, cur)
 	case IsTemplate(name) || p.State == StatePresent:
 		if changed {
-			a.Kind, a.Reason = KindUpdate, describe(a, rec, cur)+"; State=present: not started or stopped"
+			a.Kind, a.Reason = KindUpdate, describe(*a, rec, cur)+"; State=present: not started or stopped"
 		}
 	case p.State == StateStopped:
 		switch {
 		case st.Active():
 			a.Kind, a.Steps.Job, a.Reason = KindStop, JobStop, "State=stopped and the unit is "+st.ActiveState
 			if changed {
-				a.Reason = describe(a, rec, cur) + "; " + a.Reason
+				a.Reason = describe(*a, rec, cur) + "; " + a.Reason
 			}
 		case changed:
-			a.Kind, a.Reason = KindUpdate, describe(a, rec, cur)+"; State=stopped"
+			a.Kind, a.Reason = KindUpdate, describe(*a, rec, cur)+"; State=stopped"
 		}
 	case !st.Active():
-		// State=started, and the unit is not running.
-		switch {
-		case changed || (stale && cur.Memory.Started[name] != a.ContentKey):
-			a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, describe(a, rec, cur)
-			if !changed && !pending {
-				a.Reason = "content changed while the unit was stopped"
-			}
-			if p.OnChange == "stop-start" && (changed || stale) {
-				a.Kind = KindStopStart // the second half: the old version is down
-			}
-		case d.Instance && !isManaged[name]:
-			a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, "new instance of "+TemplateOf(name)
-		case !st.Ran && st.LoadState == "loaded" && cur.Memory.Started[name] != a.ContentKey && !ranToCompletion(st, rec, a.ContentKey) &&
-			!(cur.Host.Manager != "" && rec.StartedIn == cur.Host.Manager && KeyOf(rec.Applied) == a.ContentKey):
-			// Not run since the manager started (a boot, or the agent was
-			// away): start it. A unit that ran and stopped or failed is left
-			// as it is — an operator's stop is respected, and a crash is
-			// systemd's Restart= to handle; both show in status. So is one
-			// the agent started under this very manager: systemd unloaded
-			// it once stopped and forgot it ran, the agent did not.
-			a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, "not started since the manager started"
-		}
+		planStart(a, u, d, isManaged, cur)
 	case changed || stale:
-		planChange(&a, st, changed, rec, d, desired, cur)
+		planChange(a, st, changed, rec, d, desired, cur)
 	}
 	if a.Kind == KindNone && (a.Steps.Enable || a.Steps.Disable) {
 		a.Kind, a.Reason = KindUpdate, "enable per [Install]"
@@ -403,10 +443,35 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			a.Reason = "disable: Enable=no, or no [Install] section"
 		}
 	}
-	if (a.Kind == KindUpdate || a.Kind == KindNone) && a.Record.Effective != nil && st.Active() && applied != a.ContentKey {
+	if (a.Kind == KindUpdate || a.Kind == KindNone) && a.Record.Effective != nil && st.Active() && u.applied != a.ContentKey {
 		a.Record.Adopt = true
 	}
-	return a
+}
+
+// planStart: State=started, and the unit is not running.
+func planStart(a *Action, u unitCase, d *DesiredUnit, isManaged bool, cur Current) {
+	name, st, rec := a.Unit, u.st, u.rec
+	switch {
+	case u.changed || (u.stale && cur.Memory.Started[name] != a.ContentKey):
+		a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, describe(*a, rec, cur)
+		if !u.changed && !u.pending {
+			a.Reason = "content changed while the unit was stopped"
+		}
+		if a.Policy.OnChange == "stop-start" && (u.changed || u.stale) {
+			a.Kind = KindStopStart // the second half: the old version is down
+		}
+	case d.Instance && !isManaged:
+		a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, "new instance of "+TemplateOf(name)
+	case !st.Ran && st.LoadState == "loaded" && cur.Memory.Started[name] != a.ContentKey && !ranToCompletion(st, rec, a.ContentKey) &&
+		!(cur.Host.Manager != "" && rec.StartedIn == cur.Host.Manager && KeyOf(rec.Applied) == a.ContentKey):
+		// Not run since the manager started (a boot, or the agent was
+		// away): start it. A unit that ran and stopped or failed is left
+		// as it is — an operator's stop is respected, and a crash is
+		// systemd's Restart= to handle; both show in status. So is one
+		// the agent started under this very manager: systemd unloaded
+		// it once stopped and forgot it ran, the agent did not.
+		a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, "not started since the manager started"
+	}
 }
 
 // planEnable makes enablement follow the current version both ways. Only a

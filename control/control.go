@@ -59,8 +59,8 @@ func Items(plan []reconcile.Action) []PlanItem {
 		if a.Kind == reconcile.KindNone {
 			continue
 		}
-		it := PlanItem{Unit: a.Unit, Action: a.Kind.String(), Reason: a.Reason, Error: a.Err, Remove: a.Removes}
-		for _, w := range a.Writes {
+		it := PlanItem{Unit: a.Unit, Action: a.Kind.String(), Reason: a.Reason, Error: a.Err, Remove: a.Steps.Removes}
+		for _, w := range a.Steps.Writes {
 			it.Writes = append(it.Writes, w.Path)
 		}
 		items = append(items, it)

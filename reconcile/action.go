@@ -81,16 +81,46 @@ func (o *Ownership) UnmarshalText(b []byte) error {
 // started from an empty-valued key: it owns the running instance, not a file.
 const InstanceMarker = "instance"
 
-// Action is the plan for one unit.
+// Action is the plan for one unit: what the agent does (Steps), what it
+// remembers once done (Record), and what it waits on first (Gate), with
+// the kind and reason that sum it up and what it knows of the version.
 type Action struct {
-	Unit    string
-	Kind    Kind
-	Reason  string        // for humans: why this kind
+	Unit   string
+	Kind   Kind
+	Reason string // for humans: why this kind
+	Err    string // set for KindBlocked, a held unit, and a change that cannot be applied as asked
+	Steps  Steps  // what to do
+	Record Record // what to remember
+	Gate   Gate   // what it waits on (Kind is KindWait while it does)
+	// ContentKey identifies the desired content (the unit's files, and its
+	// template's for an instance); refusals and failures are remembered
+	// against it so the same bad content is not retried.
+	ContentKey string
+	// Own is what the agent owns of the unit.
+	Own Ownership
+	// Policy is the unit's policy (the template's for an instance).
+	Policy Policy
+	// Change is the classification that chose Kind, when one was made.
+	Change *Change
+	// Scope is the registry target the content came from when it is a
+	// group ("groups/web"): MaxUnavailable slots and halts are per scope.
+	Scope string
+	// Hash is the desired unit file hash (the template's for an instance).
+	Hash string
+}
+
+// Steps are the side effects of an action, in the order the executor does
+// them: disable, write, remove, enable (one daemon-reload for the batch),
+// then the job. The zero Steps touches nothing.
+type Steps struct {
 	Writes  []DesiredFile // files to (re)write, in path order
 	Removes []string      // managed paths to delete
 	Forget  []string      // manifest entries to drop without touching a file (instance markers)
 	Enable  bool          // enable per [Install] after writing
 	Disable bool          // disable before removing or rewriting the unit file
+	// ResetFailed: a removed unit ended failed (its stop killed a start,
+	// say): forget that, so it does not linger in systemd's failed list.
+	ResetFailed bool
 	// Job is the systemd job to run once the files are written and loaded.
 	Job Job
 	// AlsoStop lists units to stop before a restart (a socket's service).
@@ -101,14 +131,10 @@ type Action struct {
 	// first and cannot start while it runs (systemd refuses: "Socket
 	// service already active").
 	After string
-	// Instance marks an empty-valued instance key: the agent records that it
-	// owns the running instance (InstanceMarker) instead of writing a file.
-	Instance bool
-	Err      string // set for KindBlocked, and for a change that cannot be applied as asked
-	// ContentKey identifies the desired content (the unit's files, and its
-	// template's for an instance); refusals and failures are remembered
-	// against it so the same bad content is not retried.
-	ContentKey string
+}
+
+// Record is what an action has the agent remember of the unit.
+type Record struct {
 	// Effective is path -> hash of every file the running unit will be on
 	// once the action is done: recorded as UnitRecord.Applied.
 	Effective map[string]string
@@ -123,29 +149,42 @@ type Action struct {
 	Refuse *Refusal
 	// DropRecord: the unit is gone; forget what the agent remembered of it.
 	DropRecord bool
-	// ResetFailed: a removed unit ended failed (its stop killed a start,
-	// say): forget that, so it does not linger in systemd's failed list.
-	ResetFailed bool
-	// Own is what the agent owns of the unit.
-	Own Ownership
-	// Policy is the unit's policy (the template's for an instance).
-	Policy Policy
-	// Change is the classification that chose Kind, when one was made.
-	Change *Change
-	// Scope is the registry target the content came from when it is a
-	// group ("groups/web"): MaxUnavailable slots and halts are per scope.
-	Scope string
-	// Hash is the desired unit file hash (the template's for an instance).
-	Hash string
-	// NeedSlot marks a KindWait that waits for a MaxUnavailable slot.
-	NeedSlot bool
+	// Instance marks an empty-valued instance key: the agent records that it
+	// owns the running instance (an instance entry in the manifest) instead
+	// of writing a file.
+	Instance bool
 	// TemplateKey is the template's content key when an instance runs its
 	// template's new content: a failure of the instance fails it too.
 	TemplateKey string
 }
 
+// Gate is what a waiting action (KindWait) waits on; the zero Gate, nothing.
+type Gate struct {
+	On Wait
+}
+
+// Wait names what an action waits on.
+type Wait int
+
+const (
+	WaitNone    Wait = iota
+	WaitJob          // a job of the unit in progress
+	WaitRolling      // the rolling update of its template: one instance at a time
+	WaitSlot         // a MaxUnavailable= slot
+	WaitHeld         // the group's rollout of this version is halted
+)
+
+var waitNames = [...]string{"none", "job", "rolling", "slot", "held"}
+
+func (w Wait) String() string {
+	if int(w) < len(waitNames) {
+		return waitNames[w]
+	}
+	return fmt.Sprintf("Wait(%d)", int(w))
+}
+
 // Changes reports whether the action touches files (and so needs a daemon-reload).
-func (a Action) Changes() bool { return len(a.Writes) > 0 || len(a.Removes) > 0 }
+func (a Action) Changes() bool { return len(a.Steps.Writes) > 0 || len(a.Steps.Removes) > 0 }
 
 // LocalFile is what the unit directory holds at one path.
 type LocalFile struct {
@@ -209,18 +248,19 @@ type InFlight struct {
 	Rollback   bool // the job restores the version that ran before
 }
 
-// Current is everything Plan needs to know about the host.
+// Current is everything Plan needs to know besides the registry: what the
+// host is (disk and systemd), what the agent remembers, and what the fleet
+// says of this host's rollouts.
 type Current struct {
-	Files   map[string]LocalFile // every desired or managed path
-	Managed map[string]string    // the manifest: path -> hash (or InstanceMarker)
-	Units   map[string]UnitState // every desired or managed unit
-	Records map[string]UnitRecord
-	// Blobs holds content by hash for the files of Applied and Previous
-	// records, so a change can be classified against what the unit
-	// actually runs, and rolled back.
-	Blobs map[string][]byte
-	// Refused maps a unit to the content key systemd refused to load and why.
-	Refused map[string]Refusal
+	Host   HostFacts
+	Memory Memory
+	Fleet  Fleet
+}
+
+// HostFacts are what the unit directory and systemd say now.
+type HostFacts struct {
+	Files map[string]LocalFile // every desired or managed path
+	Units map[string]UnitState // every desired or managed unit
 	// Manager names the running service manager instance ("" when
 	// unknown): see UnitRecord.StartedIn.
 	Manager string
@@ -229,6 +269,20 @@ type Current struct {
 	// 0 once the agent reloaded itself or when unknown. A unit started
 	// after it runs the files on disk.
 	Loaded uint64
+}
+
+// Memory is what the agent remembers: its state directory (the manifest,
+// the records, kept content, the intent) and what this process did (the
+// units it started, the jobs in flight, the windows of HealthySec).
+type Memory struct {
+	Managed map[string]string // the manifest: path -> hash (or InstanceMarker)
+	Records map[string]UnitRecord
+	// Blobs holds content by hash for the files of Applied and Previous
+	// records, so a change can be classified against what the unit
+	// actually runs, and rolled back.
+	Blobs map[string][]byte
+	// Refused maps a unit to the content key systemd refused to load and why.
+	Refused map[string]Refusal
 	// Started maps a unit to the content key this agent process last
 	// started or restarted it with. systemd forgets that a unit ran once it
 	// unloads it (an unreferenced unit is unloaded when stopped), so this is
@@ -236,15 +290,19 @@ type Current struct {
 	Started map[string]string
 	// Verifying lists units inside their HealthySec window after a (re)start.
 	Verifying map[string]bool
+	// Jobs are the jobs in flight, by unit.
+	Jobs map[string]InFlight
+	// Intent is the unfinished work of an earlier pass.
+	Intent Intent
+}
+
+// Fleet is what the other hosts of this host's groups have a say in.
+type Fleet struct {
 	// Slots maps a unit to the hash for which this host holds its
 	// MaxUnavailable slot.
 	Slots map[string]string
 	// Halts are the halted rollouts of this host's groups, by unit.
 	Halts map[string]Halt
-	// Jobs are the jobs in flight, by unit.
-	Jobs map[string]InFlight
-	// Intent is the unfinished work of an earlier pass.
-	Intent Intent
 }
 
 // Refusal remembers content systemd would not load.

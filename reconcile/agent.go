@@ -227,7 +227,7 @@ type memory struct {
 }
 
 type outcome struct {
-	action     string
+	action     ActionWord
 	result     string
 	err        string
 	contentKey string

@@ -236,7 +236,7 @@ func TestDryRunChangesNothing(t *testing.T) {
 	}
 	before := sd.Calls()
 	plan, err := a.DryRun(context.Background())
-	if err != nil || len(plan) != 1 || plan[0].Kind != reconcile.KindUpdate || len(plan[0].Writes) != 1 {
+	if err != nil || len(plan) != 1 || plan[0].Kind != reconcile.KindUpdate || len(plan[0].Steps.Writes) != 1 {
 		t.Fatalf("dry-run plan: %+v %v", plan, err)
 	}
 	if b, _, _ := files.Read("a.service"); string(b) != "[Service]\nExecStart=/bin/false\n" {

@@ -411,7 +411,7 @@ func (a *Agent) afterExecute(plan []Action, reloaded bool) {
 		}
 	}
 	for _, act := range plan {
-		if reloaded && len(act.Writes) > 0 && !act.Enable && !act.Disable && !act.ResetFailed {
+		if reloaded && len(act.Steps.Writes) > 0 && !act.Steps.Enable && !act.Steps.Disable && !act.Steps.ResetFailed {
 			keep(act.Unit)
 			for _, n := range a.focus.instances[act.Unit] {
 				keep(n)
@@ -419,15 +419,15 @@ func (a *Agent) afterExecute(plan []Action, reloaded bool) {
 		}
 	}
 	for _, act := range plan {
-		touched := act.Enable || act.Disable || act.ResetFailed
-		if act.Enable || act.Disable {
+		touched := act.Steps.Enable || act.Steps.Disable || act.Steps.ResetFailed
+		if act.Steps.Enable || act.Steps.Disable {
 			delete(a.cache.fileStates, act.Unit)
 		}
-		for _, w := range act.Writes {
+		for _, w := range act.Steps.Writes {
 			a.forgetPath(w.Path)
 			touched = true
 		}
-		for _, p := range act.Removes {
+		for _, p := range act.Steps.Removes {
 			a.forgetPath(p)
 			touched = true
 		}

@@ -13,17 +13,6 @@ import (
 // metrics all use it, so none of them can call a host done while another
 // says it is not.
 
-// Action words a status carries that readers act on (Status.Action).
-const (
-	ActionWaitSlot    = "wait-slot"    // waiting for a MaxUnavailable= slot
-	ActionHeld        = "held"         // the group's rollout is halted
-	ActionRollingBack = "rolling-back" // putting the previous version back
-	ActionRolledBack  = "rolled-back"  // the previous version is back
-)
-
-// heldPrefix starts the Error of a held unit; readers show the reason alone.
-const heldPrefix = "held: "
-
 // Standing is where one unit's status stands on its own.
 type Standing int
 
@@ -178,7 +167,7 @@ func (e Expectation) Judge(r HostReport, live func() bool) (Progress, string) {
 	case ActionWaitSlot:
 		return ProgressSlot, "MaxUnavailable"
 	case ActionHeld:
-		return ProgressHeld, strings.TrimPrefix(st.Error, heldPrefix)
+		return ProgressHeld, HeldReason(st)
 	case ActionRollingBack:
 		return ProgressApplying, "rolling back: " + st.Error
 	case ActionRolledBack:
@@ -302,7 +291,7 @@ func (e Expectation) judgeInstances(statuses map[string]Status) (Progress, strin
 		}
 		switch {
 		case st.Action == ActionHeld:
-			return ProgressHeld, name + ": " + strings.TrimPrefix(st.Error, heldPrefix)
+			return ProgressHeld, name + ": " + HeldReason(st)
 		case st.Action == ActionRolledBack || st.Error != "" && st.Action != ActionRollingBack:
 			failed++
 			rolled = rolled || st.Action == ActionRolledBack

@@ -108,10 +108,10 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		intent.Jobs = map[string]string{}
 	}
 	for _, act := range plan {
-		for _, w := range act.Writes {
+		for _, w := range act.Steps.Writes {
 			claims[w.Path] = w.Hash
 		}
-		if act.Job != JobNone && act.Effective != nil {
+		if act.Steps.Job != JobNone && act.Record.Effective != nil {
 			intent.Jobs[act.Unit] = act.ContentKey
 		}
 	}
@@ -127,21 +127,21 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 
 	// 2. Disables see the [Install] of the file on disk now.
 	failed := map[string]bool{}
-	disableErrs := inOneCall(ctx, plan, func(act Action) bool { return act.Disable }, a.cfg.Systemd.Disable)
+	disableErrs := inOneCall(ctx, plan, func(act Action) bool { return act.Steps.Disable }, a.cfg.Systemd.Disable)
 	for _, act := range plan {
-		if act.Disable {
+		if act.Steps.Disable {
 			if err := disableErrs[act.Unit]; err != nil {
 				a.mem.enableErr[act.Unit] = err.Error()
 				a.record(act, "failed", err)
 				failed[act.Unit] = act.Kind != KindRemove // a removal goes on: its files must not stay for ever
-			} else if !act.Enable {
+			} else if !act.Steps.Enable {
 				delete(a.mem.enableErr, act.Unit)
 			}
 		}
 	}
 	// 3. Files (a removed unit's failed state is forgotten first).
 	for _, act := range plan {
-		if act.ResetFailed && !failed[act.Unit] {
+		if act.Steps.ResetFailed && !failed[act.Unit] {
 			if err := a.cfg.Systemd.ResetFailed(ctx, act.Unit); err != nil {
 				a.log.Warn(act.Unit+": reset-failed", "unit", act.Unit, "err", err)
 			}
@@ -149,7 +149,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	}
 	wrote := false
 	for _, act := range plan {
-		if failed[act.Unit] || (!act.Changes() && len(act.Forget) == 0) {
+		if failed[act.Unit] || (!act.Changes() && len(act.Steps.Forget) == 0) {
 			continue
 		}
 		wrote = true
@@ -165,9 +165,9 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		}
 	}
 	// 4. Enables: symlinks only, the reload below picks them up.
-	enableErrs := inOneCall(ctx, plan, func(act Action) bool { return act.Enable && !failed[act.Unit] }, a.cfg.Systemd.Enable)
+	enableErrs := inOneCall(ctx, plan, func(act Action) bool { return act.Steps.Enable && !failed[act.Unit] }, a.cfg.Systemd.Enable)
 	for _, act := range plan {
-		if act.Enable && !failed[act.Unit] {
+		if act.Steps.Enable && !failed[act.Unit] {
 			if err := enableErrs[act.Unit]; err != nil {
 				a.mem.enableErr[act.Unit] = err.Error()
 				a.record(act, "failed", err)
@@ -223,23 +223,23 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		if failed[act.Unit] {
 			continue
 		}
-		if act.Job == JobNone {
+		if act.Steps.Job == JobNone {
 			if _, inflight := a.jobs.inflight[act.Unit]; !inflight {
 				delete(a.mem.intent.Jobs, act.Unit)
 			}
 			continue
 		}
-		if act.Instance && act.Job == JobStart {
+		if act.Record.Instance && act.Steps.Job == JobStart {
 			if err := a.cfg.Manifest.Set(act.Unit, InstanceMarker); err != nil {
 				a.record(act, "failed", err)
 				continue
 			}
 			a.managed.set(act.Unit, InstanceMarker)
 		}
-		if act.Job == JobStart || act.Job == JobRestart {
+		if act.Steps.Job == JobStart || act.Steps.Job == JobRestart {
 			a.mem.started[act.Unit] = act.ContentKey
 		}
-		a.launch(ctx, act, cur.Units[act.Unit], gates)
+		a.launch(ctx, act, cur.Host.Units[act.Unit], gates)
 		delete(gates, act.Unit)
 	}
 	for _, g := range gates {
@@ -302,34 +302,34 @@ func (a *Agent) bookkeep(ctx context.Context, plan []Action, cur Current, failed
 				a.mem.records[u] = rec
 			}
 		}
-		if act.Adopt {
+		if act.Record.Adopt {
 			rec := a.mem.records[u]
 			if KeyOf(rec.Applied) != act.ContentKey {
 				rec.Previous = rec.Applied
 			}
-			rec.Applied, rec.Own = act.Effective, act.Own
-			if act.Ran {
+			rec.Applied, rec.Own = act.Record.Effective, act.Own
+			if act.Record.Ran {
 				a.noteStarted(&rec, JobRestart) // the owed job was the agent's start or restart
 			}
 			a.mem.records[u] = rec
-			if act.Ran {
+			if act.Record.Ran {
 				// The owed job ran before the agent died: judged as if it
 				// had just ended (HealthySec from now).
-				a.recordAs(act, "adopt", "done", nil)
-				a.begin(ctx, act, JobDone, "", cur.Units[u], time.Now())
+				a.recordAs(act, ActionAdopt, "done", nil)
+				a.begin(ctx, act, JobDone, "", cur.Host.Units[u], time.Now())
 			} else if _, verifying := a.verify[u]; !verifying {
-				a.markGood(u, act.Effective)
+				a.markGood(u, act.Record.Effective)
 			}
 		}
-		if act.Kind != KindBlocked && a.mem.last[u].action == KindBlocked.String() {
+		if act.Kind != KindBlocked && a.mem.last[u].action == ActionBlocked {
 			delete(a.mem.last, u) // no longer blocked: the old verdict would only confuse
 		}
 		switch {
-		case act.Refuse != nil:
-			a.mem.refused[u] = *act.Refuse
+		case act.Record.Refuse != nil:
+			a.mem.refused[u] = *act.Record.Refuse
 			a.record(act, "refused", errors.New(act.Err))
 		case act.Kind == KindBlocked:
-			if prev, ok := a.mem.last[u]; !ok || (prev.err != act.Err && prev.action != "rolled-back") {
+			if prev, ok := a.mem.last[u]; !ok || (prev.err != act.Err && prev.action != ActionRolledBack) {
 				a.record(act, "blocked", errors.New(act.Err))
 			}
 		case act.Kind == KindUpdate && act.Err != "":
@@ -338,14 +338,14 @@ func (a *Agent) bookkeep(ctx context.Context, plan []Action, cur Current, failed
 			}
 		case act.Kind == KindUpdate:
 			a.record(act, "done", nil)
-		case act.Kind == KindRollback && act.Job == JobNone:
-			a.recordAs(act, "rolled-back", "done", errors.New(act.Reason))
+		case act.Kind == KindRollback && act.Steps.Job == JobNone:
+			a.recordAs(act, ActionRolledBack, "done", errors.New(act.Reason))
 			rec := a.mem.records[u]
-			rec.Good, rec.Previous = act.Effective, nil
+			rec.Good, rec.Previous = act.Record.Effective, nil
 			a.mem.records[u] = rec
 		}
-		if act.DropRecord {
-			if act.Kind == KindRemove && (len(act.Removes) > 0 || len(act.Forget) > 0) {
+		if act.Record.DropRecord {
+			if act.Kind == KindRemove && (len(act.Steps.Removes) > 0 || len(act.Steps.Forget) > 0) {
 				a.record(act, "done", nil)
 			}
 			delete(a.mem.records, u)
@@ -363,7 +363,7 @@ func (a *Agent) writeFiles(act Action) error {
 	if b, ok := a.cfg.Files.(batchWriter); ok {
 		write = b.WriteBatched
 	}
-	for _, w := range act.Writes {
+	for _, w := range act.Steps.Writes {
 		// What the file holds now is what a rollback of this change puts
 		// back: normally kept since the pass that wrote it (keepBlobs),
 		// unless the agent died before that pass ended.
@@ -378,7 +378,7 @@ func (a *Agent) writeFiles(act Action) error {
 		}
 		a.blobs.written = append(a.blobs.written, w)
 	}
-	for _, p := range act.Removes {
+	for _, p := range act.Steps.Removes {
 		if err := a.cfg.Files.Remove(p); err != nil {
 			return err
 		}
@@ -387,7 +387,7 @@ func (a *Agent) writeFiles(act Action) error {
 		}
 		a.managed.forget(p)
 	}
-	for _, p := range act.Forget {
+	for _, p := range act.Steps.Forget {
 		if err := a.cfg.Manifest.Forget(p); err != nil {
 			return err
 		}
@@ -464,8 +464,8 @@ func (a *Agent) pause(ctx context.Context, at string) {
 func jobGates(plan []Action, failed map[string]bool) map[string]chan struct{} {
 	gates := map[string]chan struct{}{}
 	for _, act := range plan {
-		if act.After != "" && act.Job != JobNone && !failed[act.Unit] {
-			gates[act.After] = make(chan struct{})
+		if act.Steps.After != "" && act.Steps.Job != JobNone && !failed[act.Unit] {
+			gates[act.Steps.After] = make(chan struct{})
 		}
 	}
 	return gates
@@ -473,7 +473,7 @@ func jobGates(plan []Action, failed map[string]bool) map[string]chan struct{} {
 
 func jobsToRun(plan []Action) bool {
 	for _, act := range plan {
-		if act.Job != JobNone {
+		if act.Steps.Job != JobNone {
 			return true
 		}
 	}

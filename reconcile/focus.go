@@ -66,8 +66,8 @@ func (a *Agent) touch(unit string) { a.focus.touched[unit] = true }
 // from the same inputs it would be the same idle action, so the unit can be
 // left out of passes until something touches it.
 func idle(act Action) bool {
-	return act.Kind == KindNone && !act.Changes() && len(act.Forget) == 0 && act.Job == JobNone &&
-		!act.Enable && !act.Disable && !act.Adopt && act.Refuse == nil && !act.DropRecord && !act.ResetFailed
+	return act.Kind == KindNone && !act.Changes() && len(act.Steps.Forget) == 0 && act.Steps.Job == JobNone &&
+		!act.Steps.Enable && !act.Steps.Disable && !act.Record.Adopt && act.Record.Refuse == nil && !act.Record.DropRecord && !act.Steps.ResetFailed
 }
 
 // focusUnits returns the units this round looks at, nil for all of them.

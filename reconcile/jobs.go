@@ -106,7 +106,7 @@ func JobDeadline(job Job, st UnitState) time.Duration {
 // act.After has ended when gates has that unit's gate. It closes act's own
 // gate, if any, when its job has ended.
 func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[string]chan struct{}) {
-	wait, done := gates[act.After], gates[act.Unit]
+	wait, done := gates[act.Steps.After], gates[act.Unit]
 	a.jobs.seq++
 	run := &jobRun{id: a.jobs.seq, act: act}
 	a.jobs.inflight[act.Unit] = run
@@ -119,8 +119,8 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[
 	// A new job supersedes the verification of what the unit ran: that
 	// version is not judged by what the new job does to the unit.
 	delete(a.verify, act.Unit)
-	deadline := JobDeadline(act.Job, st)
-	a.log.Debug("job started", "unit", act.Unit, "job", act.Job.String(), "deadline", deadline, "light", st.Light)
+	deadline := JobDeadline(act.Steps.Job, st)
+	a.log.Debug("job started", "unit", act.Unit, "job", act.Steps.Job.String(), "deadline", deadline, "light", st.Light)
 	read := a.stateReader(act.Unit)
 	light := a.lightJobs()
 	a.jobs.wg.Go(func() {
@@ -170,7 +170,7 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[
 func (a *Agent) runLightJob(ctx context.Context, sd lightSystemd, act Action, st UnitState) error {
 	// withDeadline runs f under the job's deadline as far as it is known.
 	withDeadline := func(f func(context.Context) error) error {
-		return underDeadline(ctx, JobDeadline(act.Job, st), f)
+		return underDeadline(ctx, JobDeadline(act.Steps.Job, st), f)
 	}
 	timeouts := func(tctx context.Context) error {
 		var err error
@@ -180,13 +180,13 @@ func (a *Agent) runLightJob(ctx context.Context, sd lightSystemd, act Action, st
 		}
 		return nil
 	}
-	if len(act.AlsoStop) > 0 {
+	if len(act.Steps.AlsoStop) > 0 {
 		withDeadline(timeouts)
 		return withDeadline(func(jctx context.Context) error { return a.runJob(jctx, act) })
 	}
 	var wait func(context.Context) error
 	if err := withDeadline(func(qctx context.Context) (err error) {
-		wait, err = sd.Queue(qctx, act.Job, act.Unit)
+		wait, err = sd.Queue(qctx, act.Steps.Job, act.Unit)
 		return err
 	}); err != nil {
 		return err
@@ -212,14 +212,14 @@ func underDeadline(ctx context.Context, deadline time.Duration, f func(context.C
 }
 
 func (a *Agent) runJob(ctx context.Context, act Action) error {
-	if act.Job == JobRestart {
-		for _, other := range act.AlsoStop {
+	if act.Steps.Job == JobRestart {
+		for _, other := range act.Steps.AlsoStop {
 			if err := a.cfg.Systemd.Stop(ctx, other); err != nil {
 				return err
 			}
 		}
 	}
-	return DoJob(ctx, a.cfg.Systemd, act.Job, act.Unit)
+	return DoJob(ctx, a.cfg.Systemd, act.Steps.Job, act.Unit)
 }
 
 // DoJob runs job on unit and waits for its end: the whole of a job, for a
@@ -270,24 +270,24 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	outcome := OutcomeOf(r.err)
 	result := resultOf(r.err)
 	switch {
-	case act.Job == JobStop:
+	case act.Steps.Job == JobStop:
 		a.record(act, result, r.err)
 		return
 	case act.Kind == KindRollback:
 		rec := a.mem.records[r.unit]
-		rec.Applied, rec.Good, rec.Previous = act.Effective, act.Effective, nil
-		a.noteStarted(&rec, act.Job)
+		rec.Applied, rec.Good, rec.Previous = act.Record.Effective, act.Record.Effective, nil
+		a.noteStarted(&rec, act.Steps.Job)
 		a.mem.records[r.unit] = rec
 		a.cfg.Observer.Rollback(r.unit)
-		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Effective)) + " (the version that ran before)"
+		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Record.Effective)) + " (the version that ran before)"
 		if r.err != nil {
-			a.recordAs(act, "rolled-back", "failed", fmt.Errorf("%s; restarting it failed: %w", msg, r.err))
+			a.recordAs(act, ActionRolledBack, "failed", fmt.Errorf("%s; restarting it failed: %w", msg, r.err))
 			return
 		}
-		a.recordAs(act, "rolled-back", "done", errors.New(msg))
+		a.recordAs(act, ActionRolledBack, "done", errors.New(msg))
 		return
 	}
-	if act.Effective == nil {
+	if act.Record.Effective == nil {
 		a.record(act, result, r.err)
 		return
 	}
@@ -295,14 +295,14 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	if KeyOf(rec.Applied) != act.ContentKey {
 		rec.Previous = rec.Applied // what ran before, verified or not: what a rollback restores
 	}
-	rec.Applied = act.Effective
+	rec.Applied = act.Record.Effective
 	rec.Own = act.Own
-	a.noteStarted(&rec, act.Job)
+	a.noteStarted(&rec, act.Steps.Job)
 	a.mem.records[r.unit] = rec
 	if outcome == JobDone {
 		a.record(act, "done", nil)
 	} else {
-		a.log.Debug("job did not finish done; judging the unit", "unit", r.unit, "job", act.Job.String(), "result", result, "err", r.err)
+		a.log.Debug("job did not finish done; judging the unit", "unit", r.unit, "job", act.Steps.Job.String(), "result", result, "err", r.err)
 	}
 	errText := ""
 	if r.err != nil {

@@ -153,23 +153,21 @@ func (a *Agent) readManager(ctx context.Context) {
 // current reads the current state of units (all of them known).
 func (a *Agent) current(ctx context.Context, units map[string]bool) (Current, error) {
 	cur := Current{
-		Files:   map[string]LocalFile{},
-		Managed: map[string]string{},
-		Units:   map[string]UnitState{},
-		Blobs:   map[string][]byte{},
-		Halts:   a.focus.halts,
+		Host:   HostFacts{Files: map[string]LocalFile{}, Units: map[string]UnitState{}},
+		Memory: Memory{Managed: map[string]string{}, Blobs: map[string][]byte{}},
+		Fleet:  Fleet{Halts: a.focus.halts},
 	}
 	paths := map[string]bool{}
 	for u := range units {
 		a.addPaths(paths, u)
 		for p, h := range a.managed.of(u) {
-			cur.Managed[p] = h
+			cur.Memory.Managed[p] = h
 		}
 	}
 	for p := range paths {
 		lf := a.file(p)
-		cur.Files[p] = lf
-		a.noteDrift(p, cur.Managed[p], lf)
+		cur.Host.Files[p] = lf
+		a.noteDrift(p, cur.Memory.Managed[p], lf)
 	}
 	if err := a.prefetch(ctx, units); err != nil {
 		return Current{}, err
@@ -184,26 +182,27 @@ func (a *Agent) current(ctx context.Context, units map[string]bool) (Current, er
 		if err != nil {
 			return Current{}, err
 		}
-		cur.Units[u] = st
+		cur.Host.Units[u] = st
 	}
+	cur.Host.Manager, cur.Host.Loaded = a.mem.manager, a.mem.loaded // read by readManager
 	a.remember(&cur, units)
 	return cur, nil
 }
 
-// remember fills in what the loop knows beyond disk and D-Bus about units.
-// It runs again after health verdicts changed the records.
+// remember fills in what the loop knows beyond disk and D-Bus about units
+// (cur.Memory, and the slots it holds). It runs again after health
+// verdicts changed the records.
 func (a *Agent) remember(cur *Current, units map[string]bool) {
-	cur.Records = make(map[string]UnitRecord, len(units))
+	cur.Memory.Records = make(map[string]UnitRecord, len(units))
 	for u := range units {
 		if rec, ok := a.mem.records[u]; ok {
-			cur.Records[u] = rec
+			cur.Memory.Records[u] = rec
 		}
 	}
-	cur.Refused = a.mem.refused
-	cur.Started = a.mem.started
-	cur.Manager, cur.Loaded = a.mem.manager, a.mem.loaded
-	cur.Intent = Intent{Reload: a.mem.intent.Reload, Jobs: maps.Clone(a.mem.intent.Jobs)}
-	cur.Slots = a.slots.held()
+	cur.Memory.Refused = a.mem.refused
+	cur.Memory.Started = a.mem.started
+	cur.Memory.Intent = Intent{Reload: a.mem.intent.Reload, Jobs: maps.Clone(a.mem.intent.Jobs)}
+	cur.Fleet.Slots = a.slots.held()
 	a.rememberInFlight(cur)
 	// Content of the versions units run and ran before, for classifying a
 	// change and for rolling back: from the file when it still holds it,
@@ -212,18 +211,18 @@ func (a *Agent) remember(cur *Current, units map[string]bool) {
 	if a.blobs.kept == nil {
 		a.blobs.kept = map[string][]byte{}
 	}
-	for _, rec := range cur.Records {
+	for _, rec := range cur.Memory.Records {
 		for _, m := range []map[string]string{rec.Applied, rec.Previous} {
 			for p, h := range m {
-				if _, ok := cur.Blobs[h]; ok {
+				if _, ok := cur.Memory.Blobs[h]; ok {
 					continue
 				}
-				if lf := cur.Files[p]; lf.Hash == h {
-					cur.Blobs[h] = lf.Content
+				if lf := cur.Host.Files[p]; lf.Hash == h {
+					cur.Memory.Blobs[h] = lf.Content
 				} else if b, ok := a.blobs.kept[h]; ok {
-					cur.Blobs[h] = b
+					cur.Memory.Blobs[h] = b
 				} else if b, ok := a.cfg.Manifest.Blob(h); ok {
-					cur.Blobs[h], a.blobs.kept[h] = b, b
+					cur.Memory.Blobs[h], a.blobs.kept[h] = b, b
 				}
 			}
 		}
@@ -251,13 +250,13 @@ func (a *Agent) pruneKept() {
 // rememberInFlight fills in the jobs in flight and the units inside
 // HealthySec: they change between the plan and the end of its execution.
 func (a *Agent) rememberInFlight(cur *Current) {
-	cur.Verifying = map[string]bool{}
+	cur.Memory.Verifying = map[string]bool{}
 	for u := range a.verify {
-		cur.Verifying[u] = true
+		cur.Memory.Verifying[u] = true
 	}
-	cur.Jobs = map[string]InFlight{}
+	cur.Memory.Jobs = map[string]InFlight{}
 	for u, j := range a.jobs.inflight {
-		cur.Jobs[u] = InFlight{Job: j.act.Job, ContentKey: j.act.ContentKey, Rollback: j.act.Kind == KindRollback}
+		cur.Memory.Jobs[u] = InFlight{Job: j.act.Steps.Job, ContentKey: j.act.ContentKey, Rollback: j.act.Kind == KindRollback}
 	}
 }
 

@@ -57,7 +57,7 @@ func UnitOfPath(path string) string {
 // not touch them.
 func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 	managedBy := map[string][]string{} // unit -> managed paths
-	for p := range cur.Managed {
+	for p := range cur.Memory.Managed {
 		u := UnitOfPath(p)
 		managedBy[u] = append(managedBy[u], p)
 	}
@@ -68,17 +68,17 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 	for n := range managedBy {
 		names[n] = true
 	}
-	for n := range cur.Records {
+	for n := range cur.Memory.Records {
 		names[n] = true
 	}
 	var out []Action
 	rolling := map[string]bool{} // templates with an instance mid-update
-	for n := range cur.Verifying {
+	for n := range cur.Memory.Verifying {
 		if IsInstance(n) {
 			rolling[TemplateOf(n)] = true
 		}
 	}
-	for n, j := range cur.Jobs {
+	for n, j := range cur.Memory.Jobs {
 		if IsInstance(n) && j.Job != JobStop {
 			rolling[TemplateOf(n)] = true
 		}
@@ -92,7 +92,7 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		if IsInstance(name) && a.Kind.Disruptive() {
 			t := TemplateOf(name)
 			if rolling[t] {
-				a = waiting(a, "waiting for the rolling update of "+t+": one instance at a time ("+a.Reason+")")
+				a = waiting(a, WaitRolling, "waiting for the rolling update of "+t+": one instance at a time ("+a.Reason+")")
 			}
 			rolling[t] = true
 		}
@@ -101,9 +101,8 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		// Instances share their template's slot, and a template's new files
 		// wait for it too while instances run: the template set is the unit
 		// of rollout.
-		if (a.Kind.Disruptive() || templateChangeDisrupts(a, cur)) && a.Policy.MaxUnavailable > 0 && a.Scope != "" && cur.Slots[SlotKey(name)] == "" {
-			a = waiting(a, fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.MaxUnavailable, a.Scope, a.Reason))
-			a.NeedSlot = true
+		if (a.Kind.Disruptive() || templateChangeDisrupts(a, cur)) && a.Policy.MaxUnavailable > 0 && a.Scope != "" && cur.Fleet.Slots[SlotKey(name)] == "" {
+			a = waiting(a, WaitSlot, fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.MaxUnavailable, a.Scope, a.Reason))
 		}
 		out = append(out, a)
 	}
@@ -120,12 +119,12 @@ func orderSocketServices(plan []Action, desired map[string]*DesiredUnit) {
 		byUnit[a.Unit] = i
 	}
 	for _, s := range plan {
-		if !strings.HasSuffix(s.Unit, ".socket") || (s.Job != JobStart && s.Job != JobRestart) {
+		if !strings.HasSuffix(s.Unit, ".socket") || (s.Steps.Job != JobStart && s.Steps.Job != JobRestart) {
 			continue
 		}
-		if i, ok := byUnit[socketService(s.Unit, desired[s.Unit])]; ok && plan[i].Job != JobNone {
-			plan[i].After = s.Unit
-			plan[i].Reason += "; after " + s.Unit + "'s " + s.Job.String() + " (systemd starts no socket whose service runs)"
+		if i, ok := byUnit[socketService(s.Unit, desired[s.Unit])]; ok && plan[i].Steps.Job != JobNone {
+			plan[i].Steps.After = s.Unit
+			plan[i].Reason += "; after " + s.Unit + "'s " + s.Steps.Job.String() + " (systemd starts no socket whose service runs)"
 		}
 	}
 }
@@ -145,7 +144,7 @@ func templateChangeDisrupts(a Action, cur Current) bool {
 	if !IsTemplate(a.Unit) || !a.Changes() {
 		return false
 	}
-	for u, st := range cur.Units {
+	for u, st := range cur.Host.Units {
 		if IsInstance(u) && TemplateOf(u) == a.Unit && st.Active() {
 			return true
 		}
@@ -170,8 +169,8 @@ func SlotsNeeded(plan []Action, cur Current) map[string]SlotNeed {
 		if a.Policy.MaxUnavailable <= 0 || a.Scope == "" {
 			continue
 		}
-		_, inflight := cur.Jobs[a.Unit]
-		if a.NeedSlot || a.Kind.Disruptive() || inflight || cur.Verifying[a.Unit] {
+		_, inflight := cur.Memory.Jobs[a.Unit]
+		if a.Gate.On == WaitSlot || a.Kind.Disruptive() || inflight || cur.Memory.Verifying[a.Unit] {
 			need[SlotKey(a.Unit)] = SlotNeed{Scope: a.Scope, Hash: a.Hash, Limit: a.Policy.MaxUnavailable}
 		}
 	}
@@ -183,16 +182,16 @@ func SlotsNeeded(plan []Action, cur Current) map[string]SlotNeed {
 // reload, or systemd itself says a unit about to get a job has a newer file
 // on disk than it loaded (NeedDaemonReload). Pure.
 func ReloadNeeded(plan []Action, cur Current) (bool, string) {
-	if cur.Intent.Reload {
+	if cur.Memory.Intent.Reload {
 		return true, "a daemon-reload owed by an interrupted pass"
 	}
 	for _, a := range plan {
-		if a.Changes() || a.Enable || a.Disable {
+		if a.Changes() || a.Steps.Enable || a.Steps.Disable {
 			return true, "unit files changed"
 		}
 	}
 	for _, a := range plan {
-		if a.Job != JobNone && cur.Units[a.Unit].NeedDaemonReload {
+		if a.Steps.Job != JobNone && cur.Host.Units[a.Unit].NeedDaemonReload {
 			return true, a.Unit + " has NeedDaemonReload=yes"
 		}
 	}
@@ -212,23 +211,25 @@ func ownershipOf(name string, d *DesiredUnit, cur Current) Ownership {
 		}
 		return OwnDropIns
 	}
-	if h, ok := cur.Managed[name]; ok {
+	if h, ok := cur.Memory.Managed[name]; ok {
 		if h == InstanceMarker {
 			return OwnInstance
 		}
 		return OwnFile
 	}
-	for p := range cur.Managed {
+	for p := range cur.Memory.Managed {
 		if UnitOfPath(p) == name {
 			return OwnDropIns
 		}
 	}
-	return cur.Records[name].Own
+	return cur.Memory.Records[name].Own
 }
 
+// planUnit plans one unit, in the order of its seams: what it owns and
+// which files change (planFiles), the set of files it runs on once
+// converged (planEffective), what holds it back (planGates), and what it
+// takes to run that set (planRun).
 func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]*DesiredUnit, cur Current) Action {
-	st := cur.Units[name]
-	rec := cur.Records[name]
 	a := Action{Unit: name, Own: ownershipOf(name, d, cur)}
 	if d == nil {
 		return planRemove(a, managed, cur)
@@ -236,22 +237,39 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	if d.Err != nil {
 		return blocked(a, d.Err.Error())
 	}
+	if why := planFiles(&a, d, managed, cur); why != "" {
+		return blocked(a, why)
+	}
+	if d.File == nil && !d.Instance && ownsUnitFile(name, cur) {
+		return planUnitFileGone(a, cur.Host.Units[name], cur)
+	}
+	backToOld := planEffective(&a, d, desired, cur)
+	u, gated := planGates(&a, managed, backToOld, cur)
+	if gated {
+		return a
+	}
+	planRun(&a, u, d, slices.Contains(managed, name), desired, cur)
+	return a
+}
 
-	// Ownership first: never overwrite what is not ours.
+// planFiles: ownership first — never overwrite what is not ours (why says
+// what is in the way) — then the files to write, remove, or forget (an
+// instance's marker).
+func planFiles(a *Action, d *DesiredUnit, managed []string, cur Current) (why string) {
 	isManaged := map[string]bool{}
 	for _, p := range managed {
 		isManaged[p] = true
 	}
 	for _, f := range d.Files() {
-		lf := cur.Files[f.Path]
+		lf := cur.Host.Files[f.Path]
 		if lf.Err != "" {
-			return blocked(a, fmt.Sprintf("%s: %s", f.Path, lf.Err))
+			return fmt.Sprintf("%s: %s", f.Path, lf.Err)
 		}
 		if lf.Exists && !isManaged[f.Path] {
-			return blocked(a, fmt.Sprintf("unmanaged file: %s exists and agentd did not write it; not overwriting (move it away to let agentd manage it)", f.Path))
+			return fmt.Sprintf("unmanaged file: %s exists and agentd did not write it; not overwriting (move it away to let agentd manage it)", f.Path)
 		}
 		if !lf.Exists || lf.Hash != f.Hash {
-			a.Writes = append(a.Writes, f)
+			a.Steps.Writes = append(a.Steps.Writes, f)
 		}
 	}
 	wanted := map[string]bool{}
@@ -261,35 +279,37 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 	for _, p := range managed {
 		switch {
 		case wanted[p]:
-		case cur.Managed[p] == InstanceMarker:
+		case cur.Memory.Managed[p] == InstanceMarker:
 			if !d.Instance {
-				a.Forget = append(a.Forget, p)
+				a.Steps.Forget = append(a.Steps.Forget, p)
 			}
 		default:
-			a.Removes = append(a.Removes, p)
+			a.Steps.Removes = append(a.Steps.Removes, p)
 		}
 	}
-	if d.File == nil && !d.Instance && ownsUnitFile(name, cur) {
-		return planUnitFileGone(a, st, cur)
-	}
+	return ""
+}
 
-	// What the unit runs on once converged: its own files, and for an
-	// instance its template's (unless the template's change was rolled back).
+// planEffective sets what the unit runs on once converged — its own files,
+// and for an instance its template's (unless the template's change was
+// rolled back: backToOld, the instance goes back to the template set that
+// ran before the failure) — with the policy, scope and hash of that version.
+func planEffective(a *Action, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) (backToOld bool) {
+	name := a.Unit
 	effective := fileHashes(d.Files())
-	backToOld := false // an instance goes back to the template set that ran before a failure
 	p := d.Policy
 	if IsInstance(name) {
-		a.Instance = d.Instance
+		a.Record.Instance = d.Instance
 		if t := desired[TemplateOf(name)]; t != nil && t.Err == nil {
 			tkey := ContentKey(t)
-			if tr := cur.Records[t.Name]; tr.Failed == tkey || cur.Refused[t.Name].ContentKey == tkey {
+			if tr := cur.Memory.Records[t.Name]; tr.Failed == tkey || cur.Memory.Refused[t.Name].ContentKey == tkey {
 				if len(tr.Applied) > 0 {
 					maps.Copy(effective, tr.Applied)
 					backToOld = true
 				}
 			} else {
 				maps.Copy(effective, fileHashes(t.Files()))
-				a.TemplateKey = tkey
+				a.Record.TemplateKey = tkey
 			}
 			if d.File == nil {
 				p = t.Policy // an instance key carries no policy: its template's applies
@@ -305,109 +325,153 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 			a.Hash = t.Hash()
 		}
 	}
-	a.Effective = effective
+	a.Record.Effective = effective
 	a.ContentKey = KeyOf(effective)
 	if d.Instance && len(effective) == 0 {
 		a.ContentKey = InstanceMarker
 	}
-	changed := a.Changes()
-	if j, ok := cur.Jobs[name]; ok && j.ContentKey == a.ContentKey && !changed {
-		return waiting(a, j.Job.String()+" job in progress")
+	return backToOld
+}
+
+// unitCase is what the gates found out about a unit that the run decision
+// goes on.
+type unitCase struct {
+	st      UnitState
+	rec     UnitRecord
+	applied string // the content key the unit is recorded as running
+	changed bool   // files to write or remove
+	// pending: an earlier pass began this content's job and never heard back.
+	pending bool
+	// stale: the running unit is known to run other content than desired.
+	stale bool
+}
+
+// planGates turns a into what holds it back, when something does (gated):
+// its job in progress, a refusal, a failure (a rollback, or blocked until
+// the content changes), a halted rollout.
+func planGates(a *Action, managed []string, backToOld bool, cur Current) (u unitCase, gated bool) {
+	name := a.Unit
+	u.st, u.rec = cur.Host.Units[name], cur.Memory.Records[name]
+	st, rec := u.st, u.rec
+	u.changed = a.Changes()
+	if j, ok := cur.Memory.Jobs[name]; ok && j.ContentKey == a.ContentKey && !u.changed {
+		*a = waiting(*a, WaitJob, j.Job.String()+" job in progress")
+		return u, true
 	}
-	if r, ok := cur.Refused[name]; ok && r.ContentKey == a.ContentKey {
-		return blocked(a, r.Reason)
+	if r, ok := cur.Memory.Refused[name]; ok && r.ContentKey == a.ContentKey {
+		*a = blocked(*a, r.Reason)
+		return u, true
 	}
-	if !changed && (st.LoadState == "bad-setting" || st.LoadState == "error") && !st.NeedDaemonReload && KeyOf(rec.Applied) != a.ContentKey {
-		return planRefused(a, rec, st, cur)
+	if !u.changed && (st.LoadState == "bad-setting" || st.LoadState == "error") && !st.NeedDaemonReload && KeyOf(rec.Applied) != a.ContentKey {
+		*a = planRefused(*a, rec, st, cur)
+		return u, true
 	}
 	if rec.Failed != "" && rec.Failed == a.ContentKey {
-		if j, ok := cur.Jobs[name]; ok && j.Rollback {
-			// The files are back; the disk differs from the registry until
-			// the content changes, which must not start the rollback again.
-			return waiting(a, "rollback "+j.Job.String()+" job in progress")
-		}
-		if IsTemplate(name) {
-			if rb, ok := planTemplateRollback(a, rec, managed, cur); ok {
-				return rb
-			}
-		} else if rb, ok := planRollback(a, rec, managed, cur); ok {
-			return rb
-		}
-		return blocked(a, rec.FailReason+"; not retried until the registry content changes")
+		*a = planFailed(*a, rec, managed, cur)
+		return u, true
 	}
-	applied := KeyOf(rec.Applied)
-	// pending: an earlier pass began this content's job and never heard back.
-	pending := cur.Intent.Jobs[name] == a.ContentKey
-	if pending && !changed && cur.Loaded != 0 && st.ActiveState == "active" && !st.NeedDaemonReload && st.InactiveExitMono > cur.Loaded {
+	u.applied = KeyOf(rec.Applied)
+	u.pending = cur.Memory.Intent.Jobs[name] == a.ContentKey
+	if u.pending && !u.changed && cur.Host.Loaded != 0 && st.ActiveState == "active" && !st.NeedDaemonReload && st.InactiveExitMono > cur.Host.Loaded {
 		// ... but it did: the unit started after systemd last loaded the
 		// unit files, which are the desired ones (nothing to write, no
 		// newer file) — the agent died after the job, before recording it.
-		pending, a.Ran = false, true
+		u.pending, a.Record.Ran = false, true
 		a.Reason = "the job owed by a pass the agent did not finish ran: the unit started after systemd loaded its current files"
 	}
-	// stale: the running unit is known to run other content than desired.
-	stale := len(rec.Applied) > 0 && applied != a.ContentKey && !a.Ran || pending
+	u.stale = len(rec.Applied) > 0 && u.applied != a.ContentKey && !a.Record.Ran || u.pending
 	// A halted rollout: another host of the group failed this version.
-	if h, ok := cur.Halts[SlotKey(name)]; ok && !backToOld && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (changed || stale) {
-		a = waiting(a, fmt.Sprintf("held: the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason))
-		a.Err, a.Effective = a.Reason, nil
-		return a
+	if h, ok := cur.Fleet.Halts[SlotKey(name)]; ok && !backToOld && a.Scope != "" && h.Scope == a.Scope && h.Hash == a.Hash && (u.changed || u.stale) {
+		*a = waiting(*a, WaitHeld, heldText(fmt.Sprintf("the rollout of %s is halted: %s failed it: %s", short(h.Hash), h.Host, h.Reason)))
+		a.Err, a.Record.Effective = a.Reason, nil
+		return u, true
 	}
-	planEnable(&a, st, changed)
+	return u, false
+}
 
+// planFailed: the desired content failed. Wait for a rollback in progress,
+// else roll back (the unit, or a template's set), else block until the
+// registry content changes.
+func planFailed(a Action, rec UnitRecord, managed []string, cur Current) Action {
+	if j, ok := cur.Memory.Jobs[a.Unit]; ok && j.Rollback {
+		// The files are back; the disk differs from the registry until
+		// the content changes, which must not start the rollback again.
+		return waiting(a, WaitJob, "rollback "+j.Job.String()+" job in progress")
+	}
+	if IsTemplate(a.Unit) {
+		if rb, ok := planTemplateRollback(a, rec, managed, cur); ok {
+			return rb
+		}
+	} else if rb, ok := planRollback(a, rec, managed, cur); ok {
+		return rb
+	}
+	return blocked(a, rec.FailReason+"; not retried until the registry content changes")
+}
+
+// planRun decides what it takes for the unit to run its effective set as
+// its policy asks: enablement, then a job (or none), then whether the set
+// is recorded as running now (Adopt). isManaged: the manifest has the
+// unit's own path (a file, or an instance's marker).
+func planRun(a *Action, u unitCase, d *DesiredUnit, isManaged bool, desired map[string]*DesiredUnit, cur Current) {
+	name, p, st, rec, changed, stale := a.Unit, a.Policy, u.st, u.rec, u.changed, u.stale
+	planEnable(a, st, changed)
 	switch {
 	case a.Own == OwnDropIns:
-		planForeign(&a, st, changed, stale, rec, d, desired, cur)
+		planForeign(a, st, changed, stale, rec, d, desired, cur)
 	case IsTemplate(name) || p.State == StatePresent:
 		if changed {
-			a.Kind, a.Reason = KindUpdate, describe(a, rec, cur)+"; State=present: not started or stopped"
+			a.Kind, a.Reason = KindUpdate, describe(*a, rec, cur)+"; State=present: not started or stopped"
 		}
 	case p.State == StateStopped:
 		switch {
 		case st.Active():
-			a.Kind, a.Job, a.Reason = KindStop, JobStop, "State=stopped and the unit is "+st.ActiveState
+			a.Kind, a.Steps.Job, a.Reason = KindStop, JobStop, "State=stopped and the unit is "+st.ActiveState
 			if changed {
-				a.Reason = describe(a, rec, cur) + "; " + a.Reason
+				a.Reason = describe(*a, rec, cur) + "; " + a.Reason
 			}
 		case changed:
-			a.Kind, a.Reason = KindUpdate, describe(a, rec, cur)+"; State=stopped"
+			a.Kind, a.Reason = KindUpdate, describe(*a, rec, cur)+"; State=stopped"
 		}
 	case !st.Active():
-		// State=started, and the unit is not running.
-		switch {
-		case changed || (stale && cur.Started[name] != a.ContentKey):
-			a.Kind, a.Job, a.Reason = KindStart, JobStart, describe(a, rec, cur)
-			if !changed && !pending {
-				a.Reason = "content changed while the unit was stopped"
-			}
-			if p.OnChange == "stop-start" && (changed || stale) {
-				a.Kind = KindStopStart // the second half: the old version is down
-			}
-		case d.Instance && !isManaged[name]:
-			a.Kind, a.Job, a.Reason = KindStart, JobStart, "new instance of "+TemplateOf(name)
-		case !st.Ran && st.LoadState == "loaded" && cur.Started[name] != a.ContentKey && !ranToCompletion(st, rec, a.ContentKey) &&
-			!(cur.Manager != "" && rec.StartedIn == cur.Manager && KeyOf(rec.Applied) == a.ContentKey):
-			// Not run since the manager started (a boot, or the agent was
-			// away): start it. A unit that ran and stopped or failed is left
-			// as it is — an operator's stop is respected, and a crash is
-			// systemd's Restart= to handle; both show in status. So is one
-			// the agent started under this very manager: systemd unloaded
-			// it once stopped and forgot it ran, the agent did not.
-			a.Kind, a.Job, a.Reason = KindStart, JobStart, "not started since the manager started"
-		}
+		planStart(a, u, d, isManaged, cur)
 	case changed || stale:
-		planChange(&a, st, changed, rec, d, desired, cur)
+		planChange(a, st, changed, rec, d, desired, cur)
 	}
-	if a.Kind == KindNone && (a.Enable || a.Disable) {
+	if a.Kind == KindNone && (a.Steps.Enable || a.Steps.Disable) {
 		a.Kind, a.Reason = KindUpdate, "enable per [Install]"
-		if a.Disable && !a.Enable {
+		if a.Steps.Disable && !a.Steps.Enable {
 			a.Reason = "disable: Enable=no, or no [Install] section"
 		}
 	}
-	if (a.Kind == KindUpdate || a.Kind == KindNone) && a.Effective != nil && st.Active() && applied != a.ContentKey {
-		a.Adopt = true
+	if (a.Kind == KindUpdate || a.Kind == KindNone) && a.Record.Effective != nil && st.Active() && u.applied != a.ContentKey {
+		a.Record.Adopt = true
 	}
-	return a
+}
+
+// planStart: State=started, and the unit is not running.
+func planStart(a *Action, u unitCase, d *DesiredUnit, isManaged bool, cur Current) {
+	name, st, rec := a.Unit, u.st, u.rec
+	switch {
+	case u.changed || (u.stale && cur.Memory.Started[name] != a.ContentKey):
+		a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, describe(*a, rec, cur)
+		if !u.changed && !u.pending {
+			a.Reason = "content changed while the unit was stopped"
+		}
+		if a.Policy.OnChange == "stop-start" && (u.changed || u.stale) {
+			a.Kind = KindStopStart // the second half: the old version is down
+		}
+	case d.Instance && !isManaged:
+		a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, "new instance of "+TemplateOf(name)
+	case !st.Ran && st.LoadState == "loaded" && cur.Memory.Started[name] != a.ContentKey && !ranToCompletion(st, rec, a.ContentKey) &&
+		!(cur.Host.Manager != "" && rec.StartedIn == cur.Host.Manager && KeyOf(rec.Applied) == a.ContentKey):
+		// Not run since the manager started (a boot, or the agent was
+		// away): start it. A unit that ran and stopped or failed is left
+		// as it is — an operator's stop is respected, and a crash is
+		// systemd's Restart= to handle; both show in status. So is one
+		// the agent started under this very manager: systemd unloaded
+		// it once stopped and forgot it ran, the agent did not.
+		a.Kind, a.Steps.Job, a.Reason = KindStart, JobStart, "not started since the manager started"
+	}
 }
 
 // planEnable makes enablement follow the current version both ways. Only a
@@ -421,9 +485,9 @@ func planEnable(a *Action, st UnitState, changed bool) {
 	unknown := st.UnitFileState == "" || st.LoadState == "not-found"
 	switch {
 	case want && (st.UnitFileState == "disabled" || unknown && changed):
-		a.Enable = true
+		a.Steps.Enable = true
 	case !want && st.UnitFileState == "enabled":
-		a.Disable = true
+		a.Steps.Disable = true
 	}
 }
 
@@ -431,8 +495,8 @@ func planEnable(a *Action, st UnitState, changed bool) {
 // changes.
 func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) {
 	name, p := a.Unit, a.Policy
-	oldFiles, newFiles := filesForClassify(name, rec, a.Effective, d, desired, cur)
-	if len(rec.Applied) == 0 && cur.Intent.Jobs[name] == a.ContentKey {
+	oldFiles, newFiles := filesForClassify(name, rec, a.Record.Effective, d, desired, cur)
+	if len(rec.Applied) == 0 && cur.Memory.Intent.Jobs[name] == a.ContentKey {
 		// An interrupted pass wrote these files; what the unit runs is
 		// unknown: compare against nothing, i.e. restart.
 		oldFiles = nil
@@ -452,7 +516,7 @@ func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *Desire
 			// old version, and say so.
 			a.Kind, a.Reason = KindUpdate, what+"; OnChange=reload"
 			a.Err = fmt.Sprintf("reload %s: the new version cannot reload (no ExecReload=); not restarting it silently — use OnChange=reload-or-restart or restart", name)
-			a.Effective = nil
+			a.Record.Effective = nil
 		}
 	case "reload-or-restart":
 		if canReload {
@@ -463,31 +527,31 @@ func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *Desire
 	case "stop-start":
 		a.Kind, a.Reason = KindStopStart, what+"; OnChange=stop-start: stopping with the old definition first"
 		// The new files are written once the old version is down (next pass).
-		a.Writes, a.Removes, a.Enable, a.Disable, a.Effective = nil, nil, false, false, nil
-		a.Job = JobStop
+		a.Steps.Writes, a.Steps.Removes, a.Steps.Enable, a.Steps.Disable, a.Record.Effective = nil, nil, false, false, nil
+		a.Steps.Job = JobStop
 		return
 	case "none":
 		if changed {
 			a.Kind, a.Reason = KindUpdate, what+"; OnChange=none: restart pending"
 		}
-		a.Effective = nil // the unit keeps running the old content
+		a.Record.Effective = nil // the unit keeps running the old content
 	default:
 		a.Kind, a.Reason = autoKind(name, c)
 		if a.Kind == KindReload && !canReload {
 			a.Kind, a.Reason = KindRestart, c.Reason()+": the new version cannot reload, restart"
 		}
 		if c.Kind == ChangeInstall && a.Own == OwnFile && p.HasInstall && p.Enable {
-			a.Enable, a.Disable = true, true
+			a.Steps.Enable, a.Steps.Disable = true, true
 		}
 		if a.Kind == KindUpdate && !changed {
 			a.Kind = KindNone // nothing to write: just record that it runs current content
 		}
 		a.Reason = what + "; " + a.Reason
 	}
-	a.Job = jobOf(a.Kind)
+	a.Steps.Job = jobOf(a.Kind)
 	if a.Kind == KindRestart && strings.HasSuffix(name, ".socket") {
 		if svc := socketService(name, d); svc != "" {
-			a.AlsoStop = []string{svc}
+			a.Steps.AlsoStop = []string{svc}
 		}
 	}
 }
@@ -501,10 +565,10 @@ func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *Desire
 // gets its drop-ins written and no job: starting, restarting or reloading
 // it could only end in "Unit … not found".
 func planForeign(a *Action, st UnitState, changed, stale bool, rec UnitRecord, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) {
-	a.Enable, a.Disable = false, false
+	a.Steps.Enable, a.Steps.Disable = false, false
 	switch {
 	case st.LoadState == "not-found":
-		a.Effective = nil // it runs none of them: nothing to record or adopt
+		a.Record.Effective = nil // it runs none of them: nothing to record or adopt
 		if changed {
 			a.Kind, a.Reason = KindUpdate, describe(*a, rec, cur)+"; drop-ins on "+a.Unit+", which systemd does not have (not-found): written, no job"
 		}
@@ -548,10 +612,11 @@ func jobOf(k Kind) Job {
 	return JobNone
 }
 
-// waiting turns an action into a wait: nothing is written or run.
-func waiting(a Action, why string) Action {
-	a.Kind, a.Reason, a.Job = KindWait, why, JobNone
-	a.Writes, a.Removes, a.Forget, a.Enable, a.Disable, a.Adopt, a.AlsoStop = nil, nil, nil, false, false, false, nil
+// waiting turns an action into a wait on what on says: nothing is
+// written, run or adopted.
+func waiting(a Action, on Wait, why string) Action {
+	a.Kind, a.Reason, a.Gate = KindWait, why, Gate{On: on}
+	a.Steps, a.Record.Adopt = Steps{}, false
 	return a
 }
 
@@ -638,10 +703,10 @@ func socketService(name string, d *DesiredUnit) string {
 // what is on disk now.
 func filesForClassify(name string, rec UnitRecord, effective map[string]string, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) (old, new []File) {
 	content := func(path, hash string) ([]byte, bool) {
-		if b, ok := cur.Blobs[hash]; ok {
+		if b, ok := cur.Memory.Blobs[hash]; ok {
 			return b, true
 		}
-		if lf := cur.Files[path]; lf.Exists && lf.Hash == hash {
+		if lf := cur.Host.Files[path]; lf.Exists && lf.Hash == hash {
 			return lf.Content, true
 		}
 		return nil, false
@@ -650,7 +715,7 @@ func filesForClassify(name string, rec UnitRecord, effective map[string]string, 
 	if len(oldMap) == 0 {
 		oldMap = map[string]string{}
 		for p := range effective {
-			if lf := cur.Files[p]; lf.Exists {
+			if lf := cur.Host.Files[p]; lf.Exists {
 				oldMap[p] = lf.Hash
 			}
 		}
@@ -707,28 +772,28 @@ func sortUnitFirst(m map[string]string) []string {
 // from the one it should run.
 func describe(a Action, rec UnitRecord, cur Current) string {
 	var parts []string
-	for _, f := range a.Writes {
-		old := cur.Files[f.Path]
+	for _, f := range a.Steps.Writes {
+		old := cur.Host.Files[f.Path]
 		if old.Exists {
 			parts = append(parts, fmt.Sprintf("%s changed (%s → %s)", f.Path, short(old.Hash), short(f.Hash)))
 		} else {
 			parts = append(parts, fmt.Sprintf("%s new (%s)", f.Path, short(f.Hash)))
 		}
 	}
-	for _, r := range a.Removes {
+	for _, r := range a.Steps.Removes {
 		parts = append(parts, r+" removed")
 	}
 	if len(parts) == 0 {
-		for _, p := range slices.Sorted(maps.Keys(a.Effective)) {
+		for _, p := range slices.Sorted(maps.Keys(a.Record.Effective)) {
 			switch old, ok := rec.Applied[p]; {
 			case !ok:
-				parts = append(parts, fmt.Sprintf("%s new (%s)", p, short(a.Effective[p])))
-			case old != a.Effective[p]:
-				parts = append(parts, fmt.Sprintf("%s changed (%s → %s)", p, short(old), short(a.Effective[p])))
+				parts = append(parts, fmt.Sprintf("%s new (%s)", p, short(a.Record.Effective[p])))
+			case old != a.Record.Effective[p]:
+				parts = append(parts, fmt.Sprintf("%s changed (%s → %s)", p, short(old), short(a.Record.Effective[p])))
 			}
 		}
 		for _, p := range slices.Sorted(maps.Keys(rec.Applied)) {
-			if _, ok := a.Effective[p]; !ok {
+			if _, ok := a.Record.Effective[p]; !ok {
 				parts = append(parts, p+" removed")
 			}
 		}
@@ -740,9 +805,8 @@ func describe(a Action, rec UnitRecord, cur Current) string {
 }
 
 func blocked(a Action, why string) Action {
-	a.Kind, a.Job = KindBlocked, JobNone
-	a.Err = why
-	a.Writes, a.Removes, a.Forget, a.Enable, a.Disable, a.Effective, a.Adopt, a.AlsoStop = nil, nil, nil, false, false, nil, false, nil
+	a.Kind, a.Err, a.Gate = KindBlocked, why, Gate{}
+	a.Steps, a.Record.Effective, a.Record.Adopt = Steps{}, nil, false
 	return a
 }
 

@@ -66,15 +66,16 @@ func p2Blobs(contents ...string) map[string][]byte {
 // pairs, all written by agentd (on disk and in the manifest).
 func p2Host(units map[string]UnitState, pairs ...string) Current {
 	c := Current{
-		Files:   map[string]LocalFile{},
-		Managed: map[string]string{},
-		Units:   units,
-		Records: map[string]UnitRecord{},
-		Blobs:   map[string][]byte{},
+		Host: HostFacts{Files: map[string]LocalFile{}, Units: units},
+		Memory: Memory{
+			Managed: map[string]string{},
+			Records: map[string]UnitRecord{},
+			Blobs:   map[string][]byte{},
+		},
 	}
 	for i := 0; i < len(pairs); i += 2 {
-		c.Files[pairs[i]] = p2File(pairs[i+1])
-		c.Managed[pairs[i]] = p2H(pairs[i+1])
+		c.Host.Files[pairs[i]] = p2File(pairs[i+1])
+		c.Memory.Managed[pairs[i]] = p2H(pairs[i+1])
 	}
 	return c
 }
@@ -146,14 +147,14 @@ func TestPlan2Transitions(t *testing.T) {
 		{name: "removed owned instance running: stop, no file touched", unit: "web@1.service",
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{"web@1.service": enabled(running)})
-				c.Managed["web@1.service"] = InstanceMarker
+				c.Memory.Managed["web@1.service"] = InstanceMarker
 				return c
 			},
 			want: p2Want{kind: KindRemove, job: JobStop, own: OwnInstance}},
 		{name: "removed owned instance stopped: forget the marker, no file removed, never disabled", unit: "web@1.service",
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{"web@1.service": enabled(stopped)})
-				c.Managed["web@1.service"] = InstanceMarker
+				c.Memory.Managed["web@1.service"] = InstanceMarker
 				return c
 			},
 			want: p2Want{kind: KindRemove, forget: []string{"web@1.service"}, drop: true, own: OwnInstance}},
@@ -163,38 +164,38 @@ func TestPlan2Transitions(t *testing.T) {
 		{name: "foreign drop-in gone with an effect on the active unit: restart", unit: p2Own,
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Own: enabled(running)})
-				c.Records[p2Own] = UnitRecord{Own: OwnDropIns, Applied: p2Files(p2OwnD, p2DropEnv)}
-				c.Blobs = p2Blobs(p2DropEnv)
+				c.Memory.Records[p2Own] = UnitRecord{Own: OwnDropIns, Applied: p2Files(p2OwnD, p2DropEnv)}
+				c.Memory.Blobs = p2Blobs(p2DropEnv)
 				return c
 			},
 			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnDropIns, eff: map[string]string{}, checkEff: true, reasonLike: "Environment"}},
 		{name: "foreign drop-in gone, content not kept, unit active: restart to be safe", unit: p2Own,
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Own: running})
-				c.Records[p2Own] = UnitRecord{Own: OwnDropIns, Applied: p2Files(p2OwnD, p2DropEnv)}
+				c.Memory.Records[p2Own] = UnitRecord{Own: OwnDropIns, Applied: p2Files(p2OwnD, p2DropEnv)}
 				return c
 			},
 			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnDropIns, reasonLike: "not kept"}},
 		{name: "foreign drop-in gone, cosmetic ([Unit] Description): nothing to do, drop record", unit: p2Own,
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Own: running})
-				c.Records[p2Own] = UnitRecord{Own: OwnDropIns, Applied: p2Files(p2OwnD, p2DropDesc)}
-				c.Blobs = p2Blobs(p2DropDesc)
+				c.Memory.Records[p2Own] = UnitRecord{Own: OwnDropIns, Applied: p2Files(p2OwnD, p2DropDesc)}
+				c.Memory.Blobs = p2Blobs(p2DropDesc)
 				return c
 			},
 			want: p2Want{kind: KindNone, drop: true, own: OwnDropIns}},
 		{name: "foreign drop-in gone, unit inactive: nothing to do, drop record", unit: p2Own,
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Own: stopped})
-				c.Records[p2Own] = UnitRecord{Own: OwnDropIns, Applied: p2Files(p2OwnD, p2DropEnv)}
-				c.Blobs = p2Blobs(p2DropEnv)
+				c.Memory.Records[p2Own] = UnitRecord{Own: OwnDropIns, Applied: p2Files(p2OwnD, p2DropEnv)}
+				c.Memory.Blobs = p2Blobs(p2DropEnv)
 				return c
 			},
 			want: p2Want{kind: KindNone, drop: true, own: OwnDropIns}},
 		{name: "removal with a stop job in flight: wait",
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: enabled(running)}, p2Hello, svc)
-				c.Jobs = map[string]InFlight{p2Hello: {Job: JobStop}}
+				c.Memory.Jobs = map[string]InFlight{p2Hello: {Job: JobStop}}
 				return c
 			},
 			want: p2Want{kind: KindWait, own: OwnFile, reasonLike: "stop job in progress"}},
@@ -205,7 +206,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, svc)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2St(fresh, func(s *UnitState) { s.Type = "oneshot" })}, p2Hello, svc)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile}
 				return c
 			},
 			want: p2Want{kind: KindNone, own: OwnFile}},
@@ -213,7 +214,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, svc)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2St(fresh, func(s *UnitState) { s.Type, s.RemainAfterExit = "oneshot", true })}, p2Hello, svc)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile}
 				return c
 			},
 			want: p2Want{kind: KindStart, job: JobStart, own: OwnFile, reasonLike: "not started since the manager started"}},
@@ -223,8 +224,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, svc)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: fresh}, p2Hello, svc)
-				c.Manager = "boot-a/123"
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile, StartedIn: "boot-a/123"}
+				c.Host.Manager = "boot-a/123"
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile, StartedIn: "boot-a/123"}
 				return c
 			},
 			want: p2Want{kind: KindNone, own: OwnFile}},
@@ -232,8 +233,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, svc)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: fresh}, p2Hello, svc)
-				c.Manager = "boot-b/456"
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile, StartedIn: "boot-a/123"}
+				c.Host.Manager = "boot-b/456"
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Good: p2Files(p2Hello, svc), Own: OwnFile, StartedIn: "boot-a/123"}
 				return c
 			},
 			want: p2Want{kind: KindStart, job: JobStart, own: OwnFile, reasonLike: "not started since the manager started"}},
@@ -267,7 +268,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2Install)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2FileState(running, "disabled")}, p2Hello, p2Install)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Install)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Install)}
 				return c
 			},
 			want: p2Want{kind: KindUpdate, enable: true, own: OwnFile, reasonLike: "enable"}},
@@ -275,7 +276,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2Install)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2FileState(stopped, "disabled")}, p2Hello, p2Install)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Install)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Install)}
 				return c
 			},
 			want: p2Want{kind: KindUpdate, enable: true, own: OwnFile, reasonLike: "enable"}},
@@ -283,7 +284,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2NoEnable)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: enabled(running)}, p2Hello, p2NoEnable)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2NoEnable)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2NoEnable)}
 				return c
 			},
 			want: p2Want{kind: KindUpdate, disable: true, own: OwnFile, reasonLike: "disable"}},
@@ -291,7 +292,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, svc)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: enabled(running)}, p2Hello, svc)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
 				return c
 			},
 			want: p2Want{kind: KindUpdate, disable: true, own: OwnFile, reasonLike: "disable"}},
@@ -299,7 +300,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2Install)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2FileState(running, "static")}, p2Hello, p2Install)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Install)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Install)}
 				return c
 			},
 			want: p2Want{kind: KindNone, own: OwnFile}},
@@ -307,7 +308,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, svc)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2FileState(running, "indirect")}, p2Hello, svc)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
 				return c
 			},
 			want: p2Want{kind: KindNone, own: OwnFile}},
@@ -317,7 +318,7 @@ func TestPlan2Transitions(t *testing.T) {
 				st := p2FileState(running, "masked")
 				st.LoadState = "masked"
 				c := p2Host(map[string]UnitState{p2Hello: st}, p2Hello, p2Install)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Install)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Install)}
 				return c
 			},
 			want: p2Want{kind: KindNone, own: OwnFile}},
@@ -337,7 +338,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry("web@1.service", p2Install)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{"web@1.service": p2FileState(running, "disabled")}, "web@1.service", p2Install)
-				c.Records["web@1.service"] = UnitRecord{Applied: p2Files("web@1.service", p2Install)}
+				c.Memory.Records["web@1.service"] = UnitRecord{Applied: p2Files("web@1.service", p2Install)}
 				return c
 			},
 			want: p2Want{kind: KindNone, own: OwnFile}},
@@ -345,8 +346,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry("web@.service", p2Install), entry("web@2.service", "")},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{"web@2.service": p2FileState(running, "disabled")}, "web@.service", p2Install)
-				c.Managed["web@2.service"] = InstanceMarker
-				c.Records["web@2.service"] = UnitRecord{Applied: p2Files("web@.service", p2Install)}
+				c.Memory.Managed["web@2.service"] = InstanceMarker
+				c.Memory.Records["web@2.service"] = UnitRecord{Applied: p2Files("web@.service", p2Install)}
 				return c
 			},
 			want: p2Want{kind: KindNone, own: OwnInstance}},
@@ -356,7 +357,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2Reload)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, svc)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
 				return c
 			},
 			want: p2Want{kind: KindUpdate, writes: p2Files(p2Hello, p2Reload), adopt: true, own: OwnFile}},
@@ -364,7 +365,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, svc)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2St(running, func(s *UnitState) { s.CanReload = true })}, p2Hello, p2Reload)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Reload)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Reload)}
 				return c
 			},
 			want: p2Want{kind: KindUpdate, writes: p2Files(p2Hello, svc), adopt: true, own: OwnFile}},
@@ -372,8 +373,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2Reload)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, p2Reload)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
-				c.Blobs = p2Blobs(svc)
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Blobs = p2Blobs(svc)
 				return c
 			},
 			want: p2Want{kind: KindNone, adopt: true, own: OwnFile}},
@@ -381,7 +382,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, svc), entry("hello.service.d/reload.conf", p2ReloadDrop)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, svc)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
 				return c
 			},
 			want: p2Want{kind: KindUpdate, writes: p2Files("hello.service.d/reload.conf", p2ReloadDrop), adopt: true, own: OwnFile}},
@@ -389,7 +390,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2Reload), entry("hello.service.d/reset.conf", p2ResetDrop)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, p2Reload)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Reload)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2Reload)}
 				return c
 			},
 			want: p2Want{kind: KindUpdate, writes: p2Files("hello.service.d/reset.conf", p2ResetDrop), adopt: true, own: OwnFile}},
@@ -398,7 +399,7 @@ func TestPlan2Transitions(t *testing.T) {
 			cur: func() Current {
 				old := p2Reload + "[X-Agentd]\nOnChange=reload\n"
 				c := p2Host(map[string]UnitState{p2Hello: p2St(running, func(s *UnitState) { s.CanReload = true })}, p2Hello, old)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, old)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, old)}
 				return c
 			},
 			want: p2Want{kind: KindUpdate, writes: p2Files(p2Hello, p2V2+"[X-Agentd]\nOnChange=reload\n"), own: OwnFile,
@@ -408,7 +409,7 @@ func TestPlan2Transitions(t *testing.T) {
 			cur: func() Current {
 				old := svc + "[X-Agentd]\nOnChange=reload\n"
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, old)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, old)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, old)}
 				return c
 			},
 			want: p2Want{kind: KindReload, job: JobReload, writes: p2Files(p2Hello, strings.Replace(p2Reload, "1000", "1001", 1)+"[X-Agentd]\nOnChange=reload\n"), own: OwnFile}},
@@ -417,7 +418,7 @@ func TestPlan2Transitions(t *testing.T) {
 			cur: func() Current {
 				old := svc + "[X-Agentd]\nOnChange=reload-or-restart\n"
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, old)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, old)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, old)}
 				return c
 			},
 			want: p2Want{kind: KindReload, job: JobReload, writes: p2Files(p2Hello, strings.Replace(p2Reload, "1000", "1001", 1)+"[X-Agentd]\nOnChange=reload-or-restart\n"), own: OwnFile}},
@@ -426,7 +427,7 @@ func TestPlan2Transitions(t *testing.T) {
 			cur: func() Current {
 				old := p2Reload + "[X-Agentd]\nOnChange=reload-or-restart\n"
 				c := p2Host(map[string]UnitState{p2Hello: p2St(running, func(s *UnitState) { s.CanReload = true })}, p2Hello, old)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, old)}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, old)}
 				return c
 			},
 			want: p2Want{kind: KindRestart, job: JobRestart, writes: p2Files(p2Hello, p2V2+"[X-Agentd]\nOnChange=reload-or-restart\n"), own: OwnFile}},
@@ -436,9 +437,9 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, p2V2)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
-				c.Blobs = p2Blobs(svc)
-				c.Jobs = map[string]InFlight{p2Hello: {Job: JobRestart, ContentKey: k2}}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Blobs = p2Blobs(svc)
+				c.Memory.Jobs = map[string]InFlight{p2Hello: {Job: JobRestart, ContentKey: k2}}
 				return c
 			},
 			want: p2Want{kind: KindWait, own: OwnFile, reasonLike: "restart job in progress"}},
@@ -446,8 +447,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, svc)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
-				c.Jobs = map[string]InFlight{p2Hello: {Job: JobRestart, ContentKey: k1}}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Jobs = map[string]InFlight{p2Hello: {Job: JobRestart, ContentKey: k1}}
 				return c
 			},
 			want: p2Want{kind: KindRestart, job: JobRestart, writes: map[string]string{p2Hello: h2}, own: OwnFile}},
@@ -457,7 +458,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, svc)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: stopped}, p2Hello, svc)
-				c.Intent = Intent{Jobs: map[string]string{p2Hello: k1}}
+				c.Memory.Intent = Intent{Jobs: map[string]string{p2Hello: k1}}
 				return c
 			},
 			want: p2Want{kind: KindStart, job: JobStart, own: OwnFile}},
@@ -465,9 +466,9 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, p2V2)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
-				c.Blobs = p2Blobs(svc)
-				c.Intent = Intent{Jobs: map[string]string{p2Hello: k2}}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Blobs = p2Blobs(svc)
+				c.Memory.Intent = Intent{Jobs: map[string]string{p2Hello: k2}}
 				return c
 			},
 			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnFile}},
@@ -477,10 +478,10 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2St(running, func(s *UnitState) { s.InactiveExitMono = 2000 })}, p2Hello, p2V2)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
-				c.Blobs = p2Blobs(svc)
-				c.Intent = Intent{Jobs: map[string]string{p2Hello: k2}}
-				c.Loaded = 1000
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Blobs = p2Blobs(svc)
+				c.Memory.Intent = Intent{Jobs: map[string]string{p2Hello: k2}}
+				c.Host.Loaded = 1000
 				return c
 			},
 			want: p2Want{kind: KindNone, own: OwnFile, adopt: true, reasonLike: "did not finish ran"}},
@@ -488,10 +489,10 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2St(running, func(s *UnitState) { s.InactiveExitMono = 900 })}, p2Hello, p2V2)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
-				c.Blobs = p2Blobs(svc)
-				c.Intent = Intent{Jobs: map[string]string{p2Hello: k2}}
-				c.Loaded = 1000
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Blobs = p2Blobs(svc)
+				c.Memory.Intent = Intent{Jobs: map[string]string{p2Hello: k2}}
+				c.Host.Loaded = 1000
 				return c
 			},
 			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnFile}},
@@ -499,10 +500,10 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2St(running, func(s *UnitState) { s.InactiveExitMono, s.NeedDaemonReload = 2000, true })}, p2Hello, p2V2)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
-				c.Blobs = p2Blobs(svc)
-				c.Intent = Intent{Jobs: map[string]string{p2Hello: k2}}
-				c.Loaded = 1000
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Blobs = p2Blobs(svc)
+				c.Memory.Intent = Intent{Jobs: map[string]string{p2Hello: k2}}
+				c.Host.Loaded = 1000
 				return c
 			},
 			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnFile}},
@@ -510,7 +511,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, svc)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, svc)
-				c.Intent = Intent{Jobs: map[string]string{p2Hello: k1}}
+				c.Memory.Intent = Intent{Jobs: map[string]string{p2Hello: k1}}
 				return c
 			},
 			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnFile}},
@@ -518,8 +519,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry("web@.service", svc), entry("web@1.service", "")},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{"web@1.service": failed}, "web@.service", svc)
-				c.Managed["web@1.service"] = InstanceMarker
-				c.Intent = Intent{Jobs: map[string]string{"web@1.service": p2Key("web@.service", svc)}}
+				c.Memory.Managed["web@1.service"] = InstanceMarker
+				c.Memory.Intent = Intent{Jobs: map[string]string{"web@1.service": p2Key("web@.service", svc)}}
 				return c
 			},
 			want: p2Want{kind: KindStart, job: JobStart, own: OwnInstance}},
@@ -533,8 +534,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2RefusedLoad}, p2Hello, p2V2)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
-				c.Blobs = p2Blobs(svc)
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Blobs = p2Blobs(svc)
 				return c
 			},
 			want: p2Want{kind: KindBlocked, writes: map[string]string{p2Hello: h1}, refuse: k2, own: OwnFile, errLike: "refused to load"}},
@@ -550,8 +551,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, svc), entry(p2Env, p2DropEnv)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: p2RefusedLoad}, p2Hello, svc, p2Env, p2DropEnv)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
-				c.Blobs = p2Blobs(svc)
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Blobs = p2Blobs(svc)
 				return c
 			},
 			want: p2Want{kind: KindBlocked, removes: []string{p2Env}, refuse: p2Key(p2Hello, svc, p2Env, p2DropEnv), own: OwnFile}},
@@ -559,8 +560,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, svc)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
-				c.Refused = map[string]Refusal{p2Hello: {ContentKey: k2, Reason: "systemd refused to load hello.service (bad-setting): bad"}}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Refused = map[string]Refusal{p2Hello: {ContentKey: k2, Reason: "systemd refused to load hello.service (bad-setting): bad"}}
 				return c
 			},
 			want: p2Want{kind: KindBlocked, own: OwnFile, errLike: "refused"}},
@@ -570,8 +571,8 @@ func TestPlan2Transitions(t *testing.T) {
 				st := p2RefusedLoad
 				st.NeedDaemonReload = true
 				c := p2Host(map[string]UnitState{p2Hello: st}, p2Hello, p2V2)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
-				c.Blobs = p2Blobs(svc)
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc)}
+				c.Memory.Blobs = p2Blobs(svc)
 				return c
 			},
 			want: p2Want{kind: KindRestart, job: JobRestart, own: OwnFile}},
@@ -581,8 +582,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: failed}, p2Hello, p2V2)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2V2), Previous: p2Files(p2Hello, svc), Failed: k2, FailReason: p2FailReason, FailedOp: "restart"}
-				c.Blobs = p2Blobs(svc, p2V2)
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2V2), Previous: p2Files(p2Hello, svc), Failed: k2, FailReason: p2FailReason, FailedOp: "restart"}
+				c.Memory.Blobs = p2Blobs(svc, p2V2)
 				return c
 			},
 			want: p2Want{kind: KindRollback, job: JobRestart, writes: map[string]string{p2Hello: h1}, own: OwnFile,
@@ -592,8 +593,8 @@ func TestPlan2Transitions(t *testing.T) {
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: failed}, p2Hello, p2V2, p2Env, p2DropEnv)
 				applied := p2Files(p2Hello, p2V2, p2Env, p2DropEnv)
-				c.Records[p2Hello] = UnitRecord{Applied: applied, Previous: p2Files(p2Hello, svc), Failed: KeyOf(applied), FailReason: p2FailReason, FailedOp: "restart"}
-				c.Blobs = p2Blobs(svc, p2V2, p2DropEnv)
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: applied, Previous: p2Files(p2Hello, svc), Failed: KeyOf(applied), FailReason: p2FailReason, FailedOp: "restart"}
+				c.Memory.Blobs = p2Blobs(svc, p2V2, p2DropEnv)
 				return c
 			},
 			want: p2Want{kind: KindRollback, job: JobRestart, writes: map[string]string{p2Hello: h1}, removes: []string{p2Env}, own: OwnFile,
@@ -602,9 +603,9 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: failed}, p2Hello, svc)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2V2), Previous: p2Files(p2Hello, svc), Failed: k2, FailReason: p2FailReason, FailedOp: "restart"}
-				c.Blobs = p2Blobs(svc, p2V2)
-				c.Jobs = map[string]InFlight{p2Hello: {Job: JobRestart, ContentKey: k2, Rollback: true}}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2V2), Previous: p2Files(p2Hello, svc), Failed: k2, FailReason: p2FailReason, FailedOp: "restart"}
+				c.Memory.Blobs = p2Blobs(svc, p2V2)
+				c.Memory.Jobs = map[string]InFlight{p2Hello: {Job: JobRestart, ContentKey: k2, Rollback: true}}
 				return c
 			},
 			want: p2Want{kind: KindWait, own: OwnFile, reasonLike: "rollback restart job in progress"}},
@@ -612,8 +613,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, svc)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Previous: p2Files(p2Hello, svc), Failed: k2, FailReason: p2FailReason, FailedOp: "restart"}
-				c.Blobs = p2Blobs(svc)
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, svc), Previous: p2Files(p2Hello, svc), Failed: k2, FailReason: p2FailReason, FailedOp: "restart"}
+				c.Memory.Blobs = p2Blobs(svc)
 				return c
 			},
 			want: p2Want{kind: KindBlocked, own: OwnFile, errLike: "not retried"}},
@@ -622,8 +623,8 @@ func TestPlan2Transitions(t *testing.T) {
 			cur: func() Current {
 				v2 := p2V2 + "[X-Agentd]\nRollback=no\n"
 				c := p2Host(map[string]UnitState{p2Hello: failed}, p2Hello, v2)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, v2), Previous: p2Files(p2Hello, svc), Failed: p2Key(p2Hello, v2), FailReason: p2FailReason, FailedOp: "restart"}
-				c.Blobs = p2Blobs(svc, v2)
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, v2), Previous: p2Files(p2Hello, svc), Failed: p2Key(p2Hello, v2), FailReason: p2FailReason, FailedOp: "restart"}
+				c.Memory.Blobs = p2Blobs(svc, v2)
 				return c
 			},
 			want: p2Want{kind: KindBlocked, own: OwnFile, errLike: p2FailReason}},
@@ -631,7 +632,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: failed}, p2Hello, p2V2)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2V2), Previous: p2Files(p2Hello, svc), Failed: k2, FailReason: p2FailReason, FailedOp: "restart"}
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2V2), Previous: p2Files(p2Hello, svc), Failed: k2, FailReason: p2FailReason, FailedOp: "restart"}
 				return c
 			},
 			want: p2Want{kind: KindBlocked, own: OwnFile, errLike: "not kept"}},
@@ -639,8 +640,8 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry(p2Hello, p2V2)},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{p2Hello: running}, p2Hello, p2V2)
-				c.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2V2), Previous: p2Files(p2Hello, svc), Failed: k2, FailReason: "reload failed: exit-code", FailedOp: "reload"}
-				c.Blobs = p2Blobs(svc, p2V2)
+				c.Memory.Records[p2Hello] = UnitRecord{Applied: p2Files(p2Hello, p2V2), Previous: p2Files(p2Hello, svc), Failed: k2, FailReason: "reload failed: exit-code", FailedOp: "reload"}
+				c.Memory.Blobs = p2Blobs(svc, p2V2)
 				return c
 			},
 			want: p2Want{kind: KindRollback, writes: map[string]string{p2Hello: h1}, adopt: true, own: OwnFile,
@@ -672,11 +673,11 @@ func p2Check(t *testing.T, a Action, w p2Want) {
 	if a.Kind != w.kind {
 		t.Fatalf("kind = %s (reason %q, err %q), want %s", a.Kind, a.Reason, a.Err, w.kind)
 	}
-	if a.Job != w.job {
-		t.Errorf("job = %s, want %s", a.Job, w.job)
+	if a.Steps.Job != w.job {
+		t.Errorf("job = %s, want %s", a.Steps.Job, w.job)
 	}
 	got := map[string]string{}
-	for _, f := range a.Writes {
+	for _, f := range a.Steps.Writes {
 		got[f.Path] = f.Hash
 		if Hash(f.Content) != f.Hash {
 			t.Errorf("write %s: content hashes to %s, not %s", f.Path, short(Hash(f.Content)), short(f.Hash))
@@ -688,28 +689,28 @@ func p2Check(t *testing.T, a Action, w p2Want) {
 	if !maps.Equal(got, w.writes) {
 		t.Errorf("writes = %v, want %v", got, w.writes)
 	}
-	if !slices.Equal(a.Removes, w.removes) {
-		t.Errorf("removes = %v, want %v", a.Removes, w.removes)
+	if !slices.Equal(a.Steps.Removes, w.removes) {
+		t.Errorf("removes = %v, want %v", a.Steps.Removes, w.removes)
 	}
-	if !slices.Equal(a.Forget, w.forget) {
-		t.Errorf("forget = %v, want %v", a.Forget, w.forget)
+	if !slices.Equal(a.Steps.Forget, w.forget) {
+		t.Errorf("forget = %v, want %v", a.Steps.Forget, w.forget)
 	}
-	if a.Enable != w.enable || a.Disable != w.disable {
-		t.Errorf("enable/disable = %v/%v, want %v/%v", a.Enable, a.Disable, w.enable, w.disable)
+	if a.Steps.Enable != w.enable || a.Steps.Disable != w.disable {
+		t.Errorf("enable/disable = %v/%v, want %v/%v", a.Steps.Enable, a.Steps.Disable, w.enable, w.disable)
 	}
-	if a.DropRecord != w.drop {
-		t.Errorf("drop record = %v, want %v", a.DropRecord, w.drop)
+	if a.Record.DropRecord != w.drop {
+		t.Errorf("drop record = %v, want %v", a.Record.DropRecord, w.drop)
 	}
-	if a.Adopt != w.adopt {
-		t.Errorf("adopt = %v, want %v", a.Adopt, w.adopt)
+	if a.Record.Adopt != w.adopt {
+		t.Errorf("adopt = %v, want %v", a.Record.Adopt, w.adopt)
 	}
 	switch {
-	case w.refuse == "" && a.Refuse != nil:
-		t.Errorf("refuse = %+v, want none", *a.Refuse)
-	case w.refuse != "" && a.Refuse == nil:
+	case w.refuse == "" && a.Record.Refuse != nil:
+		t.Errorf("refuse = %+v, want none", *a.Record.Refuse)
+	case w.refuse != "" && a.Record.Refuse == nil:
 		t.Errorf("no refusal, want one for %s", w.refuse)
-	case w.refuse != "" && a.Refuse.ContentKey != w.refuse:
-		t.Errorf("refusal of %s, want %s", a.Refuse.ContentKey, w.refuse)
+	case w.refuse != "" && a.Record.Refuse.ContentKey != w.refuse:
+		t.Errorf("refusal of %s, want %s", a.Record.Refuse.ContentKey, w.refuse)
 	}
 	if w.own != OwnNone && a.Own != w.own {
 		t.Errorf("own = %q, want %q", a.Own, w.own)
@@ -723,8 +724,8 @@ func p2Check(t *testing.T, a Action, w p2Want) {
 	if w.reasonLike != "" && !strings.Contains(a.Reason, w.reasonLike) {
 		t.Errorf("reason = %q, want it to mention %q", a.Reason, w.reasonLike)
 	}
-	if w.checkEff && (w.eff == nil) != (a.Effective == nil) || w.checkEff && !maps.Equal(a.Effective, w.eff) {
-		t.Errorf("effective = %v, want %v", a.Effective, w.eff)
+	if w.checkEff && (w.eff == nil) != (a.Record.Effective == nil) || w.checkEff && !maps.Equal(a.Record.Effective, w.eff) {
+		t.Errorf("effective = %v, want %v", a.Record.Effective, w.eff)
 	}
 	p2Messages(t, a)
 }
@@ -789,19 +790,23 @@ func TestPlan2ReloadNeeded(t *testing.T) {
 		want bool
 		why  string
 	}{
-		{name: "interrupted pass owes a reload", cur: Current{Intent: Intent{Reload: true}}, want: true, why: "interrupted"},
-		{name: "a job on a unit with NeedDaemonReload", plan: []Action{{Unit: p2Hello, Kind: KindRestart, Job: JobRestart}},
-			cur: Current{Units: map[string]UnitState{p2Hello: owed}}, want: true, why: "NeedDaemonReload"},
+		{name: "interrupted pass owes a reload", cur: Current{
+			Memory: Memory{Intent: Intent{Reload: true}},
+		}, want: true, why: "interrupted"},
+		{name: "a job on a unit with NeedDaemonReload", plan: []Action{{Unit: p2Hello, Kind: KindRestart, Steps: Steps{Job: JobRestart}}},
+			cur: Current{Host: HostFacts{Units: map[string]UnitState{p2Hello: owed}}}, want: true, why: "NeedDaemonReload"},
 		{name: "NeedDaemonReload without a job", plan: []Action{{Unit: p2Hello, Kind: KindNone}},
-			cur: Current{Units: map[string]UnitState{p2Hello: owed}}},
-		{name: "a job, nothing owed", plan: []Action{{Unit: p2Hello, Kind: KindStart, Job: JobStart}},
-			cur: Current{Units: map[string]UnitState{p2Hello: running}}},
-		{name: "files written", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Writes: []DesiredFile{{Path: p2Hello}}}}, want: true, why: "changed"},
-		{name: "files removed", plan: []Action{{Unit: p2Hello, Kind: KindRemove, Removes: []string{p2Hello}}}, want: true, why: "changed"},
-		{name: "enable only", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Enable: true}}, want: true},
-		{name: "disable only", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Disable: true}}, want: true},
-		{name: "instance marker forgotten only", plan: []Action{{Unit: "web@1.service", Kind: KindRemove, Forget: []string{"web@1.service"}}}},
-		{name: "nothing", plan: []Action{{Unit: p2Hello}}, cur: Current{Intent: Intent{Jobs: map[string]string{p2Hello: "k"}}}},
+			cur: Current{Host: HostFacts{Units: map[string]UnitState{p2Hello: owed}}}},
+		{name: "a job, nothing owed", plan: []Action{{Unit: p2Hello, Kind: KindStart, Steps: Steps{Job: JobStart}}},
+			cur: Current{Host: HostFacts{Units: map[string]UnitState{p2Hello: running}}}},
+		{name: "files written", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Steps: Steps{Writes: []DesiredFile{{Path: p2Hello}}}}}, want: true, why: "changed"},
+		{name: "files removed", plan: []Action{{Unit: p2Hello, Kind: KindRemove, Steps: Steps{Removes: []string{p2Hello}}}}, want: true, why: "changed"},
+		{name: "enable only", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Steps: Steps{Enable: true}}}, want: true},
+		{name: "disable only", plan: []Action{{Unit: p2Hello, Kind: KindUpdate, Steps: Steps{Disable: true}}}, want: true},
+		{name: "instance marker forgotten only", plan: []Action{{Unit: "web@1.service", Kind: KindRemove, Steps: Steps{Forget: []string{"web@1.service"}}}}},
+		{name: "nothing", plan: []Action{{Unit: p2Hello}}, cur: Current{
+			Memory: Memory{Intent: Intent{Jobs: map[string]string{p2Hello: "k"}}},
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, why := ReloadNeeded(tc.plan, tc.cur)

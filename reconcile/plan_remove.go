@@ -9,17 +9,17 @@ import (
 // planRemove: the registry no longer wants the unit. What happens follows
 // what the agent owns of it.
 func planRemove(a Action, managed []string, cur Current) Action {
-	st := cur.Units[a.Unit]
-	rec := cur.Records[a.Unit]
+	st := cur.Host.Units[a.Unit]
+	rec := cur.Memory.Records[a.Unit]
 	a.Kind = KindRemove
-	if j, ok := cur.Jobs[a.Unit]; ok && (j.Job == JobStop || a.Own == OwnDropIns) {
+	if j, ok := cur.Memory.Jobs[a.Unit]; ok && (j.Job == JobStop || a.Own == OwnDropIns) {
 		// A hung start is replaced by the stop; anything else is waited out.
-		return waiting(a, "removed from the registry: "+j.Job.String()+" job in progress")
+		return waiting(a, WaitJob, "removed from the registry: "+j.Job.String()+" job in progress")
 	}
 	switch a.Own {
 	case OwnDropIns:
 		if len(managed) > 0 {
-			a.Removes = managed
+			a.Steps.Removes = managed
 			a.Reason = "drop-ins removed from the registry; " + a.Unit + " itself is not agentd's: never stopped, disabled or deleted"
 			a.Own = OwnDropIns
 			return a
@@ -28,12 +28,12 @@ func planRemove(a Action, managed []string, cur Current) Action {
 		// their removal to the running unit, if it had an effect.
 		a.Reason = "drop-ins removed"
 		if !st.Active() || len(rec.Applied) == 0 || st.LoadState == "not-found" {
-			a.Kind, a.DropRecord = KindNone, true
+			a.Kind, a.Record.DropRecord = KindNone, true
 			return a
 		}
 		var old []File
 		for _, p := range sortUnitFirst(rec.Applied) {
-			b, ok := cur.Blobs[rec.Applied[p]]
+			b, ok := cur.Memory.Blobs[rec.Applied[p]]
 			if !ok {
 				old = nil // unknown: compare against nothing → restart
 				break
@@ -46,44 +46,44 @@ func planRemove(a Action, managed []string, cur Current) Action {
 		}
 		a.Change = &c
 		if c.Kind == ChangeNone || c.Kind == ChangeCosmetic {
-			a.Kind, a.DropRecord = KindNone, true
+			a.Kind, a.Record.DropRecord = KindNone, true
 			a.Reason = "drop-ins removed: " + c.Reason()
 			return a
 		}
-		a.Kind, a.Job = KindRestart, JobRestart
+		a.Kind, a.Steps.Job = KindRestart, JobRestart
 		a.Reason = "drop-ins removed: " + c.Reason() + ": restart (the unit is not agentd's: never stopped)"
-		a.Effective = map[string]string{}
-		a.ContentKey = KeyOf(a.Effective)
+		a.Record.Effective = map[string]string{}
+		a.ContentKey = KeyOf(a.Record.Effective)
 		a.Policy = Policy{State: StateStarted} // no HealthySec, no rollback: there is nothing to go back to
 		return a
 	case OwnFile, OwnInstance:
 		if st.Active() || st.ActiveState == "deactivating" {
-			a.Job = JobStop
+			a.Steps.Job = JobStop
 			a.Reason = "removed from the registry: stopping"
 			return a
 		}
 		// Stopped: disable, delete, and one daemon-reload for both.
-		a.Disable = st.UnitFileState == "enabled" && a.Own == OwnFile && !IsTemplate(a.Unit) && !IsInstance(a.Unit)
+		a.Steps.Disable = st.UnitFileState == "enabled" && a.Own == OwnFile && !IsTemplate(a.Unit) && !IsInstance(a.Unit)
 		for _, p := range managed {
-			if cur.Managed[p] == InstanceMarker {
-				a.Forget = append(a.Forget, p) // no file: the agent owns only the running instance
+			if cur.Memory.Managed[p] == InstanceMarker {
+				a.Steps.Forget = append(a.Steps.Forget, p) // no file: the agent owns only the running instance
 			} else {
-				a.Removes = append(a.Removes, p)
+				a.Steps.Removes = append(a.Steps.Removes, p)
 			}
 		}
 		a.Reason = "removed from the registry"
-		a.DropRecord = true
-		a.ResetFailed = st.ActiveState == "failed"
+		a.Record.DropRecord = true
+		a.Steps.ResetFailed = st.ActiveState == "failed"
 		return a
 	}
-	a.Kind, a.DropRecord = KindNone, true
+	a.Kind, a.Record.DropRecord = KindNone, true
 	return a
 }
 
 // ownsUnitFile says whether the agent installed name's own unit file (the
 // manifest has it, and not as an instance's marker).
 func ownsUnitFile(name string, cur Current) bool {
-	h, ok := cur.Managed[name]
+	h, ok := cur.Memory.Managed[name]
 	return ok && h != InstanceMarker
 }
 
@@ -98,18 +98,17 @@ func ownsUnitFile(name string, cur Current) bool {
 // has. a holds the plan's writes (its drop-ins) and removes (its file).
 func planUnitFileGone(a Action, st UnitState, cur Current) Action {
 	a.Own, a.Kind = OwnFile, KindRemove
-	if j, ok := cur.Jobs[a.Unit]; ok && j.Job == JobStop {
-		return waiting(a, "unit file removed from the registry: stop job in progress")
+	if j, ok := cur.Memory.Jobs[a.Unit]; ok && j.Job == JobStop {
+		return waiting(a, WaitJob, "unit file removed from the registry: stop job in progress")
 	}
 	if st.Active() || st.ActiveState == "deactivating" {
-		a.Writes, a.Removes, a.Forget = nil, nil, nil
-		a.Job = JobStop
+		a.Steps = Steps{Job: JobStop} // its drop-ins are written once it is down
 		a.Reason = "unit file removed from the registry, its drop-ins stay: stopping"
 		return a
 	}
-	a.Disable = st.UnitFileState == "enabled" && !IsTemplate(a.Unit) && !IsInstance(a.Unit)
-	a.ResetFailed = st.ActiveState == "failed"
-	a.DropRecord = true
+	a.Steps.Disable = st.UnitFileState == "enabled" && !IsTemplate(a.Unit) && !IsInstance(a.Unit)
+	a.Steps.ResetFailed = st.ActiveState == "failed"
+	a.Record.DropRecord = true
 	a.Reason = "unit file removed from the registry; its drop-ins stay, written only: no job for a unit without its file"
 	return a
 }
@@ -119,22 +118,22 @@ func planUnitFileGone(a Action, st UnitState, cur Current) Action {
 // content, so it is not tried again until the registry changes.
 func planRefused(a Action, rec UnitRecord, st UnitState, cur Current) Action {
 	reason := fmt.Sprintf("systemd refused to load %s (%s): %s", a.Unit, st.LoadState, orUnknown(st.LoadError))
-	key, effective := a.ContentKey, a.Effective
+	key, effective := a.ContentKey, a.Record.Effective
 	b := blocked(a, reason)
-	b.Refuse = &Refusal{ContentKey: key, Reason: reason}
+	b.Record.Refuse = &Refusal{ContentKey: key, Reason: reason}
 	for _, p := range slices.Sorted(maps.Keys(effective)) {
 		old, ran := rec.Applied[p]
 		switch {
 		case ran && old == effective[p]:
 		case ran:
-			content, ok := cur.Blobs[old]
+			content, ok := cur.Memory.Blobs[old]
 			if !ok {
 				b.Err += fmt.Sprintf("; the previous version of %s (%s) is not kept, left as it is", p, short(old))
 				continue
 			}
-			b.Writes = append(b.Writes, DesiredFile{Path: p, Content: content, Hash: old})
-		case cur.Managed[p] != "":
-			b.Removes = append(b.Removes, p)
+			b.Steps.Writes = append(b.Steps.Writes, DesiredFile{Path: p, Content: content, Hash: old})
+		case cur.Memory.Managed[p] != "":
+			b.Steps.Removes = append(b.Steps.Removes, p)
 		}
 	}
 	return b
@@ -149,33 +148,32 @@ func planRollback(a Action, rec UnitRecord, managed []string, cur Current) (Acti
 		return a, false
 	}
 	r := a
-	r.Kind, r.Job, r.Enable, r.Disable, r.Adopt = KindRollback, JobRestart, false, false, false
-	r.Writes, r.Removes, r.Forget = nil, nil, nil
+	r.Kind, r.Steps, r.Record.Adopt = KindRollback, Steps{Job: JobRestart}, false
 	r.Reason = rec.FailReason + "; rolling back to " + short(headHash(a.Unit, rec.Previous)) + " (the version that ran before)"
 	writes, why := restoreWrites(rec.Previous, cur)
 	if why != "" {
 		return blocked(a, rec.FailReason+"; "+why), true
 	}
-	r.Writes = writes
+	r.Steps.Writes = writes
 	// Files the failed version added (a new drop-in, here or on the
 	// template) go: the rolled-back unit must not run with them.
 	gone := map[string]bool{}
-	for p := range a.Effective {
+	for p := range a.Record.Effective {
 		gone[p] = true
 	}
 	for _, p := range managed {
 		gone[p] = true
 	}
 	for _, p := range slices.Sorted(maps.Keys(gone)) {
-		if _, keep := rec.Previous[p]; !keep && cur.Managed[p] != "" && cur.Managed[p] != InstanceMarker {
-			r.Removes = append(r.Removes, p)
+		if _, keep := rec.Previous[p]; !keep && cur.Memory.Managed[p] != "" && cur.Memory.Managed[p] != InstanceMarker {
+			r.Steps.Removes = append(r.Steps.Removes, p)
 		}
 	}
 	if rec.FailedOp == KindReload.String() {
-		r.Job = JobNone // a failed reload left the old process running: put the files back only
-		r.Adopt = true
+		r.Steps.Job = JobNone // a failed reload left the old process running: put the files back only
+		r.Record.Adopt = true
 	}
-	r.Effective = rec.Previous
+	r.Record.Effective = rec.Previous
 	return r, true
 }
 
@@ -189,16 +187,15 @@ func planTemplateRollback(a Action, rec UnitRecord, managed []string, cur Curren
 		return a, false
 	}
 	r := a
-	r.Kind, r.Job, r.Enable, r.Disable, r.Adopt, r.Effective = KindRollback, JobNone, false, false, false, nil
-	r.Writes, r.Removes, r.Forget = nil, nil, nil
+	r.Kind, r.Steps, r.Record.Adopt, r.Record.Effective = KindRollback, Steps{}, false, nil
 	writes, why := restoreWrites(rec.Applied, cur)
 	if why != "" {
 		return blocked(a, rec.FailReason+"; "+why), true
 	}
-	r.Writes = writes
+	r.Steps.Writes = writes
 	for _, p := range managed {
-		if _, keep := rec.Applied[p]; !keep && cur.Managed[p] != InstanceMarker {
-			r.Removes = append(r.Removes, p)
+		if _, keep := rec.Applied[p]; !keep && cur.Memory.Managed[p] != InstanceMarker {
+			r.Steps.Removes = append(r.Steps.Removes, p)
 		}
 	}
 	if !r.Changes() {
@@ -214,10 +211,10 @@ func planTemplateRollback(a Action, rec UnitRecord, managed []string, cur Curren
 func restoreWrites(files map[string]string, cur Current) (writes []DesiredFile, why string) {
 	for _, p := range slices.Sorted(maps.Keys(files)) {
 		h := files[p]
-		if lf := cur.Files[p]; lf.Exists && lf.Hash == h {
+		if lf := cur.Host.Files[p]; lf.Exists && lf.Hash == h {
 			continue
 		}
-		content, ok := cur.Blobs[h]
+		content, ok := cur.Memory.Blobs[h]
 		if !ok {
 			return nil, fmt.Sprintf("cannot roll back: the previous version of %s (%s) is not kept", p, short(h))
 		}

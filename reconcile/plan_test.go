@@ -135,12 +135,15 @@ func TestPlan(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cur := Current{Files: tt.files, Managed: tt.managed, Units: tt.units, Refused: tt.refused, Started: tt.started}
-			if cur.Files == nil {
-				cur.Files = map[string]LocalFile{}
+			cur := Current{
+				Host:   HostFacts{Files: tt.files, Units: tt.units},
+				Memory: Memory{Managed: tt.managed, Refused: tt.refused, Started: tt.started},
 			}
-			if cur.Managed == nil {
-				cur.Managed = map[string]string{}
+			if cur.Host.Files == nil {
+				cur.Host.Files = map[string]LocalFile{}
+			}
+			if cur.Memory.Managed == nil {
+				cur.Memory.Managed = map[string]string{}
 			}
 			plan := Plan(Desire(Snapshot{Entries: tt.entries}), cur)
 			unit := tt.wantUnit
@@ -165,16 +168,16 @@ func TestPlan(t *testing.T) {
 			if got.Kind != tt.want {
 				t.Fatalf("kind = %s (%s %s), want %s", got.Kind, got.Reason, got.Err, tt.want)
 			}
-			if len(got.Writes) != tt.writes || len(got.Removes) != tt.removes {
-				t.Errorf("writes/removes = %d/%d, want %d/%d", len(got.Writes), len(got.Removes), tt.writes, tt.removes)
+			if len(got.Steps.Writes) != tt.writes || len(got.Steps.Removes) != tt.removes {
+				t.Errorf("writes/removes = %d/%d, want %d/%d", len(got.Steps.Writes), len(got.Steps.Removes), tt.writes, tt.removes)
 			}
-			if got.Enable != tt.enable || got.Disable != tt.disable {
-				t.Errorf("enable/disable = %v/%v, want %v/%v", got.Enable, got.Disable, tt.enable, tt.disable)
+			if got.Steps.Enable != tt.enable || got.Steps.Disable != tt.disable {
+				t.Errorf("enable/disable = %v/%v, want %v/%v", got.Steps.Enable, got.Steps.Disable, tt.enable, tt.disable)
 			}
 			if tt.errLike != "" && !strings.Contains(got.Err, tt.errLike) {
 				t.Errorf("err = %q, want it to mention %q", got.Err, tt.errLike)
 			}
-			if tt.want == KindBlocked && (len(got.Writes) > 0 || len(got.Removes) > 0) {
+			if tt.want == KindBlocked && (len(got.Steps.Writes) > 0 || len(got.Steps.Removes) > 0) {
 				t.Errorf("blocked action touches files: %+v", got)
 			}
 		})
@@ -186,10 +189,14 @@ func TestPlanTemplateChangeRollsInstancesOneAtATime(t *testing.T) {
 	oldApplied := map[string]string{"web@.service": Hash([]byte(old))}
 	entries := []Entry{entry("web@.service", newT), entry("web@1.service", ""), entry("web@2.service", ""), entry("web@3.service", "")}
 	cur := Current{
-		Files:   map[string]LocalFile{"web@.service": {Exists: true, Hash: Hash([]byte(old)), Content: []byte(old)}},
-		Managed: map[string]string{"web@.service": "x", "web@1.service": InstanceMarker, "web@2.service": InstanceMarker, "web@3.service": InstanceMarker},
-		Units:   map[string]UnitState{"web@.service": absent, "web@1.service": running, "web@2.service": running, "web@3.service": stopped},
-		Records: map[string]UnitRecord{"web@1.service": {Applied: oldApplied}, "web@2.service": {Applied: oldApplied}, "web@3.service": {Applied: oldApplied}},
+		Host: HostFacts{
+			Files: map[string]LocalFile{"web@.service": {Exists: true, Hash: Hash([]byte(old)), Content: []byte(old)}},
+			Units: map[string]UnitState{"web@.service": absent, "web@1.service": running, "web@2.service": running, "web@3.service": stopped},
+		},
+		Memory: Memory{
+			Managed: map[string]string{"web@.service": "x", "web@1.service": InstanceMarker, "web@2.service": InstanceMarker, "web@3.service": InstanceMarker},
+			Records: map[string]UnitRecord{"web@1.service": {Applied: oldApplied}, "web@2.service": {Applied: oldApplied}, "web@3.service": {Applied: oldApplied}},
+		},
 	}
 	kinds := func() map[string]Kind {
 		k := map[string]Kind{}
@@ -211,14 +218,14 @@ func TestPlanTemplateChangeRollsInstancesOneAtATime(t *testing.T) {
 		t.Errorf("pass 1 web@3: %s, want start", got["web@3.service"])
 	}
 	// While web@1 verifies its health, web@2 still waits.
-	cur.Files["web@.service"] = LocalFile{Exists: true, Hash: Hash([]byte(newT)), Content: []byte(newT)}
-	cur.Records["web@1.service"] = UnitRecord{Applied: map[string]string{"web@.service": Hash([]byte(newT))}}
-	cur.Verifying = map[string]bool{"web@1.service": true}
+	cur.Host.Files["web@.service"] = LocalFile{Exists: true, Hash: Hash([]byte(newT)), Content: []byte(newT)}
+	cur.Memory.Records["web@1.service"] = UnitRecord{Applied: map[string]string{"web@.service": Hash([]byte(newT))}}
+	cur.Memory.Verifying = map[string]bool{"web@1.service": true}
 	if k := kinds()["web@2.service"]; k != KindWait {
 		t.Errorf("pass 2 web@2 while web@1 verifies: %s, want wait", k)
 	}
 	// Once web@1 is healthy, web@2 goes.
-	cur.Verifying = nil
+	cur.Memory.Verifying = nil
 	if k := kinds()["web@2.service"]; k != KindRestart {
 		t.Errorf("pass 3 web@2: %s, want restart", k)
 	}
@@ -226,12 +233,14 @@ func TestPlanTemplateChangeRollsInstancesOneAtATime(t *testing.T) {
 
 func TestPlanRemovedInstanceIsStoppedNoFileTouched(t *testing.T) {
 	cur := Current{
-		Managed: map[string]string{"web@1.service": InstanceMarker},
-		Units:   map[string]UnitState{"web@1.service": running},
-		Files:   map[string]LocalFile{},
+		Memory: Memory{Managed: map[string]string{"web@1.service": InstanceMarker}},
+		Host: HostFacts{
+			Units: map[string]UnitState{"web@1.service": running},
+			Files: map[string]LocalFile{},
+		},
 	}
 	plan := Plan(Desire(Snapshot{}), cur)
-	if len(plan) != 1 || plan[0].Kind != KindRemove || len(plan[0].Removes) != 0 || plan[0].Disable {
+	if len(plan) != 1 || plan[0].Kind != KindRemove || len(plan[0].Steps.Removes) != 0 || plan[0].Steps.Disable {
 		t.Fatalf("plan = %+v", plan)
 	}
 }
@@ -241,7 +250,10 @@ func TestPlanIsDeterministic(t *testing.T) {
 	for _, n := range []string{"c.service", "a.service", "b.service"} {
 		entries = append(entries, entry(n, svc))
 	}
-	cur := Current{Files: map[string]LocalFile{}, Managed: map[string]string{}, Units: map[string]UnitState{}}
+	cur := Current{
+		Host:   HostFacts{Files: map[string]LocalFile{}, Units: map[string]UnitState{}},
+		Memory: Memory{Managed: map[string]string{}},
+	}
 	plan := Plan(Desire(Snapshot{Entries: entries}), cur)
 	var names []string
 	for _, a := range plan {
@@ -354,10 +366,14 @@ func TestPlanChangeOnRunningUnit(t *testing.T) {
 			st := running
 			st.CanReload = tt.canReload
 			cur := Current{
-				Files:   map[string]LocalFile{unit: {Exists: true, Hash: oldH, Content: []byte(tt.old)}},
-				Managed: map[string]string{unit: oldH},
-				Units:   map[string]UnitState{unit: st},
-				Records: map[string]UnitRecord{unit: {Applied: map[string]string{unit: oldH}}},
+				Host: HostFacts{
+					Files: map[string]LocalFile{unit: {Exists: true, Hash: oldH, Content: []byte(tt.old)}},
+					Units: map[string]UnitState{unit: st},
+				},
+				Memory: Memory{
+					Managed: map[string]string{unit: oldH},
+					Records: map[string]UnitRecord{unit: {Applied: map[string]string{unit: oldH}}},
+				},
 			}
 			plan := Plan(Desire(Snapshot{Entries: []Entry{entry(unit, tt.new)}}), cur)
 			a := plan[0]
@@ -368,17 +384,17 @@ func TestPlanChangeOnRunningUnit(t *testing.T) {
 			if tt.writes < 0 {
 				want = 0
 			}
-			if len(a.Writes) != want {
-				t.Errorf("writes = %d, want %d", len(a.Writes), want)
+			if len(a.Steps.Writes) != want {
+				t.Errorf("writes = %d, want %d", len(a.Steps.Writes), want)
 			}
-			if a.Enable != tt.enable {
-				t.Errorf("enable = %v, want %v", a.Enable, tt.enable)
+			if a.Steps.Enable != tt.enable {
+				t.Errorf("enable = %v, want %v", a.Steps.Enable, tt.enable)
 			}
-			if tt.alsoStop != "" && (len(a.AlsoStop) != 1 || a.AlsoStop[0] != tt.alsoStop) {
-				t.Errorf("alsoStop = %v, want %s", a.AlsoStop, tt.alsoStop)
+			if tt.alsoStop != "" && (len(a.Steps.AlsoStop) != 1 || a.Steps.AlsoStop[0] != tt.alsoStop) {
+				t.Errorf("alsoStop = %v, want %s", a.Steps.AlsoStop, tt.alsoStop)
 			}
-			if tt.noEffRecord != (a.Effective == nil) {
-				t.Errorf("effective record = %v", a.Effective)
+			if tt.noEffRecord != (a.Record.Effective == nil) {
+				t.Errorf("effective record = %v", a.Record.Effective)
 			}
 		})
 	}
@@ -388,10 +404,14 @@ func TestPlanFailedContentIsHeld(t *testing.T) {
 	v2 := strings.Replace(svc, "1000", "1001", 1)
 	h1, h2 := Hash([]byte(svc)), Hash([]byte(v2))
 	cur := Current{
-		Files:   map[string]LocalFile{"hello.service": {Exists: true, Hash: h1, Content: []byte(svc)}},
-		Managed: map[string]string{"hello.service": h1},
-		Units:   map[string]UnitState{"hello.service": running},
-		Records: map[string]UnitRecord{"hello.service": {Applied: map[string]string{"hello.service": h1}, Failed: "hello.service=" + h2 + ";", FailReason: "start failed"}},
+		Host: HostFacts{
+			Files: map[string]LocalFile{"hello.service": {Exists: true, Hash: h1, Content: []byte(svc)}},
+			Units: map[string]UnitState{"hello.service": running},
+		},
+		Memory: Memory{
+			Managed: map[string]string{"hello.service": h1},
+			Records: map[string]UnitRecord{"hello.service": {Applied: map[string]string{"hello.service": h1}, Failed: "hello.service=" + h2 + ";", FailReason: "start failed"}},
+		},
 	}
 	a := Plan(Desire(Snapshot{Entries: []Entry{entry("hello.service", v2)}}), cur)[0]
 	if a.Kind != KindBlocked || !strings.Contains(a.Err, "start failed; not retried") {
@@ -409,22 +429,26 @@ func TestPlanMaxUnavailableAndHalts(t *testing.T) {
 	h1 := Hash([]byte(v1))
 	base := func() Current {
 		return Current{
-			Files:   map[string]LocalFile{"hello.service": {Exists: true, Hash: h1, Content: []byte(v1)}},
-			Managed: map[string]string{"hello.service": h1},
-			Units:   map[string]UnitState{"hello.service": running},
-			Records: map[string]UnitRecord{"hello.service": {Applied: map[string]string{"hello.service": h1}}},
+			Host: HostFacts{
+				Files: map[string]LocalFile{"hello.service": {Exists: true, Hash: h1, Content: []byte(v1)}},
+				Units: map[string]UnitState{"hello.service": running},
+			},
+			Memory: Memory{
+				Managed: map[string]string{"hello.service": h1},
+				Records: map[string]UnitRecord{"hello.service": {Applied: map[string]string{"hello.service": h1}}},
+			},
 		}
 	}
 	group := []Entry{groupEntry("web", "hello.service", v2)}
 	// A group's restart waits for a slot, writing nothing before it.
 	a := Plan(Desire(Snapshot{Entries: group}), base())[0]
-	if a.Kind != KindWait || !a.NeedSlot || len(a.Writes) != 0 || a.Scope != "groups/web" {
+	if a.Kind != KindWait || a.Gate.On != WaitSlot || len(a.Steps.Writes) != 0 || a.Scope != "groups/web" {
 		t.Fatalf("without a slot: %+v", a)
 	}
 	// With the slot: restart.
 	cur := base()
-	cur.Slots = map[string]string{"hello.service": Hash([]byte(v2))}
-	if a := Plan(Desire(Snapshot{Entries: group}), cur)[0]; a.Kind != KindRestart || len(a.Writes) != 1 {
+	cur.Fleet.Slots = map[string]string{"hello.service": Hash([]byte(v2))}
+	if a := Plan(Desire(Snapshot{Entries: group}), cur)[0]; a.Kind != KindRestart || len(a.Steps.Writes) != 1 {
 		t.Fatalf("with a slot: %s", a.Kind)
 	}
 	// A host's own key needs no slot: one host, nothing to coordinate.
@@ -433,26 +457,26 @@ func TestPlanMaxUnavailableAndHalts(t *testing.T) {
 	}
 	// A start of a stopped unit is not disruptive: no slot.
 	cur = base()
-	cur.Units["hello.service"] = stopped
+	cur.Host.Units["hello.service"] = stopped
 	if a := Plan(Desire(Snapshot{Entries: group}), cur)[0]; a.Kind != KindStart {
 		t.Fatalf("start: %s", a.Kind)
 	}
 	// A halt for this version holds the host on the old one.
 	cur = base()
 	halt := Halt{Scope: "groups/web", Unit: "hello.service", Hash: Hash([]byte(v2)), Host: "h9", Reason: "exit status 3"}
-	cur.Halts = map[string]Halt{"hello.service": halt}
+	cur.Fleet.Halts = map[string]Halt{"hello.service": halt}
 	a = Plan(Desire(Snapshot{Entries: group}), cur)[0]
-	if a.Kind != KindWait || !strings.HasPrefix(a.Err, "held:") || !strings.Contains(a.Err, "h9") || len(a.Writes) != 0 {
+	if a.Kind != KindWait || !strings.HasPrefix(a.Err, "held:") || !strings.Contains(a.Err, "h9") || len(a.Steps.Writes) != 0 {
 		t.Fatalf("halted: %+v", a)
 	}
 	// New content resumes the rollout.
 	v3 := strings.Replace(v1, "1000", "1002", 1)
-	if a := Plan(Desire(Snapshot{Entries: []Entry{groupEntry("web", "hello.service", v3)}}), cur)[0]; a.Kind != KindWait || !a.NeedSlot {
+	if a := Plan(Desire(Snapshot{Entries: []Entry{groupEntry("web", "hello.service", v3)}}), cur)[0]; a.Kind != KindWait || a.Gate.On != WaitSlot {
 		t.Fatalf("new content after a halt: %+v", a)
 	}
 	// A host already on the halted version is not disturbed.
-	cur.Records["hello.service"] = UnitRecord{Applied: map[string]string{"hello.service": Hash([]byte(v2))}}
-	cur.Files["hello.service"] = LocalFile{Exists: true, Hash: Hash([]byte(v2)), Content: []byte(v2)}
+	cur.Memory.Records["hello.service"] = UnitRecord{Applied: map[string]string{"hello.service": Hash([]byte(v2))}}
+	cur.Host.Files["hello.service"] = LocalFile{Exists: true, Hash: Hash([]byte(v2)), Content: []byte(v2)}
 	if a := Plan(Desire(Snapshot{Entries: group}), cur)[0]; a.Kind != KindNone {
 		t.Fatalf("host already on the version: %s", a.Kind)
 	}
@@ -468,28 +492,28 @@ func enabled(st UnitState) UnitState {
 // one, waits for nothing.
 func TestOrderSocketServices(t *testing.T) {
 	plan := []Action{
-		{Unit: "a.service", Job: JobRestart},
-		{Unit: "a.socket", Job: JobRestart, AlsoStop: []string{"a.service"}},
-		{Unit: "b.service", Job: JobNone},
-		{Unit: "b.socket", Job: JobRestart, AlsoStop: []string{"b.service"}},
-		{Unit: "c.service", Job: JobStart},
-		{Unit: "c.socket", Job: JobNone},
-		{Unit: "d.service", Job: JobRestart},
-		{Unit: "e.socket", Job: JobRestart, AlsoStop: []string{"d.service"}},
-		{Unit: "f.service", Job: JobStart},
-		{Unit: "f.socket", Job: JobStart},
-		{Unit: "g.timer", Job: JobStart},
-		{Unit: "g.service", Job: JobStart},
+		{Unit: "a.service", Steps: Steps{Job: JobRestart}},
+		{Unit: "a.socket", Steps: Steps{Job: JobRestart, AlsoStop: []string{"a.service"}}},
+		{Unit: "b.service", Steps: Steps{Job: JobNone}},
+		{Unit: "b.socket", Steps: Steps{Job: JobRestart, AlsoStop: []string{"b.service"}}},
+		{Unit: "c.service", Steps: Steps{Job: JobStart}},
+		{Unit: "c.socket", Steps: Steps{Job: JobNone}},
+		{Unit: "d.service", Steps: Steps{Job: JobRestart}},
+		{Unit: "e.socket", Steps: Steps{Job: JobRestart, AlsoStop: []string{"d.service"}}},
+		{Unit: "f.service", Steps: Steps{Job: JobStart}},
+		{Unit: "f.socket", Steps: Steps{Job: JobStart}},
+		{Unit: "g.timer", Steps: Steps{Job: JobStart}},
+		{Unit: "g.service", Steps: Steps{Job: JobStart}},
 	}
 	desired := map[string]*DesiredUnit{"e.socket": {File: &DesiredFile{Content: []byte("[Socket]\nService=d.service\n")}}}
 	orderSocketServices(plan, desired)
 	want := map[string]string{"a.service": "a.socket", "d.service": "e.socket", "f.service": "f.socket"}
 	for _, a := range plan {
-		if a.After != want[a.Unit] {
-			t.Errorf("%s: After %q, want %q", a.Unit, a.After, want[a.Unit])
+		if a.Steps.After != want[a.Unit] {
+			t.Errorf("%s: After %q, want %q", a.Unit, a.Steps.After, want[a.Unit])
 		}
-		if a.After != "" && !strings.Contains(a.Reason, "after "+a.After+"'s") {
-			t.Errorf("%s: reason %q does not say it waits for %s (sync --dry-run shows it)", a.Unit, a.Reason, a.After)
+		if a.Steps.After != "" && !strings.Contains(a.Reason, "after "+a.Steps.After+"'s") {
+			t.Errorf("%s: reason %q does not say it waits for %s (sync --dry-run shows it)", a.Unit, a.Reason, a.Steps.After)
 		}
 	}
 }
@@ -514,8 +538,8 @@ func TestPlanDropInsWithoutTheirUnit(t *testing.T) {
 	}
 	installed := func(st UnitState) Current {
 		c := p2Host(map[string]UnitState{dd: st}, dd, svc, ddX, p2DropEnv)
-		c.Records[dd] = UnitRecord{Own: OwnFile, Applied: p2Files(dd, svc, ddX, p2DropEnv), Good: p2Files(dd, svc, ddX, p2DropEnv)}
-		c.Blobs = p2Blobs(svc, p2DropEnv)
+		c.Memory.Records[dd] = UnitRecord{Own: OwnFile, Applied: p2Files(dd, svc, ddX, p2DropEnv), Good: p2Files(dd, svc, ddX, p2DropEnv)}
+		c.Memory.Blobs = p2Blobs(svc, p2DropEnv)
 		return c
 	}
 	cases := []p2Case{
@@ -541,7 +565,7 @@ func TestPlanDropInsWithoutTheirUnit(t *testing.T) {
 			entries: []Entry{entry(ddX, p2DropEnv)},
 			cur: func() Current {
 				c := installed(running)
-				c.Jobs = map[string]InFlight{dd: {Job: JobStop}}
+				c.Memory.Jobs = map[string]InFlight{dd: {Job: JobStop}}
 				return c
 			},
 			want: p2Want{kind: KindWait, own: OwnFile, reasonLike: "stop job in progress"}},
@@ -563,8 +587,8 @@ func TestPlanDropInsWithoutTheirUnit(t *testing.T) {
 		{name: "drop-in gone from a not-found unit that runs: nothing, drop the record",
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{dd: notFound(running)})
-				c.Records[dd] = UnitRecord{Own: OwnDropIns, Applied: p2Files(ddX, p2DropEnv)}
-				c.Blobs = p2Blobs(p2DropEnv)
+				c.Memory.Records[dd] = UnitRecord{Own: OwnDropIns, Applied: p2Files(ddX, p2DropEnv)}
+				c.Memory.Blobs = p2Blobs(p2DropEnv)
 				return c
 			},
 			want: p2Want{kind: KindNone, drop: true, own: OwnDropIns}},
@@ -590,9 +614,9 @@ func TestPlanDropInsWithoutTheirUnit(t *testing.T) {
 				t.Fatalf("%d actions for %s in %+v", len(got), dd, plan)
 			}
 			p2Check(t, got[0], tc.want)
-			if got[0].Job == JobStart || got[0].Job == JobRestart || got[0].Job == JobReload {
-				if st := tc.cur().Units[dd]; st.LoadState == "not-found" || tc.cur().Managed[dd] != "" {
-					t.Errorf("%s job for a unit whose file is gone", got[0].Job)
+			if got[0].Steps.Job == JobStart || got[0].Steps.Job == JobRestart || got[0].Steps.Job == JobReload {
+				if st := tc.cur().Host.Units[dd]; st.LoadState == "not-found" || tc.cur().Memory.Managed[dd] != "" {
+					t.Errorf("%s job for a unit whose file is gone", got[0].Steps.Job)
 				}
 			}
 		})

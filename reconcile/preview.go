@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 )
 
 // What a host would do with a unit, as a preview (`unit put --dry-run`,
@@ -178,7 +177,7 @@ func Preview(v HostView, put Put) []Prediction {
 
 // isRollingWait: an instance that waits for the one before it.
 func isRollingWait(a Action) bool {
-	return a.Kind == KindWait && strings.HasPrefix(a.Reason, "waiting for the rolling update")
+	return a.Kind == KindWait && a.Gate.On == WaitRolling
 }
 
 // Describe says a planned action as a preview prints it: what the host
@@ -204,21 +203,22 @@ func Describe(a Action) (do, reason string) {
 		if IsTemplate(a.Unit) {
 			return DoUpdate, "a template is installed, never started; its running instances restart onto it as listed"
 		}
-		if a.Enable && a.Disable {
+		if a.Steps.Enable && a.Steps.Disable {
 			return DoUpdate, a.Reason + " (re-enabled)"
 		}
 		return DoUpdate, a.Reason
 	case KindWait:
 		switch {
-		case strings.HasPrefix(a.Reason, "held:"):
-			return DoHeld, strings.TrimSpace(strings.TrimPrefix(a.Reason, "held:"))
+		case a.Gate.On == WaitHeld:
+			why, _ := cutHeld(a.Reason)
+			return DoHeld, why
 		case isRollingWait(a):
 			if a.Policy.OnChange == "stop-start" {
 				return DoStopStart, a.Reason
 			}
 			return DoRestart, a.Reason
 		}
-		return "wait", a.Reason
+		return string(ActionWait), a.Reason
 	case KindNone:
 		if a.Reason == "" {
 			return DoNothing, "already runs this content"
@@ -254,20 +254,20 @@ func sameContent(u string, old, next map[string]*DesiredUnit) bool {
 // for what it assumes.
 func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, halts []Halt, facts *Facts) Current {
 	cur := Current{
-		Files:     map[string]LocalFile{},
-		Managed:   map[string]string{},
-		Units:     map[string]UnitState{},
-		Records:   map[string]UnitRecord{},
-		Blobs:     map[string][]byte{},
-		Refused:   map[string]Refusal{},
-		Started:   map[string]string{},
-		Verifying: map[string]bool{},
-		Slots:     map[string]string{},
-		Halts:     map[string]Halt{},
-		Jobs:      map[string]InFlight{},
+		Host: HostFacts{Files: map[string]LocalFile{}, Units: map[string]UnitState{}},
+		Memory: Memory{
+			Managed:   map[string]string{},
+			Records:   map[string]UnitRecord{},
+			Blobs:     map[string][]byte{},
+			Refused:   map[string]Refusal{},
+			Started:   map[string]string{},
+			Verifying: map[string]bool{},
+			Jobs:      map[string]InFlight{},
+		},
+		Fleet: Fleet{Slots: map[string]string{}, Halts: map[string]Halt{}},
 	}
 	for _, h := range halts {
-		cur.Halts[h.Unit] = h
+		cur.Fleet.Halts[h.Unit] = h
 	}
 	// Files a facts-publishing host says it does not own are not its: it
 	// neither wrote them nor runs what the registry holds for them.
@@ -291,20 +291,20 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 			if h := diskHash(st, f.Path); hasStatus && h != "" && h != f.Hash {
 				// The host has not written the current content (a held
 				// rollout): its status says what the file holds.
-				cur.Files[f.Path] = LocalFile{Exists: true, Hash: h}
-				cur.Managed[f.Path] = h
+				cur.Host.Files[f.Path] = LocalFile{Exists: true, Hash: h}
+				cur.Memory.Managed[f.Path] = h
 				continue
 			}
-			cur.Files[f.Path] = LocalFile{Exists: true, Hash: f.Hash, Content: f.Content}
-			cur.Managed[f.Path] = f.Hash
-			cur.Blobs[f.Hash] = f.Content
+			cur.Host.Files[f.Path] = LocalFile{Exists: true, Hash: f.Hash, Content: f.Content}
+			cur.Memory.Managed[f.Path] = f.Hash
+			cur.Memory.Blobs[f.Hash] = f.Content
 		}
 		if d.Instance {
-			cur.Managed[name] = InstanceMarker
+			cur.Memory.Managed[name] = InstanceMarker
 		}
 	}
 	for p, uf := range unowned {
-		cur.Files[p] = LocalFile{Exists: true, Hash: uf.Hash, Err: uf.Err}
+		cur.Host.Files[p] = LocalFile{Exists: true, Hash: uf.Hash, Err: uf.Err}
 	}
 	for name, d := range old {
 		st, ok := statuses[name]
@@ -315,7 +315,7 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 		// change waits (held), was not applied to the running unit (it
 		// cannot reload, OnChange=none), or the file is another.
 		active := st.ActiveState == "active" || st.ActiveState == "reloading" || st.ActiveState == "activating"
-		other := st.PendingRestart || active && (st.Action == "held" || st.Action == KindUpdate.String() && st.Result == "failed")
+		other := st.PendingRestart || active && (st.Action == ActionHeld || st.Action == KindUpdate.Word() && st.Result == "failed")
 		differs := false
 		for _, f := range d.Files() {
 			if h := diskHash(st, f.Path); h != "" && h != f.Hash {
@@ -350,21 +350,21 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 		if len(eff) == 0 && d.Instance {
 			key = InstanceMarker
 		}
-		cur.Records[name] = UnitRecord{Applied: eff, Own: own}
-		cur.Started[name] = key
+		cur.Memory.Records[name] = UnitRecord{Applied: eff, Own: own}
+		cur.Memory.Started[name] = key
 		if st.Verifying {
-			cur.Verifying[name] = true
+			cur.Memory.Verifying[name] = true
 		}
 		if j := jobNamed(st.Job); j != JobNone {
-			cur.Jobs[name] = InFlight{Job: j, ContentKey: key}
+			cur.Memory.Jobs[name] = InFlight{Job: j, ContentKey: key}
 		}
 	}
 	if facts != nil {
-		maps.Copy(cur.Refused, facts.Refused)
+		maps.Copy(cur.Memory.Refused, facts.Refused)
 		for u, f := range facts.Failed {
-			rec := cur.Records[u]
+			rec := cur.Memory.Records[u]
 			rec.Failed, rec.FailReason = f.ContentKey, f.Reason
-			cur.Records[u] = rec
+			cur.Memory.Records[u] = rec
 		}
 	}
 	names := map[string]bool{}
@@ -373,22 +373,22 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 	}
 	for n := range next {
 		names[n] = true
-		cur.Slots[SlotKey(n)] = "preview" // shown as it will run once it has its slot
+		cur.Fleet.Slots[SlotKey(n)] = "preview" // shown as it will run once it has its slot
 	}
 	for n := range names {
 		st, ok := statuses[n]
 		switch {
 		case IsTemplate(n):
-			cur.Units[n] = UnitState{LoadState: "template", ActiveState: "inactive", SubState: "template"}
+			cur.Host.Units[n] = UnitState{LoadState: "template", ActiveState: "inactive", SubState: "template"}
 		case ok:
 			load := st.LoadState
 			if load == "" {
 				load = "loaded"
 			}
-			cur.Units[n] = UnitState{LoadState: load, ActiveState: st.ActiveState,
+			cur.Host.Units[n] = UnitState{LoadState: load, ActiveState: st.ActiveState,
 				SubState: st.SubState, Result: st.UnitResult, MainPID: st.MainPID, Ran: true}
 		default:
-			cur.Units[n] = UnitState{LoadState: "not-found", ActiveState: "inactive", SubState: "dead"}
+			cur.Host.Units[n] = UnitState{LoadState: "not-found", ActiveState: "inactive", SubState: "dead"}
 		}
 	}
 	return cur

@@ -63,10 +63,10 @@ func recordEqual(x, y UnitRecord) bool {
 }
 
 func (a *Agent) record(act Action, result string, err error) {
-	a.recordAs(act, act.Kind.String(), result, err)
+	a.recordAs(act, act.Kind.Word(), result, err)
 }
 
-func (a *Agent) recordAs(act Action, action, result string, err error) {
+func (a *Agent) recordAs(act Action, action ActionWord, result string, err error) {
 	o := outcome{action: action, result: result, contentKey: act.ContentKey}
 	if err != nil {
 		o.err = err.Error()
@@ -95,14 +95,14 @@ func (a *Agent) recordAs(act Action, action, result string, err error) {
 	switch {
 	case err != nil && result == "blocked":
 		log.Warn(msg("not applied", errText), "err", err)
-	case action == "rolled-back":
+	case action == ActionRolledBack:
 		log.Error(msg("change rolled back", errText), "err", err)
-	case action == "rolling-back":
+	case action == ActionRollingBack:
 		log.Error(msg("change failed, rolling back", errText), "err", err)
 	case result == "unknown":
-		log.Warn(msg(action+": outcome unknown", errText), "err", err)
+		log.Warn(msg(string(action)+": outcome unknown", errText), "err", err)
 	case err != nil:
-		log.Error(msg(action+" failed", errText), "err", err)
+		log.Error(msg(string(action)+" failed", errText), "err", err)
 	default:
 		log.Info(msg(actionMessage(act), act.Reason))
 	}
@@ -117,7 +117,7 @@ func actionMessage(act Action) string {
 	case KindReload:
 		return "replaced unit file, reloaded in place"
 	case KindStopStart:
-		if act.Job == JobStop {
+		if act.Steps.Job == JobStop {
 			return "stopped with the old definition; the new version is written and started next"
 		}
 		return "started the new version (stopped with the old definition before)"
@@ -126,11 +126,11 @@ func actionMessage(act Action) string {
 	case KindUpdate:
 		return "replaced unit file (daemon-reload only)"
 	case KindNone:
-		if act.Ran {
+		if act.Record.Ran {
 			return "recorded as running the new version, not restarted again"
 		}
 	case KindRemove:
-		if act.Job == JobStop {
+		if act.Steps.Job == JobStop {
 			return "stopped unit (removed from the registry)"
 		}
 		return "removed unit"
@@ -142,12 +142,12 @@ func actionMessage(act Action) string {
 // else that of the first file it writes or runs.
 func actionHash(act Action) string {
 	switch {
-	case act.Effective[act.Unit] != "":
-		return act.Effective[act.Unit]
-	case len(act.Writes) > 0:
-		return act.Writes[0].Hash
+	case act.Record.Effective[act.Unit] != "":
+		return act.Record.Effective[act.Unit]
+	case len(act.Steps.Writes) > 0:
+		return act.Steps.Writes[0].Hash
 	case act.Hash != "":
 		return act.Hash
 	}
-	return headHash(act.Unit, act.Effective)
+	return headHash(act.Unit, act.Record.Effective)
 }

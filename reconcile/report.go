@@ -177,7 +177,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		}
 	}
 	if j, ok := a.jobs.inflight[name]; ok {
-		s.Job = j.act.Job.String()
+		s.Job = j.act.Steps.Job.String()
 	}
 	if IsInstance(name) {
 		s.RunsHash = a.mem.records[name].Applied[TemplateOf(name)]
@@ -190,27 +190,27 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		if o.err != "" && (d == nil || o.contentKey == act.ContentKey || o.contentKey == ContentKey(d)) && o.result != "done" {
 			s.Error = o.err
 		}
-		if o.action == "rolled-back" && o.contentKey == act.ContentKey {
+		if o.action == ActionRolledBack && o.contentKey == act.ContentKey {
 			s.Error = o.err
 		}
 	}
 	if j, ok := a.jobs.inflight[name]; ok {
-		s.Action, s.Result = j.act.Kind.String(), "running"
+		s.Action, s.Result = j.act.Kind.Word(), "running"
 		if j.act.Kind == KindRollback {
-			s.Action = "rolling-back" // rolled back once the job is done
+			s.Action = ActionRollingBack // rolled back once the job is done
 		}
 	} else if act.Kind == KindWait {
-		s.Action, s.Result = "wait", "waiting"
-		if act.NeedSlot {
-			s.Action = "wait-slot"
-		}
-		if act.Err != "" {
-			s.Action, s.Error = "held", act.Err
+		s.Action, s.Result = ActionWait, "waiting"
+		switch act.Gate.On {
+		case WaitSlot:
+			s.Action = ActionWaitSlot
+		case WaitHeld:
+			s.Action, s.Error = ActionHeld, act.Err
 		}
 	}
 	if act.Kind == KindBlocked {
-		if o, ok := a.mem.last[name]; !ok || o.action != "rolled-back" {
-			s.Action, s.Result = KindBlocked.String(), "blocked"
+		if o, ok := a.mem.last[name]; !ok || o.action != ActionRolledBack {
+			s.Action, s.Result = ActionBlocked, "blocked"
 		}
 		s.Error = act.Err
 	}

@@ -153,10 +153,14 @@ func TestDesireBlocksBadSyntax(t *testing.T) {
 	// a.service runs the unit file alone; the drop-in must not reach it.
 	running := UnitState{LoadState: "loaded", ActiveState: "active", SubState: "running", MainPID: 42}
 	cur := Current{
-		Files:   map[string]LocalFile{"a.service": {Exists: true, Hash: Hash(good), Content: good}},
-		Managed: map[string]string{"a.service": Hash(good)},
-		Units:   map[string]UnitState{"a.service": running},
-		Records: map[string]UnitRecord{"a.service": {Applied: map[string]string{"a.service": Hash(good)}}},
+		Host: HostFacts{
+			Files: map[string]LocalFile{"a.service": {Exists: true, Hash: Hash(good), Content: good}},
+			Units: map[string]UnitState{"a.service": running},
+		},
+		Memory: Memory{
+			Managed: map[string]string{"a.service": Hash(good)},
+			Records: map[string]UnitRecord{"a.service": {Applied: map[string]string{"a.service": Hash(good)}}},
+		},
 	}
 	seen := 0
 	for _, act := range Plan(units, cur) {
@@ -164,7 +168,7 @@ func TestDesireBlocksBadSyntax(t *testing.T) {
 			continue
 		}
 		seen++
-		if act.Kind != KindBlocked || len(act.Writes) > 0 || len(act.Removes) > 0 || act.Job != JobNone || !strings.Contains(act.Err, "line") {
+		if act.Kind != KindBlocked || len(act.Steps.Writes) > 0 || len(act.Steps.Removes) > 0 || act.Steps.Job != JobNone || !strings.Contains(act.Err, "line") {
 			t.Errorf("%s: %+v, want blocked with the line in its error, nothing written or started", act.Unit, act)
 		}
 	}

@@ -3,7 +3,6 @@ package reconcile
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"slices"
 	"time"
@@ -12,7 +11,7 @@ import (
 // window is a unit after a job, until Health gives a verdict.
 type window struct {
 	act     Action
-	op      string // the action that started it, for messages
+	op      Kind // the action that started it, for messages
 	outcome JobOutcome
 	jobErr  string
 	base    UnitState
@@ -38,10 +37,10 @@ func (a *Agent) nextHealthDeadline() (time.Time, bool) {
 // good at once.
 func (a *Agent) begin(ctx context.Context, act Action, outcome JobOutcome, jobErr string, base UnitState, ended time.Time) {
 	if act.Policy.State != StateStarted || (act.Policy.Healthy == 0 && outcome == JobDone) {
-		a.markGood(act.Unit, act.Effective)
+		a.markGood(act.Unit, act.Record.Effective)
 		return
 	}
-	a.verify[act.Unit] = &window{act: act, op: act.Kind.String(), outcome: outcome, jobErr: jobErr, base: base, ended: ended}
+	a.verify[act.Unit] = &window{act: act, op: act.Kind, outcome: outcome, jobErr: jobErr, base: base, ended: ended}
 }
 
 // judge ends the HealthySec windows Health has a verdict for: healthy units
@@ -51,12 +50,12 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 	now := time.Now()
 	for _, u := range slices.Sorted(maps.Keys(a.verify)) {
 		w := a.verify[u]
-		st, ok := cur.Units[u]
+		st, ok := cur.Host.Units[u]
 		if !ok {
 			continue
 		}
 		v, why := Health(HealthInput{
-			Unit: u, Healthy: w.act.Policy.Healthy, Op: w.op, Job: w.outcome, JobErr: w.jobErr,
+			Unit: u, Healthy: w.act.Policy.Healthy, Op: w.op.String(), Job: w.outcome, JobErr: w.jobErr,
 			Base: w.base, Now: st, Elapsed: now.Sub(w.ended),
 		})
 		switch v {
@@ -64,11 +63,11 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 			continue
 		case VerdictHealthy:
 			delete(a.verify, u)
-			a.markGood(u, w.act.Effective)
+			a.markGood(u, w.act.Record.Effective)
 			a.log.Info(u+": healthy — "+why, "unit", u, "healthy_sec", w.act.Policy.Healthy.Seconds(), "action", "healthy")
 		case VerdictUnknown:
 			delete(a.verify, u)
-			a.recordAs(w.act, w.op, "unknown", errors.New(why))
+			a.recordAs(w.act, w.op.Word(), "unknown", errors.New(why))
 		case VerdictUnhealthy:
 			delete(a.verify, u)
 			a.fail(ctx, w, why)
@@ -82,19 +81,19 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 func (a *Agent) fail(ctx context.Context, w *window, reason string) {
 	u := w.act.Unit
 	rec := a.mem.records[u]
-	rec.Failed, rec.FailReason, rec.FailedOp = w.act.ContentKey, reason, w.op
+	rec.Failed, rec.FailReason, rec.FailedOp = w.act.ContentKey, reason, w.op.String()
 	a.mem.records[u] = rec
 	// The halt is written now; the slot is given back at the end of the
 	// pass (SlotsNeeded), after it.
 	a.halt(ctx, SlotKey(u), w.act.Scope, w.act.Hash, reason)
-	if w.act.TemplateKey != "" {
+	if w.act.Record.TemplateKey != "" {
 		// The template's new content is what failed: hold it too, so the
 		// other instances are not moved onto it.
 		// What ran before is the template set the other instances stay on
 		// (or are restarted back onto, if they had moved).
 		t := TemplateOf(u)
 		tr := a.mem.records[t]
-		tr.Failed, tr.FailReason = w.act.TemplateKey, reason
+		tr.Failed, tr.FailReason = w.act.Record.TemplateKey, reason
 		old := map[string]string{}
 		for p, h := range rec.Previous {
 			if UnitOfPath(p) == t {
@@ -109,12 +108,12 @@ func (a *Agent) fail(ctx context.Context, w *window, reason string) {
 	}
 	switch {
 	case !w.act.Policy.Rollback:
-		a.recordAs(w.act, w.op, "failed", errors.New(reason+"; Rollback=no: left as it is"))
+		a.recordAs(w.act, w.op.Word(), "failed", errors.New(reason+"; Rollback=no: left as it is"))
 	case len(rec.Previous) == 0 || KeyOf(rec.Previous) == rec.Failed:
-		a.recordAs(w.act, w.op, "failed", errors.New(reason+"; no earlier version to roll back to"))
+		a.recordAs(w.act, w.op.Word(), "failed", errors.New(reason+"; no earlier version to roll back to"))
 	default:
 		// Not final: the next round of this pass rolls it back.
-		a.recordAs(w.act, "rolling-back", "pending", errors.New(reason))
+		a.recordAs(w.act, ActionRollingBack, "pending", errors.New(reason))
 	}
 }
 
@@ -131,9 +130,9 @@ func (a *Agent) markGood(u string, effective map[string]string) {
 func (a *Agent) resumeVerification(plan []Action, cur Current) {
 	for _, act := range plan {
 		rec := a.mem.records[act.Unit]
-		if act.Kind != KindNone || act.Effective == nil || act.Policy.State != StateStarted || act.Policy.Healthy == 0 ||
+		if act.Kind != KindNone || act.Record.Effective == nil || act.Policy.State != StateStarted || act.Policy.Healthy == 0 ||
 			len(rec.Applied) == 0 || KeyOf(rec.Applied) != act.ContentKey || KeyOf(rec.Good) == act.ContentKey ||
-			!cur.Units[act.Unit].Active() {
+			!cur.Host.Units[act.Unit].Active() {
 			continue
 		}
 		if _, verifying := a.verify[act.Unit]; verifying {
@@ -141,6 +140,6 @@ func (a *Agent) resumeVerification(plan []Action, cur Current) {
 		}
 		a.log.Info(act.Unit+": resuming the health check of a version not yet judged healthy", "unit", act.Unit, "healthy_sec", act.Policy.Healthy.Seconds())
 		act.Kind = KindRestart // what put it there, as far as messages go
-		a.verify[act.Unit] = &window{act: act, op: fmt.Sprint(act.Kind), outcome: JobDone, base: cur.Units[act.Unit], ended: time.Now()}
+		a.verify[act.Unit] = &window{act: act, op: act.Kind, outcome: JobDone, base: cur.Host.Units[act.Unit], ended: time.Now()}
 	}
 }

@@ -75,7 +75,7 @@ func TestRmOfAUnitWhoseDropInStays(t *testing.T) {
 	if got, ok := e.readLocal(ddX); !ok || got != drop {
 		t.Errorf("the drop-in on disk: %q, %v; want it kept", got, ok)
 	}
-	if s, ok := e.status(dd); ok && (s.Error != "" || strings.Contains(s.Action, "rollback") || strings.Contains(s.Action, "rolled")) {
+	if s, ok := e.status(dd); ok && (s.Error != "" || strings.Contains(string(s.Action), "rollback") || strings.Contains(string(s.Action), "rolled")) {
 		t.Errorf("status of dd.service: %+v; want no error, no rollback", s)
 	}
 	for _, bad := range []string{"not found", "rolling back", "rolled-back"} {

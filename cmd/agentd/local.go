@@ -48,7 +48,7 @@ func newStatusCmd() *cobra.Command {
 			fmt.Fprintln(tw, "UNIT\tREGISTRY\tLOCAL\tSTATE\tLAST ACTION\tRESULT\tERROR")
 			for _, s := range r.Units {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%s\t%s\t%s\t%s\n", s.Unit, orDash(short(s.DesiredHash)), orDash(short(s.Hash)),
-					orDash(s.ActiveState), orDash(s.SubState), orDash(s.Action), orDash(s.Result), s.Error)
+					orDash(s.ActiveState), orDash(s.SubState), orDash(string(s.Action)), orDash(s.Result), s.Error)
 			}
 			return tw.Flush()
 		},

@@ -134,28 +134,24 @@ func dryRunPut(cmd *cobra.Command, ef *etcdFlags, tg registry.Target, units map[
 	if wait {
 		return withCode(exitUsage, errors.New("unit put: --dry-run stores nothing, so there is nothing to --wait for"))
 	}
-	ctx := cmd.Context()
-	reg, err := ef.dial(ctx)
-	if err != nil {
-		return err
-	}
-	defer reg.Close()
-	// What the registry would refuse, the dry run refuses too.
-	if err := reg.CheckPut(ctx, tg, units, writeOptions(cmd)...); err != nil {
-		return writeError(err)
-	}
-	fp, err := previewFleet(ctx, reg, tg, units)
-	if err != nil {
-		return err
-	}
-	out := cmd.OutOrStdout()
-	if err := printPredictions(out, fp, asJSON); err != nil {
-		return err
-	}
-	if !asJSON {
-		fmt.Fprintln(out, "dry run: nothing stored")
-	}
-	return nil
+	return withRegistry(cmd, ef, func(ctx context.Context, reg *registry.Client) error {
+		// What the registry would refuse, the dry run refuses too.
+		if err := reg.CheckPut(ctx, tg, units, writeOptions(cmd)...); err != nil {
+			return writeError(err)
+		}
+		fp, err := previewFleet(ctx, reg, tg, units)
+		if err != nil {
+			return err
+		}
+		out := cmd.OutOrStdout()
+		if err := printPredictions(out, fp, asJSON); err != nil {
+			return err
+		}
+		if !asJSON {
+			fmt.Fprintln(out, "dry run: nothing stored")
+		}
+		return nil
+	})
 }
 
 // warnRefusals is what a put without --wait says on stderr about the hosts

@@ -60,16 +60,19 @@ func runEditor(ctx context.Context, path string) error {
 	return nil
 }
 
+// editOptions are the flags of `unit edit`.
+type editOptions struct {
+	ef              etcdFlags
+	tf              targetFlags
+	yes             bool
+	noWait          bool
+	timeout         time.Duration
+	skipUnreachable bool
+	asJSON          bool
+}
+
 func newUnitEditCmd() *cobra.Command {
-	var (
-		ef              etcdFlags
-		tf              targetFlags
-		yes             bool
-		noWait          bool
-		timeout         time.Duration
-		skipUnreachable bool
-		asJSON          bool
-	)
+	o := &editOptions{}
 	cmd := &cobra.Command{
 		Use:   "edit UNIT (--host H | --group G) [--yes] [--no-wait]",
 		Short: "Edit a unit file in the registry with $EDITOR, see what each host would do, store it",
@@ -83,7 +86,7 @@ meantime nothing is stored (exit 1). Then it waits like put --wait (--no-wait
 returns at once).`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			tg, err := tf.target()
+			tg, err := o.tf.target()
 			if err != nil {
 				return err
 			}
@@ -91,112 +94,168 @@ returns at once).`,
 			if _, _, err := reconcile.ParseKey(key); err != nil {
 				return withCode(exitUsage, fmt.Errorf("unit edit %s: %w", key, err))
 			}
-			ctx := cmd.Context()
-			out := cmd.OutOrStdout()
-			reg, err := ef.dial(ctx)
-			if err != nil {
-				return err
-			}
-			defer reg.Close()
-			old, rev, err := reg.GetRevision(ctx, tg, key)
-			if errors.Is(err, registry.ErrNotFound) {
-				return fmt.Errorf("unit edit: %s/units/%s is not in the registry (store it first with agentd unit put)", tg, key)
-			}
-			if err != nil {
-				return err
-			}
-			if len(old) == 0 {
-				return withCode(exitUsage, fmt.Errorf("unit edit: %s/units/%s is an instance key: it has no content to edit (edit its template)", tg, key))
-			}
-			dir, err := os.MkdirTemp("", "agentd-edit-")
-			if err != nil {
-				return fmt.Errorf("unit edit: %w", err)
-			}
-			keep := false
-			defer func() {
-				if !keep {
-					os.RemoveAll(dir)
-				}
-			}()
-			path := filepath.Join(dir, filepath.Base(key))
-			if err := os.WriteFile(path, old, 0o600); err != nil {
-				return fmt.Errorf("unit edit: %w", err)
-			}
-			if err := runEditor(ctx, path); err != nil {
-				return fmt.Errorf("unit edit %s: %w; nothing stored", key, err)
-			}
-			edited, err := os.ReadFile(path)
-			if err != nil {
-				return fmt.Errorf("unit edit: %w; nothing stored", err)
-			}
-			if bytes.Equal(edited, old) {
-				say(out, asJSON, map[string]any{"event": "unchanged", "key": tg.String() + "/units/" + key, "revision": rev},
-					"%s/units/%s: no change; nothing stored\n", tg, key)
-				return nil
-			}
-			if err := validateValue(key, edited); err != nil {
-				keep = true
-				return withCode(exitUsage, fmt.Errorf("unit edit %s: %w; nothing stored (your edit is kept in %s)", key, err, path))
-			}
-			units := map[string][]byte{key: edited}
-			name := tg.String() + "/units/" + key
-			diff := control.UnifiedDiff(fmt.Sprintf("%s (revision %d)", name, rev), name+" (edited)", string(old), string(edited))
-			preds, err := previewFleet(ctx, reg, tg, units)
-			if err != nil {
-				keep = true
-				return fmt.Errorf("unit edit %s: %w; nothing stored (your edit is kept in %s)", key, err, path)
-			}
-			if asJSON {
-				writeJSONLine(out, map[string]any{"event": "diff", "key": name, "revision": rev, "diff": diff})
-				for _, p := range preds.Predictions {
-					writeJSONLine(out, map[string]any{"event": "preview", "host": p.Host, "unit": p.Unit, "do": p.Do, "reason": p.Reason})
-				}
-			} else {
-				fmt.Fprint(out, diff)
-				if err := printPredictions(out, preds, false); err != nil {
-					return err
-				}
-			}
-			if !yes {
-				fmt.Fprint(cmd.ErrOrStderr(), "store? [y/N] ")
-				line, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
-				if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
-					keep = true
-					return fmt.Errorf("unit edit %s: not confirmed; nothing stored (your edit is kept in %s)", key, path)
-				}
-			}
-			newRev, err := reg.Put(ctx, tg, units, append(writeOptions(cmd), registry.IfModRevision(key, rev))...)
-			var ce *registry.ConflictError
-			if errors.As(err, &ce) {
-				keep = true
-				if ce.Got == 0 {
-					return fmt.Errorf("unit edit %s: removed by someone else since you opened it (revision %d); nothing stored (your edit is kept in %s)", key, ce.Want, path)
-				}
-				return fmt.Errorf("unit edit %s: changed by someone else since you opened it (revision %d → %d); nothing stored (your edit is kept in %s; agentd unit cat shows the new content)",
-					key, ce.Want, ce.Got, path)
-			}
-			if err != nil {
-				keep = true
-				return writeError(fmt.Errorf("unit edit %s: %w (your edit is kept in %s)", key, err, path))
-			}
-			h := reconcile.Hash(edited)
-			say(out, asJSON, map[string]any{"event": "stored", "key": name, "hash": h, "revision": newRev},
-				"stored %s (hash %s, revision %d)\n", name, short(h), newRev)
-			if noWait {
-				return nil
-			}
-			return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: newRev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
+			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
+				return o.edit(ctx, cmd, reg, tg, key)
+			})
 		},
 	}
-	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
-	tf.bind(cmd)
-	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "store without asking")
-	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once stored, without waiting for the hosts")
-	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
-	bindSkipUnreachable(cmd, &skipUnreachable)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	o.ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
+	o.tf.bind(cmd)
+	cmd.Flags().BoolVarP(&o.yes, "yes", "y", false, "store without asking")
+	cmd.Flags().BoolVar(&o.noWait, "no-wait", false, "return once stored, without waiting for the hosts")
+	cmd.Flags().DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
+	bindSkipUnreachable(cmd, &o.skipUnreachable)
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	bindKeep(cmd)
 	return cmd
+}
+
+// edit is `unit edit` once the registry is dialled: read the key, edit a
+// copy, check it, show what it would do, ask, store it at the revision it
+// was read at, and wait.
+func (o *editOptions) edit(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, key string) error {
+	out := cmd.OutOrStdout()
+	old, rev, err := readForEdit(ctx, reg, tg, key)
+	if err != nil {
+		return err
+	}
+	tmp, err := newEditFile(key, old)
+	if err != nil {
+		return fmt.Errorf("unit edit: %w", err)
+	}
+	defer tmp.close()
+	if err := runEditor(ctx, tmp.path); err != nil {
+		return fmt.Errorf("unit edit %s: %w; nothing stored", key, err)
+	}
+	edited, err := os.ReadFile(tmp.path)
+	if err != nil {
+		return fmt.Errorf("unit edit: %w; nothing stored", err)
+	}
+	name := tg.String() + "/units/" + key
+	if bytes.Equal(edited, old) {
+		say(out, o.asJSON, map[string]any{"event": "unchanged", "key": name, "revision": rev},
+			"%s/units/%s: no change; nothing stored\n", tg, key)
+		return nil
+	}
+	if err := validateValue(key, edited); err != nil {
+		tmp.keep = true
+		return withCode(exitUsage, fmt.Errorf("unit edit %s: %w; nothing stored (your edit is kept in %s)", key, err, tmp.path))
+	}
+	units := map[string][]byte{key: edited}
+	if err := o.show(ctx, out, reg, tg, key, rev, old, units, tmp); err != nil {
+		return err
+	}
+	if !o.yes && !confirmed(cmd) {
+		tmp.keep = true
+		return fmt.Errorf("unit edit %s: not confirmed; nothing stored (your edit is kept in %s)", key, tmp.path)
+	}
+	newRev, err := storeEdit(ctx, cmd, reg, tg, key, rev, units, tmp)
+	if err != nil {
+		return err
+	}
+	h := reconcile.Hash(edited)
+	say(out, o.asJSON, map[string]any{"event": "stored", "key": name, "hash": h, "revision": newRev},
+		"stored %s (hash %s, revision %d)\n", name, short(h), newRev)
+	if o.noWait {
+		return nil
+	}
+	return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: newRev, timeout: o.timeout, json: o.asJSON, skipUnreachable: o.skipUnreachable}, out)
+}
+
+// readForEdit reads key's content and the revision it was read at. A key
+// not in the registry, or an instance key (it has no content), cannot be
+// edited.
+func readForEdit(ctx context.Context, reg *registry.Client, tg registry.Target, key string) ([]byte, int64, error) {
+	old, rev, err := reg.GetRevision(ctx, tg, key)
+	if errors.Is(err, registry.ErrNotFound) {
+		return nil, 0, fmt.Errorf("unit edit: %s/units/%s is not in the registry (store it first with agentd unit put)", tg, key)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(old) == 0 {
+		return nil, 0, withCode(exitUsage, fmt.Errorf("unit edit: %s/units/%s is an instance key: it has no content to edit (edit its template)", tg, key))
+	}
+	return old, rev, nil
+}
+
+// editFile is the temporary copy of the key under edit. close removes it
+// unless keep is set: a failure once the edit is made keeps it, so the
+// user's work is not lost.
+type editFile struct {
+	dir, path string
+	keep      bool
+}
+
+func newEditFile(key string, content []byte) (*editFile, error) {
+	dir, err := os.MkdirTemp("", "agentd-edit-")
+	if err != nil {
+		return nil, err
+	}
+	f := &editFile{dir: dir, path: filepath.Join(dir, filepath.Base(key))}
+	if err := os.WriteFile(f.path, content, 0o600); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *editFile) close() {
+	if !f.keep {
+		os.RemoveAll(f.dir)
+	}
+}
+
+// show prints the diff of the edit (read at rev) and what each live host
+// would do with units; a preview that fails keeps the edit.
+func (o *editOptions) show(ctx context.Context, out io.Writer, reg *registry.Client, tg registry.Target, key string, rev int64,
+	old []byte, units map[string][]byte, tmp *editFile) error {
+	name := tg.String() + "/units/" + key
+	diff := control.UnifiedDiff(fmt.Sprintf("%s (revision %d)", name, rev), name+" (edited)", string(old), string(units[key]))
+	preds, err := previewFleet(ctx, reg, tg, units)
+	if err != nil {
+		tmp.keep = true
+		return fmt.Errorf("unit edit %s: %w; nothing stored (your edit is kept in %s)", key, err, tmp.path)
+	}
+	if o.asJSON {
+		writeJSONLine(out, map[string]any{"event": "diff", "key": name, "revision": rev, "diff": diff})
+		for _, p := range preds.Predictions {
+			writeJSONLine(out, map[string]any{"event": "preview", "host": p.Host, "unit": p.Unit, "do": p.Do, "reason": p.Reason})
+		}
+		return nil
+	}
+	fmt.Fprint(out, diff)
+	return printPredictions(out, preds, false)
+}
+
+// confirmed asks "store? [y/N]" on cmd's stderr and reads the answer from
+// its stdin.
+func confirmed(cmd *cobra.Command) bool {
+	fmt.Fprint(cmd.ErrOrStderr(), "store? [y/N] ")
+	line, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+	a := strings.ToLower(strings.TrimSpace(line))
+	return a == "y" || a == "yes"
+}
+
+// storeEdit stores units if key is still at rev, the revision it was read
+// at, and returns the revision of the write; a failure keeps the edit.
+func storeEdit(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, key string, rev int64,
+	units map[string][]byte, tmp *editFile) (int64, error) {
+	newRev, err := reg.Put(ctx, tg, units, append(writeOptions(cmd), registry.IfModRevision(key, rev))...)
+	var ce *registry.ConflictError
+	if errors.As(err, &ce) {
+		tmp.keep = true
+		if ce.Got == 0 {
+			return 0, fmt.Errorf("unit edit %s: removed by someone else since you opened it (revision %d); nothing stored (your edit is kept in %s)", key, ce.Want, tmp.path)
+		}
+		return 0, fmt.Errorf("unit edit %s: changed by someone else since you opened it (revision %d → %d); nothing stored (your edit is kept in %s; agentd unit cat shows the new content)",
+			key, ce.Want, ce.Got, tmp.path)
+	}
+	if err != nil {
+		tmp.keep = true
+		return 0, writeError(fmt.Errorf("unit edit %s: %w (your edit is kept in %s)", key, err, tmp.path))
+	}
+	return newRev, nil
 }
 
 func say(out io.Writer, asJSON bool, v any, format string, args ...any) {

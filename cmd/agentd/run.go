@@ -255,107 +255,182 @@ func newLogger(level string, out io.Writer) (*slog.Logger, error) {
 	return logging.New(l, out), nil
 }
 
+// runAgent is `agentd run`: it wires the agent (agentRun holds the parts) and
+// runs it until ctx is done or a part fails. Every part it opens is closed
+// before it returns, in the reverse order.
 func runAgent(ctx context.Context, o *runOptions) error {
-	if err := o.defaults(); err != nil {
-		return err
-	}
-	log, err := newLogger(o.logLevel, o.logOut)
+	r, err := newAgentRun(o)
 	if err != nil {
 		return err
 	}
-	log = log.With("host", o.host)
-	svc := newService(log)
-	met := metrics.New(version)
-	var metricsLn net.Listener
-	if o.metricsAddr != "" {
-		if metricsLn, err = net.Listen("tcp", o.metricsAddr); err != nil {
-			return fmt.Errorf("--metrics-addr: %w", err)
-		}
-		defer metricsLn.Close()
+	if r.metricsLn != nil {
+		defer r.metricsLn.Close()
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-
-	endpoints := o.etcd.endpoints
-	var ecfg *registry.EmbedConfig
-	if len(endpoints) == 0 {
-		c, err := o.embedConfig()
-		if err != nil {
-			return err
-		}
-		ecfg, endpoints = &c, []string{c.ClientURL}
-	}
-	// Bad TLS or password settings fail here, once, rather than in the
-	// registry retry loop below.
-	if err := o.etcd.config(endpoints).Validate(); err != nil {
-		return withCode(exitUsage, err)
-	}
-	if _, err := o.etcd.config(endpoints).Security(); err != nil {
+	emb, err := r.startEtcd(ctx)
+	if err != nil {
 		return err
 	}
-	if ecfg != nil {
-		ecfg.Logger = log
-		if o.embedPeer != "" {
-			log.Warn("--embedded-peer-listen is ignored: the embedded etcd has no peer listener", "value", o.embedPeer)
-		}
-		svc.setStatus("starting the embedded etcd")
-		// The state directory is private (0700) before etcd puts its data there.
-		if err := unitdir.MkdirPrivate(o.stateDir); err != nil {
-			return err
-		}
-		emb, err := registry.StartEmbedded(ctx, *ecfg)
-		if err != nil {
-			return fmt.Errorf("embedded etcd: %w", err)
-		}
+	if emb != nil {
 		defer emb.Close()
-		endpoints = []string{emb.Endpoint()}
-		log.Info("embedded etcd running", "endpoint", emb.Endpoint(), "tls_endpoint", emb.TLSEndpoint(), "dir", ecfg.Dir)
 	}
+	defer r.closeLocal()
+	if err := r.openLocal(ctx); err != nil {
+		return err
+	}
+	quiet := newQuietSpell(o.ownProcess && emb == nil)
+	defer quiet.Stop()
+	r.newAgent(quiet)
+	return r.run(ctx, cancel)
+}
 
-	svc.setStatus("connecting to systemd")
+// agentRun is what runAgent wires together for one `agentd run`, in the
+// order it is built: the flags, logger, notify service and metrics
+// (newAgentRun); the etcd it joins (startEtcd); the machine's systemd, unit
+// directory, manifest and saved snapshot (openLocal); the agent (newAgent).
+type agentRun struct {
+	o         *runOptions
+	log       *slog.Logger
+	svc       *service
+	met       *metrics.Metrics
+	metricsLn net.Listener // nil without --metrics-addr
+	endpoints []string     // of the etcd the agent joins
+
+	sd       *systemd.Manager
+	files    *unitdir.Dir
+	manifest *unitdir.Manifest
+	lkg      *lastKnownGood
+
+	reporter *sessionReporter
+	agent    *reconcile.Agent
+}
+
+// newAgentRun checks the flags and fills their defaults, then makes the
+// logger, the notify service and the metrics, and listens on
+// --metrics-addr.
+func newAgentRun(o *runOptions) (*agentRun, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	log, err := newLogger(o.logLevel, o.logOut)
+	if err != nil {
+		return nil, err
+	}
+	log = log.With("host", o.host)
+	r := &agentRun{o: o, log: log, svc: newService(log), met: metrics.New(version)}
+	if o.metricsAddr != "" {
+		if r.metricsLn, err = net.Listen("tcp", o.metricsAddr); err != nil {
+			return nil, fmt.Errorf("--metrics-addr: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// startEtcd settles the etcd the agent joins: --etcd-endpoints, or else an
+// embedded etcd it starts in the state directory (returned, for the caller
+// to close; nil with --etcd-endpoints). Bad TLS or password settings fail
+// here, once, rather than in the registry retry loop.
+func (r *agentRun) startEtcd(ctx context.Context) (*registry.Embedded, error) {
+	o, log := r.o, r.log
+	r.endpoints = o.etcd.endpoints
+	var ecfg *registry.EmbedConfig
+	if len(r.endpoints) == 0 {
+		c, err := o.embedConfig()
+		if err != nil {
+			return nil, err
+		}
+		ecfg, r.endpoints = &c, []string{c.ClientURL}
+	}
+	if err := o.etcd.config(r.endpoints).Validate(); err != nil {
+		return nil, withCode(exitUsage, err)
+	}
+	if _, err := o.etcd.config(r.endpoints).Security(); err != nil {
+		return nil, err
+	}
+	if ecfg == nil {
+		return nil, nil
+	}
+	ecfg.Logger = log
+	if o.embedPeer != "" {
+		log.Warn("--embedded-peer-listen is ignored: the embedded etcd has no peer listener", "value", o.embedPeer)
+	}
+	r.svc.setStatus("starting the embedded etcd")
+	// The state directory is private (0700) before etcd puts its data there.
+	if err := unitdir.MkdirPrivate(o.stateDir); err != nil {
+		return nil, err
+	}
+	emb, err := registry.StartEmbedded(ctx, *ecfg)
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd: %w", err)
+	}
+	r.endpoints = []string{emb.Endpoint()}
+	log.Info("embedded etcd running", "endpoint", emb.Endpoint(), "tls_endpoint", emb.TLSEndpoint(), "dir", ecfg.Dir)
+	return emb, nil
+}
+
+// openLocal opens what the agent manages on this machine: the systemd
+// connection, the unit directory (removing the temp files an interrupted
+// write left), the ownership manifest and the last-known-good snapshot.
+// closeLocal closes what it opened, also after a failure.
+func (r *agentRun) openLocal(ctx context.Context) error {
+	o, log := r.o, r.log
+	r.svc.setStatus("connecting to systemd")
 	sd, err := systemd.Open(ctx, o.dialSystemd, log)
 	if err != nil {
 		return fmt.Errorf("connect to systemd: %w", err)
 	}
-	defer sd.Close()
-	met.SetSystemdConnected(true)
-	files, err := unitdir.Open(o.unitDir)
-	if err != nil {
+	r.sd = sd
+	r.met.SetSystemdConnected(true)
+	if r.files, err = unitdir.Open(o.unitDir); err != nil {
 		return err
 	}
-	defer files.Close()
-	removed, err := files.CleanTemps()
+	removed, err := r.files.CleanTemps()
 	for _, p := range removed {
 		log.Info("removed a temp file left by an interrupted write", "path", p)
 	}
 	if err != nil {
 		log.Warn("could not remove every temp file left by an interrupted write", "err", err)
 	}
-	manifest, err := unitdir.OpenManifest(o.stateDir)
-	if err != nil {
+	if r.manifest, err = unitdir.OpenManifest(o.stateDir); err != nil {
 		return err
 	}
-	defer manifest.Close()
-	lkg, err := openLastKnownGood(o.stateDir, o.host, o.etcd.prefix, o.groups, log)
-	if err != nil {
-		return err
-	}
-	defer lkg.Close()
+	r.lkg, err = openLastKnownGood(o.stateDir, o.host, o.etcd.prefix, o.groups, log)
+	return err
+}
 
-	var sys reconcile.Systemd = sd
+// closeLocal closes what openLocal opened, in the reverse order.
+func (r *agentRun) closeLocal() {
+	if r.lkg != nil {
+		r.lkg.Close()
+	}
+	if r.manifest != nil {
+		r.manifest.Close()
+	}
+	if r.files != nil {
+		r.files.Close()
+	}
+	if r.sd != nil {
+		r.sd.Close()
+	}
+}
+
+// newAgent makes the agent on the local parts, reporting through the
+// registry session once there is one (r.reporter).
+func (r *agentRun) newAgent(quiet *quietSpell) {
+	o, log, svc, met := r.o, r.log, r.svc, r.met
+	var sys reconcile.Systemd = r.sd
 	if o.wedgeFile != "" {
 		sys = wedgeSystemd{Systemd: sys, file: o.wedgeFile, log: log}
 	}
-	reporter := &sessionReporter{svc: svc, met: met}
-	quiet := newQuietSpell(o.ownProcess && ecfg == nil)
-	defer quiet.Stop()
-	agent := reconcile.New(reconcile.Config{
+	r.reporter = &sessionReporter{svc: svc, met: met}
+	r.agent = reconcile.New(reconcile.Config{
 		Systemd:           loopSystemd{Systemd: sys, met: met},
-		Files:             files,
-		Manifest:          manifest,
-		Reporter:          reporter,
-		Facts:             sessionFacts{reporter},
-		Coordinator:       sessionCoordinator{reporter},
+		Files:             r.files,
+		Manifest:          r.manifest,
+		Reporter:          r.reporter,
+		Facts:             sessionFacts{r.reporter},
+		Coordinator:       sessionCoordinator{r.reporter},
 		Log:               log,
 		Observer:          multiObserver{svc, met, quiet},
 		HeartbeatInterval: svc.heartbeatInterval(),
@@ -364,12 +439,21 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		// units it left out would have been planned differently.
 		CheckFocus: os.Getenv(checkFocusEnv) == "1",
 	})
+}
+
+// run runs the agent and what feeds it (systemd's and the unit
+// directory's changes, the debug socket, the registry, the saved-snapshot
+// fallback, the notify service, the metrics), each on a goroutine, until
+// ctx is done; the first that fails cancels ctx with its error, which is
+// returned once they all ended.
+func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) error {
+	o, log, svc, met, agent := r.o, r.log, r.svc, r.met, r.agent
 	onSnapshot := func(s reconcile.Snapshot) {
 		met.SnapshotReceived(s.Revision)
 		svc.setOffline("")
-		lkg.received(s, agent.SetSnapshot)
+		r.lkg.received(s, agent.SetSnapshot)
 	}
-	svc.setStatus("waiting for the registry at " + strings.Join(endpoints, ","))
+	svc.setStatus("waiting for the registry at " + strings.Join(r.endpoints, ","))
 
 	var wg sync.WaitGroup
 	fail := func(err error) {
@@ -378,17 +462,17 @@ func runAgent(ctx context.Context, o *runOptions) error {
 		}
 	}
 	wg.Go(func() { fail(agent.Run(ctx)) })
-	wg.Go(func() { fail(sd.Watch(ctx, agent.UnitChanged)) })
-	wg.Go(func() { fail(files.Watch(ctx, agent.FileChanged)) })
+	wg.Go(func() { fail(r.sd.Watch(ctx, agent.UnitChanged)) })
+	wg.Go(func() { fail(r.files.Watch(ctx, agent.FileChanged)) })
 	wg.Go(func() { fail(control.Serve(ctx, o.debugSocket, o.host, agent)) })
-	wg.Go(func() { fail(followRegistry(ctx, o, endpoints, log, reporter, met, onSnapshot, agent.UnitChanged)) })
-	wg.Go(func() { lkg.fallback(ctx, o.registryTimeout, agent.SetSnapshot, svc) })
+	wg.Go(func() { fail(followRegistry(ctx, o, r.endpoints, log, r.reporter, met, onSnapshot, agent.UnitChanged)) })
+	wg.Go(func() { r.lkg.fallback(ctx, o.registryTimeout, agent.SetSnapshot, svc) })
 	wg.Go(func() { svc.run(ctx) })
-	if metricsLn != nil {
-		wg.Go(func() { fail(met.Serve(ctx, metricsLn)) })
+	if r.metricsLn != nil {
+		wg.Go(func() { fail(met.Serve(ctx, r.metricsLn)) })
 	}
 	log.Info("agent running", "unit_dir", o.unitDir, "state_dir", o.stateDir, "debug_socket", o.debugSocket,
-		"groups", strings.Join(o.groups, ","), "etcd", strings.Join(endpoints, ","), "metrics", o.metricsAddr,
+		"groups", strings.Join(o.groups, ","), "etcd", strings.Join(r.endpoints, ","), "metrics", o.metricsAddr,
 		"watchdog", svc.watchdog)
 	if o.ready != nil {
 		o.ready <- agent

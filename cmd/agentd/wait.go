@@ -47,24 +47,62 @@ func waitConverged(ctx context.Context, reg *registry.Client, w waitSpec, out io
 	if err != nil {
 		return err
 	}
-	hosts := []string{w.target.Host}
-	if w.target.Group != "" {
-		hosts = nil
-		for _, k := range known {
-			if slices.Contains(k.Groups, w.target.Group) {
-				hosts = append(hosts, k.Host)
-			}
-		}
-		if len(hosts) == 0 {
-			return withCode(exitFailed, fmt.Errorf("no host has joined group %s: nothing to wait for", w.target.Group))
+	hosts, err := w.targetHosts(known)
+	if err != nil {
+		return err
+	}
+	want, hashes, err := w.expectations()
+	if err != nil {
+		return err
+	}
+
+	// A later write of other content to a key waited on: this one will
+	// never run, and waiting out --timeout would only hide that.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	var watchers sync.WaitGroup
+	defer watchers.Wait()
+	defer stopWatch()
+	over := w.watchOverwrite(wctx, stopWatch, reg, hashes, &watchers)
+
+	rows, seen, err := w.watchReports(ctx, wctx, reg, hosts, want, known, out)
+	stopWatch()
+	watchers.Wait()
+	select {
+	case o := <-over:
+		return withCode(exitSuperseded, errors.New(describeOverwrite(w.target, o)))
+	default:
+	}
+	return w.verdict(rows, seen, err)
+}
+
+// targetHosts are the hosts w waits for: its host, or every known host
+// (live or not) that joined its group; none is an error (exit 3).
+func (w waitSpec) targetHosts(known []registry.KnownHost) ([]string, error) {
+	if w.target.Group == "" {
+		return []string{w.target.Host}, nil
+	}
+	var hosts []string
+	for _, k := range known {
+		if slices.Contains(k.Groups, w.target.Group) {
+			hosts = append(hosts, k.Host)
 		}
 	}
+	if len(hosts) == 0 {
+		return nil, withCode(exitFailed, fmt.Errorf("no host has joined group %s: nothing to wait for", w.target.Group))
+	}
+	return hosts, nil
+}
+
+// expectations are what w waits for of each key, in key order, and the
+// hash each key holds after the write ("" for a removal).
+func (w waitSpec) expectations() ([]reconcile.Expectation, map[string]string, error) {
 	var want []reconcile.Expectation
 	hashes := map[string]string{}
 	for _, key := range slices.Sorted(mapsKeys(w.units)) {
 		e, err := reconcile.Expect(key, w.units[key], w.removing, w.revision)
 		if err != nil {
-			return withCode(exitUsage, err)
+			return nil, nil, withCode(exitUsage, err)
 		}
 		want = append(want, e)
 		if !w.removing {
@@ -73,24 +111,33 @@ func waitConverged(ctx context.Context, reg *registry.Client, w waitSpec, out io
 			hashes[key] = ""
 		}
 	}
+	return want, hashes, nil
+}
 
-	// A later write of other content to a key waited on: this one will
-	// never run, and waiting out --timeout would only hide that.
-	wctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
+// watchOverwrite watches, on a goroutine of watchers, for a later write
+// of other content than hashes to a key of w (not for a write without a
+// revision). The first is sent on the returned channel, and stop is called.
+func (w waitSpec) watchOverwrite(ctx context.Context, stop context.CancelFunc, reg *registry.Client, hashes map[string]string,
+	watchers *sync.WaitGroup) <-chan registry.Overwrite {
 	over := make(chan registry.Overwrite, 1)
-	var watchers sync.WaitGroup
-	defer watchers.Wait()
-	defer stopWatch()
 	if w.revision > 0 {
 		watchers.Go(func() {
-			if o, err := reg.WatchOverwrite(wctx, w.target, hashes, w.revision); err == nil {
+			if o, err := reg.WatchOverwrite(ctx, w.target, hashes, w.revision); err == nil {
 				over <- o
-				stopWatch()
+				stop()
 			}
 		})
 	}
+	return over
+}
 
+// watchReports follows the hosts' reports with wctx, judging each key of
+// want on each host at every change and showing progress on out, until
+// every row is final (or, with skipUnreachable, has no live agent) or wctx
+// ends. It returns the last rows, when each host was last seen as last
+// read, and the watch's error. Liveness is read with ctx (see liveOnce).
+func (w waitSpec) watchReports(ctx, wctx context.Context, reg *registry.Client, hosts []string, want []reconcile.Expectation,
+	known []registry.KnownHost, out io.Writer) (map[string]row, seenTimes, error) {
 	view := newProgressView(out, w.json, hosts, want)
 	seen := lastSeen(known)
 	// A live agent from before pass records never publishes one.
@@ -99,49 +146,69 @@ func waitConverged(ctx context.Context, reg *registry.Client, w waitSpec, out io
 		legacy[k.Host] = k.Live && !k.PassRecords
 	}
 	var rows map[string]row
-	err = reg.WatchReports(wctx, hosts, func(all map[string]reconcile.HostReport) bool {
-		rows = map[string]row{}
-		done := true
-		var live map[string]bool // read once per update, when a host has published no pass
-		isLive := func(h string) func() bool {
-			return func() bool {
-				if live == nil {
-					live = map[string]bool{}
-					ks, err := reg.KnownHosts(ctx)
-					if err != nil {
-						return true // not known: the host is waited for, not skipped
-					}
-					for _, k := range ks {
-						live[k.Host] = k.Live
-					}
-					seen = lastSeen(ks)
-				}
-				return live[h]
-			}
-		}
-		for _, h := range hosts {
-			for _, e := range want {
-				if legacy[h] {
-					e.Revision = 0 // its answers are its statuses alone
-				}
-				p, detail := e.Judge(all[h], isLive(h))
-				if p == reconcile.ProgressNoAgent {
-					detail = seen.describe(h)
-				}
-				rows[h+"\x00"+e.Key] = row{h, e.Key, p, detail}
-				done = done && (p.Terminal() || p == reconcile.ProgressNoAgent && w.skipUnreachable)
-			}
-		}
+	err := reg.WatchReports(wctx, hosts, func(all map[string]reconcile.HostReport) bool {
+		var done bool
+		rows, done = w.judgeRows(all, hosts, want, legacy, liveOnce(ctx, reg, &seen), &seen)
 		view.update(rows)
 		return done
 	})
-	stopWatch()
-	watchers.Wait()
-	select {
-	case o := <-over:
-		return withCode(exitSuperseded, errors.New(describeOverwrite(w.target, o)))
-	default:
+	return rows, seen, err
+}
+
+// judgeRows judges each key of want on each host from the hosts' reports
+// (all); a legacy host (a live agent from before pass records) by its
+// statuses alone. done says every row is final, or, with skipUnreachable,
+// has no live agent. A row without a live agent says when the host was
+// last seen.
+func (w waitSpec) judgeRows(all map[string]reconcile.HostReport, hosts []string, want []reconcile.Expectation, legacy map[string]bool,
+	isLive func(h string) func() bool, seen *seenTimes) (rows map[string]row, done bool) {
+	rows = map[string]row{}
+	done = true
+	for _, h := range hosts {
+		for _, e := range want {
+			if legacy[h] {
+				e.Revision = 0 // its answers are its statuses alone
+			}
+			p, detail := e.Judge(all[h], isLive(h))
+			if p == reconcile.ProgressNoAgent {
+				detail = seen.describe(h)
+			}
+			rows[h+"\x00"+e.Key] = row{h, e.Key, p, detail}
+			done = done && (p.Terminal() || p == reconcile.ProgressNoAgent && w.skipUnreachable)
+		}
 	}
+	return rows, done
+}
+
+// liveOnce is, for one update of the reports, whether host h has a live
+// agent: read from the registry the first time it is asked (a host that
+// has published no pass), at most once per update, refreshing *seen.
+func liveOnce(ctx context.Context, reg *registry.Client, seen *seenTimes) func(h string) func() bool {
+	var live map[string]bool
+	return func(h string) func() bool {
+		return func() bool {
+			if live == nil {
+				live = map[string]bool{}
+				ks, err := reg.KnownHosts(ctx)
+				if err != nil {
+					return true // not known: the host is waited for, not skipped
+				}
+				for _, k := range ks {
+					live[k.Host] = k.Live
+				}
+				*seen = lastSeen(ks)
+			}
+			return live[h]
+		}
+	}
+}
+
+// verdict is the outcome of a wait from its last rows, when each host was
+// last seen, and the error that ended the status watch: a row superseded
+// (exit 5), else failures (exit 3), else a timeout with what is pending
+// (exit 4), else the watch's error, else rows skipped for want of a live
+// agent (exit 6), else nil.
+func (w waitSpec) verdict(rows map[string]row, seen seenTimes, err error) error {
 	var failures, pending, skipped []string
 	for _, id := range slices.Sorted(mapsKeys(rows)) {
 		r := rows[id]

@@ -20,23 +20,17 @@ import (
 	"github.com/agentd/agentd/registry"
 )
 
-// validateValue checks a value for key as `unit put` and the agent do.
+// validateValue checks an edited value for key as `unit put` and the agent
+// do (checkUnitFile), and refuses an empty one: an edit cannot take a unit
+// away.
 func validateValue(key string, b []byte) error {
-	_, unit, err := reconcile.ParseKey(key)
-	if err != nil {
+	if _, _, err := reconcile.ParseKey(key); err != nil {
 		return err
 	}
 	if len(b) == 0 {
 		return errors.New("empty file (to take the unit away, use agentd unit rm)")
 	}
-	if err := reconcile.ValidateContent(b); err != nil {
-		return err
-	}
-	if err := reconcile.CheckSyntax(unit, b); err != nil {
-		return err
-	}
-	_, err = reconcile.ParsePolicy(b)
-	return err
+	return checkUnitFile(key, b)
 }
 
 // editorCommand is $EDITOR, else $VISUAL, else vi: a shell command line

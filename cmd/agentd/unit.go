@@ -55,17 +55,20 @@ func keyForFile(path string) string {
 	return base
 }
 
+// putOptions are the flags of `unit put`.
+type putOptions struct {
+	ef              etcdFlags
+	tf              targetFlags
+	wait            bool
+	timeout         time.Duration
+	skipUnreachable bool
+	asJSON          bool
+	instances       []string
+	dryRun          bool
+}
+
 func newUnitPutCmd() *cobra.Command {
-	var (
-		ef              etcdFlags
-		tf              targetFlags
-		wait            bool
-		timeout         time.Duration
-		skipUnreachable bool
-		asJSON          bool
-		instances       []string
-		dryRun          bool
-	)
+	o := &putOptions{}
 	cmd := &cobra.Command{
 		Use:   "put FILE... (--host H | --group G) [--wait]",
 		Short: "Store unit files (and drop-ins) for a host or group",
@@ -78,87 +81,110 @@ With --wait, block until every targeted live host reports the new hash and the
 unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 		Args: usageArgs(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 && len(instances) == 0 {
+			if len(args) == 0 && len(o.instances) == 0 {
 				return withCode(exitUsage, errors.New("unit put: give at least one FILE or --instance"))
 			}
-			tg, err := tf.target()
+			tg, err := o.tf.target()
 			if err != nil {
 				return err
 			}
-			units := map[string][]byte{}
-			for _, path := range args {
-				b, err := os.ReadFile(path)
-				if err != nil {
-					return fmt.Errorf("unit put: %w", err)
-				}
-				key := keyForFile(path)
-				if _, _, err := reconcile.ParseKey(key); err != nil {
-					return withCode(exitUsage, fmt.Errorf("unit put %s: %w", path, err))
-				}
-				_, unitName, _ := reconcile.ParseKey(key)
-				if err := reconcile.ValidateContent(b); err != nil {
-					return withCode(exitUsage, fmt.Errorf("unit put %s: %w", path, err))
-				}
-				if err := reconcile.CheckSyntax(unitName, b); err != nil {
-					return withCode(exitUsage, fmt.Errorf("unit put %s: %w", path, err))
-				}
-				if _, err := reconcile.ParsePolicy(b); err != nil {
-					return withCode(exitUsage, fmt.Errorf("unit put %s: %w", path, err))
-				}
-				units[key] = b
+			units, err := readUnits(args, o.instances)
+			if err != nil {
+				return err
 			}
-			for _, in := range instances {
-				if err := reconcile.ValidateUnitName(in); err != nil {
-					return withCode(exitUsage, fmt.Errorf("--instance %q: %w", in, err))
-				}
-				if !reconcile.IsInstance(in) {
-					return withCode(exitUsage, fmt.Errorf("--instance %q: not a template instance name such as web@1.service", in))
-				}
-				units[in] = nil
+			if o.dryRun {
+				return dryRunPut(cmd, &o.ef, tg, units, o.wait, o.asJSON)
 			}
-			if dryRun {
-				return dryRunPut(cmd, &ef, tg, units, wait, asJSON)
-			}
-			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
-				// Without --wait nobody hears the hosts' answer: say now which
-				// are known to refuse the put (from the registry as it is
-				// before it), once it is stored.
-				var warnings bytes.Buffer
-				if !wait {
-					if err := warnRefusals(ctx, &warnings, reg, tg, units); err != nil {
-						fmt.Fprintf(&warnings, "warning: the hosts' facts could not be read, so refusals are not known: %v\n", err)
-					}
-				}
-				rev, err := reg.Put(ctx, tg, units, writeOptions(cmd)...)
-				if err != nil {
-					return writeError(err)
-				}
-				out := cmd.OutOrStdout()
-				for _, k := range slices.Sorted(mapsKeys(units)) {
-					if asJSON {
-						writeJSONLine(out, map[string]any{"event": "stored", "key": tg.String() + "/units/" + k, "hash": reconcile.Hash(units[k]), "revision": rev})
-					} else {
-						fmt.Fprintf(out, "stored %s/units/%s (hash %s, revision %d)\n", tg.String(), k, short(reconcile.Hash(units[k])), rev)
-					}
-				}
-				if !wait {
-					_, err := warnings.WriteTo(cmd.ErrOrStderr())
-					return err
-				}
-				return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
+			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
+				return o.put(ctx, cmd, reg, tg, units)
 			})
 		},
 	}
-	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+", the local agent's embedded etcd)")
-	tf.bind(cmd)
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every targeted host runs the new version")
-	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
-	bindSkipUnreachable(cmd, &skipUnreachable)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
-	cmd.Flags().StringArrayVar(&instances, "instance", nil, "run this template instance (empty key), e.g. web@1.service")
+	o.ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+", the local agent's embedded etcd)")
+	o.tf.bind(cmd)
+	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host runs the new version")
+	cmd.Flags().DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
+	bindSkipUnreachable(cmd, &o.skipUnreachable)
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
+	cmd.Flags().StringArrayVar(&o.instances, "instance", nil, "run this template instance (empty key), e.g. web@1.service")
 	bindKeep(cmd)
-	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
+	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
 	return cmd
+}
+
+// readUnits reads each file of paths under its key (keyForFile), checked
+// as the agent checks it, and adds an empty key for each template
+// instance; anything refused is a usage error (exit 2).
+func readUnits(paths, instances []string) (map[string][]byte, error) {
+	units := map[string][]byte{}
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("unit put: %w", err)
+		}
+		key := keyForFile(path)
+		if err := checkUnitFile(key, b); err != nil {
+			return nil, withCode(exitUsage, fmt.Errorf("unit put %s: %w", path, err))
+		}
+		units[key] = b
+	}
+	for _, in := range instances {
+		if err := reconcile.ValidateUnitName(in); err != nil {
+			return nil, withCode(exitUsage, fmt.Errorf("--instance %q: %w", in, err))
+		}
+		if !reconcile.IsInstance(in) {
+			return nil, withCode(exitUsage, fmt.Errorf("--instance %q: not a template instance name such as web@1.service", in))
+		}
+		units[in] = nil
+	}
+	return units, nil
+}
+
+// checkUnitFile checks the content b of key as the agent will: its key,
+// content, syntax and rollout policy.
+func checkUnitFile(key string, b []byte) error {
+	_, unit, err := reconcile.ParseKey(key)
+	if err != nil {
+		return err
+	}
+	if err := reconcile.ValidateContent(b); err != nil {
+		return err
+	}
+	if err := reconcile.CheckSyntax(unit, b); err != nil {
+		return err
+	}
+	_, err = reconcile.ParsePolicy(b)
+	return err
+}
+
+// put stores units for tg in one transaction and says what it stored.
+// With --wait it waits for the hosts; without, nobody hears the hosts'
+// answer, so it says on stderr which are known to refuse the put (from
+// the registry as it is before it), once it is stored.
+func (o *putOptions) put(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, units map[string][]byte) error {
+	var warnings bytes.Buffer
+	if !o.wait {
+		if err := warnRefusals(ctx, &warnings, reg, tg, units); err != nil {
+			fmt.Fprintf(&warnings, "warning: the hosts' facts could not be read, so refusals are not known: %v\n", err)
+		}
+	}
+	rev, err := reg.Put(ctx, tg, units, writeOptions(cmd)...)
+	if err != nil {
+		return writeError(err)
+	}
+	out := cmd.OutOrStdout()
+	for _, k := range slices.Sorted(mapsKeys(units)) {
+		if o.asJSON {
+			writeJSONLine(out, map[string]any{"event": "stored", "key": tg.String() + "/units/" + k, "hash": reconcile.Hash(units[k]), "revision": rev})
+		} else {
+			fmt.Fprintf(out, "stored %s/units/%s (hash %s, revision %d)\n", tg.String(), k, short(reconcile.Hash(units[k])), rev)
+		}
+	}
+	if !o.wait {
+		_, err := warnings.WriteTo(cmd.ErrOrStderr())
+		return err
+	}
+	return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: rev, timeout: o.timeout, json: o.asJSON, skipUnreachable: o.skipUnreachable}, out)
 }
 
 func newUnitRmCmd() *cobra.Command {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/user"
 	"strconv"
@@ -92,50 +93,11 @@ UNIT is a unit key: "hello.service", or a drop-in "hello.service.d/x.conf".`,
 				if err != nil {
 					return err
 				}
-				cur := h.CurrentIndex()
-				out := cmd.OutOrStdout()
+				key := tg.String() + "/units/" + args[0]
 				if asJSON {
-					type item struct {
-						registry.Version
-						Current bool `json:"current"`
-					}
-					items := []item{}
-					for i, v := range h.Versions {
-						items = append(items, item{v, i == cur})
-					}
-					return writeJSON(out, map[string]any{"key": tg.String() + "/units/" + args[0], "exists": h.Exists, "modRevision": h.ModRevision, "versions": items})
+					return writeHistoryJSON(cmd.OutOrStdout(), key, h)
 				}
-				if len(h.Versions) == 0 {
-					fmt.Fprintf(out, "no history kept for %s/units/%s\n", tg, args[0])
-					return nil
-				}
-				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "REVISION\tTIME\tHASH\tSIZE\tUSER\t")
-				for i, v := range h.Versions {
-					hash, size, note := short(v.Hash), strconv.Itoa(v.Size), ""
-					if v.Removed {
-						hash, size = "(removed)", "-"
-					}
-					if i == cur {
-						note = "current"
-					}
-					who := v.User
-					if who == "" {
-						who = "-"
-					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Revision, v.Time.Local().Format(time.DateTime), hash, size, who, note)
-				}
-				if err := tw.Flush(); err != nil {
-					return err
-				}
-				if cur < 0 {
-					what := "holds content"
-					if !h.Exists {
-						what = "was removed"
-					}
-					fmt.Fprintf(out, "note: the key now %s not stored by agentd (etcdctl?), revision %d\n", what, h.ModRevision)
-				}
-				return nil
+				return printHistory(cmd.OutOrStdout(), key, h)
 			})
 		},
 	}
@@ -145,16 +107,71 @@ UNIT is a unit key: "hello.service", or a drop-in "hello.service.d/x.conf".`,
 	return cmd
 }
 
+// writeHistoryJSON writes the history h of key as one JSON object, each
+// version marked current or not.
+func writeHistoryJSON(out io.Writer, key string, h registry.History) error {
+	type item struct {
+		registry.Version
+		Current bool `json:"current"`
+	}
+	cur := h.CurrentIndex()
+	items := []item{}
+	for i, v := range h.Versions {
+		items = append(items, item{v, i == cur})
+	}
+	return writeJSON(out, map[string]any{"key": key, "exists": h.Exists, "modRevision": h.ModRevision, "versions": items})
+}
+
+// printHistory prints the history h of key as a table, oldest first, and a
+// note when the key now holds what agentd did not store.
+func printHistory(out io.Writer, key string, h registry.History) error {
+	if len(h.Versions) == 0 {
+		fmt.Fprintf(out, "no history kept for %s\n", key)
+		return nil
+	}
+	cur := h.CurrentIndex()
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "REVISION\tTIME\tHASH\tSIZE\tUSER\t")
+	for i, v := range h.Versions {
+		hash, size, note := short(v.Hash), strconv.Itoa(v.Size), ""
+		if v.Removed {
+			hash, size = "(removed)", "-"
+		}
+		if i == cur {
+			note = "current"
+		}
+		who := v.User
+		if who == "" {
+			who = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Revision, v.Time.Local().Format(time.DateTime), hash, size, who, note)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if cur < 0 {
+		what := "holds content"
+		if !h.Exists {
+			what = "was removed"
+		}
+		fmt.Fprintf(out, "note: the key now %s not stored by agentd (etcdctl?), revision %d\n", what, h.ModRevision)
+	}
+	return nil
+}
+
+// revertOptions are the flags of `unit revert`.
+type revertOptions struct {
+	ef              etcdFlags
+	tf              targetFlags
+	to              int64
+	wait            bool
+	timeout         time.Duration
+	skipUnreachable bool
+	asJSON          bool
+}
+
 func newUnitRevertCmd() *cobra.Command {
-	var (
-		ef              etcdFlags
-		tf              targetFlags
-		to              int64
-		wait            bool
-		timeout         time.Duration
-		skipUnreachable bool
-		asJSON          bool
-	)
+	o := &revertOptions{}
 	cmd := &cobra.Command{
 		Use:   "revert UNIT (--host H | --group G) [--to REVISION] [--wait]",
 		Short: "Put back the previous version of a unit key, or the one stored at --to",
@@ -171,75 +188,91 @@ error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			unit := args[0]
-			tg, err := tf.target()
+			tg, err := o.tf.target()
 			if err != nil {
 				return err
 			}
 			if err := registry.ValidateUnit(unit); err != nil {
 				return withCode(exitUsage, fmt.Errorf("unit revert: %w", err))
 			}
-			if cmd.Flags().Changed("to") && to < 1 {
-				return withCode(exitUsage, fmt.Errorf("unit revert: --to %d: want a revision shown by agentd unit history", to))
+			if cmd.Flags().Changed("to") && o.to < 1 {
+				return withCode(exitUsage, fmt.Errorf("unit revert: --to %d: want a revision shown by agentd unit history", o.to))
 			}
-			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
-				reg.SetLogger(cliWarnings(cmd.ErrOrStderr()))
-				h, err := reg.History(ctx, tg, unit)
-				if err != nil {
-					return err
-				}
-				var v registry.Version
-				if cmd.Flags().Changed("to") {
-					v, err = h.At(to)
-				} else {
-					v, err = h.Previous()
-				}
-				if err != nil {
-					return fmt.Errorf("unit revert: %w", err)
-				}
-				key := tg.String() + "/units/" + unit
-				out := cmd.OutOrStdout()
-				if h.Is(v) {
-					if asJSON {
-						writeJSONLine(out, map[string]any{"event": "unchanged", "key": key, "revision": v.Revision, "hash": v.Hash, "removed": v.Removed})
-					} else {
-						fmt.Fprintf(out, "%s already holds the content of revision %d%s: nothing stored\n", key, v.Revision, describe(v))
-					}
-					return nil
-				}
-				opts := append(writeOptions(cmd), registry.IfModRevision(unit, h.ModRevision))
-				var rev int64
-				if v.Removed {
-					rev, err = reg.Remove(ctx, tg, []string{unit}, opts...)
-				} else {
-					rev, err = reg.Put(ctx, tg, map[string][]byte{unit: v.Content}, opts...)
-				}
-				if errors.Is(err, registry.ErrConflict) {
-					return fmt.Errorf("unit revert: %w; look at agentd unit history again", err)
-				}
-				if err != nil {
-					return writeError(err)
-				}
-				if asJSON {
-					writeJSONLine(out, map[string]any{"event": "reverted", "key": key, "to": v.Revision, "hash": v.Hash, "removed": v.Removed, "revision": rev})
-				} else {
-					fmt.Fprintf(out, "reverted %s to revision %d%s: stored as revision %d\n", key, v.Revision, describe(v), rev)
-				}
-				if !wait {
-					return nil
-				}
-				return waitConverged(ctx, reg, waitSpec{target: tg, units: map[string][]byte{unit: v.Content}, removing: v.Removed, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
+			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
+				return o.revert(ctx, cmd, reg, tg, unit)
 			})
 		},
 	}
-	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
-	tf.bind(cmd)
+	o.ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
+	o.tf.bind(cmd)
 	bindKeep(cmd)
-	cmd.Flags().Int64Var(&to, "to", 0, "the revision to put back (default: the version before the current)")
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every targeted host runs the reverted version")
-	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
-	bindSkipUnreachable(cmd, &skipUnreachable)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	cmd.Flags().Int64Var(&o.to, "to", 0, "the revision to put back (default: the version before the current)")
+	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host runs the reverted version")
+	cmd.Flags().DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
+	bindSkipUnreachable(cmd, &o.skipUnreachable)
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	return cmd
+}
+
+// revert puts back the version of unit --to names (else the one before the
+// current), unless the key already holds it, says so, and with --wait
+// waits for the hosts.
+func (o *revertOptions) revert(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, unit string) error {
+	reg.SetLogger(cliWarnings(cmd.ErrOrStderr()))
+	h, err := reg.History(ctx, tg, unit)
+	if err != nil {
+		return err
+	}
+	var v registry.Version
+	if cmd.Flags().Changed("to") {
+		v, err = h.At(o.to)
+	} else {
+		v, err = h.Previous()
+	}
+	if err != nil {
+		return fmt.Errorf("unit revert: %w", err)
+	}
+	key := tg.String() + "/units/" + unit
+	out := cmd.OutOrStdout()
+	if h.Is(v) {
+		say(out, o.asJSON, map[string]any{"event": "unchanged", "key": key, "revision": v.Revision, "hash": v.Hash, "removed": v.Removed},
+			"%s already holds the content of revision %d%s: nothing stored\n", key, v.Revision, describe(v))
+		return nil
+	}
+	rev, err := storeVersion(ctx, cmd, reg, tg, unit, h, v)
+	if err != nil {
+		return err
+	}
+	say(out, o.asJSON, map[string]any{"event": "reverted", "key": key, "to": v.Revision, "hash": v.Hash, "removed": v.Removed, "revision": rev},
+		"reverted %s to revision %d%s: stored as revision %d\n", key, v.Revision, describe(v), rev)
+	if !o.wait {
+		return nil
+	}
+	return waitConverged(ctx, reg, waitSpec{target: tg, units: map[string][]byte{unit: v.Content}, removing: v.Removed, revision: rev, timeout: o.timeout, json: o.asJSON, skipUnreachable: o.skipUnreachable}, out)
+}
+
+// storeVersion stores v as the newest version of unit (a removal is
+// removed) if the key is still at the revision its history h was read at,
+// and returns the revision of the write.
+func storeVersion(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, unit string,
+	h registry.History, v registry.Version) (int64, error) {
+	opts := append(writeOptions(cmd), registry.IfModRevision(unit, h.ModRevision))
+	var (
+		rev int64
+		err error
+	)
+	if v.Removed {
+		rev, err = reg.Remove(ctx, tg, []string{unit}, opts...)
+	} else {
+		rev, err = reg.Put(ctx, tg, map[string][]byte{unit: v.Content}, opts...)
+	}
+	if errors.Is(err, registry.ErrConflict) {
+		return 0, fmt.Errorf("unit revert: %w; look at agentd unit history again", err)
+	}
+	if err != nil {
+		return 0, writeError(err)
+	}
+	return rev, nil
 }
 
 // describe is " (hash …)" or " (a removal)" for a version.

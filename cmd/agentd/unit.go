@@ -187,16 +187,19 @@ func (o *putOptions) put(ctx context.Context, cmd *cobra.Command, reg *registry.
 	return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: rev, timeout: o.timeout, json: o.asJSON, skipUnreachable: o.skipUnreachable}, out)
 }
 
+// rmOptions are the flags of `unit rm`.
+type rmOptions struct {
+	ef              etcdFlags
+	tf              targetFlags
+	wait            bool
+	timeout         time.Duration
+	skipUnreachable bool
+	asJSON          bool
+	recursive       bool
+}
+
 func newUnitRmCmd() *cobra.Command {
-	var (
-		ef              etcdFlags
-		tf              targetFlags
-		wait            bool
-		timeout         time.Duration
-		skipUnreachable bool
-		asJSON          bool
-		recursive       bool
-	)
+	o := &rmOptions{}
 	cmd := &cobra.Command{
 		Use:   "rm UNIT... (--host H | --group G) [--recursive] [--wait]",
 		Short: "Remove units from the registry: each agent stops, disables and deletes them",
@@ -212,54 +215,59 @@ With --wait, block until every targeted live host has removed them; exit 3
 when a host fails, 4 on --timeout.`,
 		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			tg, err := tf.target()
+			tg, err := o.tf.target()
 			if err != nil {
 				return err
 			}
-			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
-				var (
-					rev     int64
-					removed = args
-				)
-				if recursive {
-					rev, removed, err = reg.RemoveRecursive(ctx, tg, args, writeOptions(cmd)...)
-				} else {
-					rev, err = reg.Remove(ctx, tg, args, append(writeOptions(cmd), registry.OnlyWholeUnits())...)
-				}
-				if errors.Is(err, registry.ErrDropInsStay) {
-					err = fmt.Errorf("%w (name them too, or give --recursive to remove each unit with all its drop-ins)", err)
-				}
-				if err != nil {
-					return writeError(err)
-				}
-				out := cmd.OutOrStdout()
-				for _, k := range removed {
-					if asJSON {
-						writeJSONLine(out, map[string]any{"event": "removed", "key": tg.String() + "/units/" + k, "revision": rev})
-					} else {
-						fmt.Fprintf(out, "removed %s/units/%s (revision %d)\n", tg.String(), k, rev)
-					}
-				}
-				if !wait {
-					return nil
-				}
-				units := map[string][]byte{}
-				for _, k := range removed {
-					units[k] = nil
-				}
-				return waitConverged(ctx, reg, waitSpec{target: tg, units: units, removing: true, revision: rev, timeout: timeout, json: asJSON, skipUnreachable: skipUnreachable}, out)
+			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
+				return o.remove(ctx, cmd, reg, tg, args)
 			})
 		},
 	}
-	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
-	tf.bind(cmd)
-	cmd.Flags().BoolVar(&recursive, "recursive", false, "also remove every drop-in of each UNIT in the registry for that target (one transaction)")
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait until every targeted host has removed the units")
+	o.ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
+	o.tf.bind(cmd)
+	cmd.Flags().BoolVar(&o.recursive, "recursive", false, "also remove every drop-in of each UNIT in the registry for that target (one transaction)")
+	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host has removed the units")
 	bindKeep(cmd)
-	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
-	bindSkipUnreachable(cmd, &skipUnreachable)
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	cmd.Flags().DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
+	bindSkipUnreachable(cmd, &o.skipUnreachable)
+	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	return cmd
+}
+
+// remove removes the keys named (with --recursive, each unit's drop-ins
+// too) in one transaction, says what it removed, and with --wait waits
+// for the hosts.
+func (o *rmOptions) remove(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, keys []string) error {
+	var (
+		rev     int64
+		removed = keys
+		err     error
+	)
+	if o.recursive {
+		rev, removed, err = reg.RemoveRecursive(ctx, tg, keys, writeOptions(cmd)...)
+	} else {
+		rev, err = reg.Remove(ctx, tg, keys, append(writeOptions(cmd), registry.OnlyWholeUnits())...)
+	}
+	if errors.Is(err, registry.ErrDropInsStay) {
+		err = fmt.Errorf("%w (name them too, or give --recursive to remove each unit with all its drop-ins)", err)
+	}
+	if err != nil {
+		return writeError(err)
+	}
+	out := cmd.OutOrStdout()
+	for _, k := range removed {
+		say(out, o.asJSON, map[string]any{"event": "removed", "key": tg.String() + "/units/" + k, "revision": rev},
+			"removed %s/units/%s (revision %d)\n", tg.String(), k, rev)
+	}
+	if !o.wait {
+		return nil
+	}
+	units := map[string][]byte{}
+	for _, k := range removed {
+		units[k] = nil
+	}
+	return waitConverged(ctx, reg, waitSpec{target: tg, units: units, removing: true, revision: rev, timeout: o.timeout, json: o.asJSON, skipUnreachable: o.skipUnreachable}, out)
 }
 
 func newUnitLsCmd() *cobra.Command {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/agentd/agentd/control"
 	"github.com/agentd/agentd/metrics"
@@ -83,37 +84,14 @@ Exit code 0 when nothing failed (warnings allowed), 1 otherwise.`,
   agentd doctor --json | jq '.[] | select(.result != "ok")'`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if envFile != "" {
-				vars, err := readEnvFile(envFile)
-				if err != nil && !errors.Is(err, os.ErrNotExist) {
-					return err
-				}
-				if err := applyEnvVars(cmd.Flags(), vars); err != nil {
-					return err
-				}
+			if err := loadEnvFile(cmd.Flags(), envFile); err != nil {
+				return err
 			}
 			if err := o.defaults(); err != nil {
 				return err
 			}
 			checks := runDoctor(cmd.Context(), o, len(o.etcd.endpoints) == 0)
-			out := cmd.OutOrStdout()
-			if asJSON {
-				if err := writeJSON(out, checks); err != nil {
-					return err
-				}
-			} else {
-				printChecks(out, checks)
-			}
-			failed := 0
-			for _, c := range checks {
-				if c.Result == checkFail {
-					failed++
-				}
-			}
-			if failed > 0 {
-				return fmt.Errorf("doctor: %d problem(s) found; see the fixes above", failed)
-			}
-			return nil
+			return reportChecks(cmd.OutOrStdout(), checks, asJSON)
 		},
 	}
 	fs := cmd.Flags()
@@ -123,6 +101,42 @@ Exit code 0 when nothing failed (warnings allowed), 1 otherwise.`,
 		"read AGENTD_* settings from this file, as agentd.service does; flags and the environment win (empty: none)")
 	fs.BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// loadEnvFile sets every flag of fs that neither the command line nor the
+// environment set from the AGENTD_* variables in the file at path, as
+// agentd.service reads it; a missing file sets nothing, and so does "".
+func loadEnvFile(fs *pflag.FlagSet, path string) error {
+	if path == "" {
+		return nil
+	}
+	vars, err := readEnvFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return applyEnvVars(fs, vars)
+}
+
+// reportChecks prints checks (as JSON, or a table) and fails when one of
+// them failed.
+func reportChecks(out io.Writer, checks []check, asJSON bool) error {
+	if asJSON {
+		if err := writeJSON(out, checks); err != nil {
+			return err
+		}
+	} else {
+		printChecks(out, checks)
+	}
+	failed := 0
+	for _, c := range checks {
+		if c.Result == checkFail {
+			failed++
+		}
+	}
+	if failed > 0 {
+		return fmt.Errorf("doctor: %d problem(s) found; see the fixes above", failed)
+	}
+	return nil
 }
 
 func printChecks(w io.Writer, checks []check) {
@@ -252,6 +266,14 @@ func checkStateDir(o *runOptions) []check {
 		return append(out, check{"state dir", checkFail, err.Error(), ""})
 	}
 	defer files.Close()
+	out = append(out, checkManagedFiles(files, managed)...)
+	return append(out, checkSavedSnapshot(o))
+}
+
+// checkManagedFiles checks that every file the manifest lists (managed:
+// path → the hash agentd wrote) is in files with that content.
+func checkManagedFiles(files *unitdir.Dir, managed map[string]string) []check {
+	var out []check
 	bad := 0
 	for _, p := range slices.Sorted(maps.Keys(managed)) {
 		h := managed[p]
@@ -275,6 +297,12 @@ func checkStateDir(o *runOptions) []check {
 	if bad == 0 {
 		out = append(out, check{"state dir", checkOK, fmt.Sprintf("ownership manifest lists %d file(s), all present with the content agentd wrote", len(managed)), ""})
 	}
+	return out
+}
+
+// checkSavedSnapshot checks the last-known-good registry snapshot in the
+// state directory: readable, usable, there.
+func checkSavedSnapshot(o *runOptions) check {
 	var readErr error
 	read := func(name string) ([]byte, bool, error) {
 		b, err := os.ReadFile(filepath.Join(o.stateDir, name))
@@ -289,18 +317,16 @@ func checkStateDir(o *runOptions) []check {
 	s, err := unitdir.ReadSavedSnapshot(read, o.host, o.etcd.prefix, o.groups)
 	switch {
 	case readErr != nil:
-		out = append(out, check{"state dir", checkWarn, fmt.Sprintf("saved registry snapshot: %v", readErr), ""})
+		return check{"state dir", checkWarn, fmt.Sprintf("saved registry snapshot: %v", readErr), ""}
 	case err != nil:
-		out = append(out, check{"state dir", checkWarn, fmt.Sprintf("saved registry snapshot unusable: %v", err),
-			"remove " + filepath.Join(o.stateDir, unitdir.SnapshotFile) + " and " + unitdir.SnapshotJournal + "; the agent saves a new one when it reads the registry"})
+		return check{"state dir", checkWarn, fmt.Sprintf("saved registry snapshot unusable: %v", err),
+			"remove " + filepath.Join(o.stateDir, unitdir.SnapshotFile) + " and " + unitdir.SnapshotJournal + "; the agent saves a new one when it reads the registry"}
 	case s == nil:
-		out = append(out, check{"state dir", checkWarn, "no saved registry snapshot: started without the registry, the agent would touch nothing",
-			"nothing to do: the agent saves one as soon as it reads the registry"})
-	default:
-		out = append(out, check{"state dir", checkOK, fmt.Sprintf("last-known-good registry snapshot: revision %d, %d key(s), saved %s",
-			s.Snapshot.Revision, len(s.Snapshot.Entries), s.SavedAt.Local().Format(time.RFC3339)), ""})
+		return check{"state dir", checkWarn, "no saved registry snapshot: started without the registry, the agent would touch nothing",
+			"nothing to do: the agent saves one as soon as it reads the registry"}
 	}
-	return out
+	return check{"state dir", checkOK, fmt.Sprintf("last-known-good registry snapshot: revision %d, %d key(s), saved %s",
+		s.Snapshot.Revision, len(s.Snapshot.Entries), s.SavedAt.Local().Format(time.RFC3339)), ""}
 }
 
 func checkRegistry(ctx context.Context, o *runOptions, embedded bool) []check {

@@ -251,11 +251,3 @@ func storeEdit(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg
 	}
 	return newRev, nil
 }
-
-func say(out io.Writer, asJSON bool, v any, format string, args ...any) {
-	if asJSON {
-		writeJSONLine(out, v)
-		return
-	}
-	fmt.Fprintf(out, format, args...)
-}

@@ -3,10 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -173,7 +172,7 @@ func (o *putOptions) put(ctx context.Context, cmd *cobra.Command, reg *registry.
 		return writeError(err)
 	}
 	out := cmd.OutOrStdout()
-	for _, k := range slices.Sorted(mapsKeys(units)) {
+	for _, k := range slices.Sorted(maps.Keys(units)) {
 		if o.asJSON {
 			writeJSONLine(out, map[string]any{"event": "stored", "key": tg.String() + "/units/" + k, "hash": reconcile.Hash(units[k]), "revision": rev})
 		} else {
@@ -371,38 +370,4 @@ func writeError(err error) error {
 		return withCode(exitUsage, err)
 	}
 	return err
-}
-
-func prefixed(s string) string {
-	if s == "" {
-		return ""
-	}
-	return " — " + s
-}
-
-func short(h string) string {
-	if len(h) > 12 {
-		return h[:12]
-	}
-	return h
-}
-
-func mapsKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-func writeJSONLine(w io.Writer, v any) {
-	_ = json.NewEncoder(w).Encode(v)
 }

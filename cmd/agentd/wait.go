@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -99,7 +100,7 @@ func (w waitSpec) targetHosts(known []registry.KnownHost) ([]string, error) {
 func (w waitSpec) expectations() ([]reconcile.Expectation, map[string]string, error) {
 	var want []reconcile.Expectation
 	hashes := map[string]string{}
-	for _, key := range slices.Sorted(mapsKeys(w.units)) {
+	for _, key := range slices.Sorted(maps.Keys(w.units)) {
 		e, err := reconcile.Expect(key, w.units[key], w.removing, w.revision)
 		if err != nil {
 			return nil, nil, withCode(exitUsage, err)
@@ -210,7 +211,7 @@ func liveOnce(ctx context.Context, reg *registry.Client, seen *seenTimes) func(h
 // agent (exit 6), else nil.
 func (w waitSpec) verdict(rows map[string]row, seen seenTimes, err error) error {
 	var failures, pending, skipped []string
-	for _, id := range slices.Sorted(mapsKeys(rows)) {
+	for _, id := range slices.Sorted(maps.Keys(rows)) {
 		r := rows[id]
 		switch {
 		case r.state.Success():
@@ -271,18 +272,6 @@ func (s seenTimes) describe(h string) string {
 		return "never seen"
 	}
 	return "last seen " + ago(time.Since(k.LastSeen)) + " ago"
-}
-
-func ago(d time.Duration) string {
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%d s", int(d.Seconds()))
-	case d < time.Hour:
-		return fmt.Sprintf("%d min", int(d.Minutes()))
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%d h", int(d.Hours()))
-	}
-	return fmt.Sprintf("%d days", int(d.Hours()/24))
 }
 
 // describeOverwrite says which later write took the place of the one

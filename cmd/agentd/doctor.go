@@ -222,7 +222,7 @@ func canManageUnits() (bool, string) {
 func checkUnitDir(o *runOptions) check {
 	fi, err := os.Stat(o.unitDir)
 	if err != nil {
-		return check{"unit dir", checkFail, fmt.Sprintf("%s: %v", o.unitDir, err), "create it (mkdir -p " + o.unitDir + "); systemd must have it in its unit search path"}
+		return check{"unit dir", checkFail, err.Error(), "create it (mkdir -p " + o.unitDir + "); systemd must have it in its unit search path"}
 	}
 	if !fi.IsDir() {
 		return check{"unit dir", checkFail, o.unitDir + " is not a directory", "pass --unit-dir with systemd's unit directory"}
@@ -284,7 +284,7 @@ func checkManagedFiles(files *unitdir.Dir, managed map[string]string) []check {
 		switch {
 		case err != nil:
 			bad++
-			out = append(out, check{"state dir", checkFail, fmt.Sprintf("managed file %s: %v", p, err), "make it a regular file again (agentd never replaces symlinks or directories)"})
+			out = append(out, check{"state dir", checkFail, fmt.Sprintf("managed file: %v", err), "make it a regular file again (agentd never replaces symlinks or directories)"})
 		case !exists:
 			bad++
 			out = append(out, check{"state dir", checkWarn, fmt.Sprintf("managed file %s is missing", p), "nothing to do if the registry still has it: the agent writes it again on its next pass (agentd sync)"})

@@ -362,7 +362,7 @@ func (r *agentRun) startEtcd(ctx context.Context) (*registry.Embedded, error) {
 	}
 	emb, err := registry.StartEmbedded(ctx, *ecfg)
 	if err != nil {
-		return nil, fmt.Errorf("embedded etcd: %w", err)
+		return nil, err // "start embedded etcd: …"
 	}
 	r.endpoints = []string{emb.Endpoint()}
 	log.Info("embedded etcd running", "endpoint", emb.Endpoint(), "tls_endpoint", emb.TLSEndpoint(), "dir", ecfg.Dir)

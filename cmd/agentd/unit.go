@@ -129,7 +129,7 @@ func readUnits(paths, instances []string) (map[string][]byte, error) {
 	}
 	for _, in := range instances {
 		if err := reconcile.ValidateUnitName(in); err != nil {
-			return nil, withCode(exitUsage, fmt.Errorf("--instance %q: %w", in, err))
+			return nil, withCode(exitUsage, fmt.Errorf("--instance: %w", err)) // the error names it
 		}
 		if !reconcile.IsInstance(in) {
 			return nil, withCode(exitUsage, fmt.Errorf("--instance %q: not a template instance name such as web@1.service", in))

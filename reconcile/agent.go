@@ -38,8 +38,8 @@ type Files interface {
 // Manifest is the agent's persistent memory (see unitdir.Manifest): the
 // paths it owns, per-unit records, and content blobs by hash.
 type Manifest interface {
-	Managed() map[string]string
-	Set(path, hash string) error
+	Managed() map[string]Owned
+	Set(path string, e Owned) error
 	// Claim records owned paths and the pass's intent in one write.
 	Claim(files map[string]string, in Intent) error
 	Forget(path string) error
@@ -570,8 +570,8 @@ func (a *Agent) Diff(ctx context.Context, unit string) ([]FileDiff, error) {
 				files[f.Path] = &FileDiff{Path: f.Path, Unit: name, Registry: string(f.Content), InRegistry: true, RegistryHash: f.Hash}
 			}
 		}
-		for p, h := range managed {
-			if h == InstanceMarker || (unit != "" && UnitOfPath(p) != unit) {
+		for p, e := range managed {
+			if e.Instance || (unit != "" && UnitOfPath(p) != unit) {
 				continue
 			}
 			if files[p] == nil {

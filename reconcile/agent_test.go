@@ -286,7 +286,7 @@ func TestVerificationResumesAfterAgentRestart(t *testing.T) {
 	if err := files.Write("a.service", content); err != nil {
 		t.Fatal(err)
 	}
-	m.Set("a.service", h)
+	m.Set("a.service", reconcile.Owned{Hash: h})
 	m.SetUnits(map[string]reconcile.UnitRecord{"a.service": {Applied: map[string]string{"a.service": h}, Good: map[string]string{"a.service": "older"}}}, reconcile.Intent{})
 	sd := &fakeSystemd{active: map[string]bool{"a.service": true}}
 	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})

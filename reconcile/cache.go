@@ -329,8 +329,8 @@ func (a *Agent) asWritten(unit string) bool {
 		units = append(units, TemplateOf(unit))
 	}
 	for _, u := range units {
-		for p, h := range a.managed.of(u) {
-			if h != InstanceMarker && a.file(p).Hash != h {
+		for p, e := range a.managed.of(u) {
+			if !e.Instance && a.file(p).Hash != e.Hash {
 				return false
 			}
 		}

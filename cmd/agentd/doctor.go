@@ -254,10 +254,10 @@ func checkStateDir(o *runOptions) []check {
 	defer files.Close()
 	bad := 0
 	for _, p := range slices.Sorted(maps.Keys(managed)) {
-		h := managed[p]
-		if h == reconcile.InstanceMarker {
+		if managed[p].Instance {
 			continue
 		}
+		h := managed[p].Hash
 		b, exists, err := files.Read(p)
 		switch {
 		case err != nil:

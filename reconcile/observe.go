@@ -131,20 +131,16 @@ func (a *Agent) addPaths(paths map[string]bool, unit string) {
 // the instance keeps the last answer (a new manager comes with a
 // reconnect, and the pass after it reads again).
 func (a *Agent) readManager(ctx context.Context) {
-	id, ok := a.cfg.Systemd.(ManagerIdentifier)
-	if !ok {
-		return
-	}
-	m, err := id.ManagerID(ctx)
+	m, err := a.cfg.Systemd.ManagerID(ctx)
 	if err != nil {
 		a.log.Debug("service manager instance unknown", "err", err)
 		return
 	}
 	a.mem.manager = m
-	if l, ok := a.cfg.Systemd.(LoadTimer); ok && !a.mem.intent.Reload {
+	if !a.mem.intent.Reload {
 		// Only while no daemon-reload is owed: after one of the agent's
 		// own, a unit started before it could pass for one started after.
-		if a.mem.loaded, err = l.UnitsLoaded(ctx); err != nil {
+		if a.mem.loaded, err = a.cfg.Systemd.UnitsLoaded(ctx); err != nil {
 			a.mem.loaded = 0
 		}
 	}

@@ -344,7 +344,7 @@ func runAgent(ctx context.Context, o *runOptions) error {
 
 	var sys reconcile.Systemd = sd
 	if o.wedgeFile != "" {
-		sys = wedgeSystemd{Systemd: sys, file: o.wedgeFile, log: log}
+		sys = reconcile.PlainSystemd(wedgeSystemd{BasicSystemd: sys, file: o.wedgeFile, log: log})
 	}
 	reporter := &sessionReporter{svc: svc, met: met}
 	quiet := newQuietSpell(o.ownProcess && ecfg == nil)

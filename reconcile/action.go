@@ -77,9 +77,18 @@ func (o *Ownership) UnmarshalText(b []byte) error {
 	return fmt.Errorf("unknown ownership %q", b)
 }
 
-// InstanceMarker is the manifest "hash" of a template instance the agent
-// started from an empty-valued key: it owns the running instance, not a file.
-const InstanceMarker = "instance"
+// Owned is the manifest's entry for a path the agent owns: the hash of the
+// file it wrote there, or, for a template instance it started from an
+// empty-valued key, Instance (it owns the running instance, not a file;
+// Hash is then ""). The zero value is "not owned".
+type Owned struct {
+	Hash     string
+	Instance bool
+}
+
+// instanceKey is the content key of an instance that has no files of its
+// own (it runs its template's): ContentKey, Intent.Jobs, UnitRecord.Failed.
+const instanceKey = "instance"
 
 // Action is the plan for one unit: what the agent does (Steps), what it
 // remembers once done (Record), and what it waits on first (Gate), with
@@ -115,7 +124,7 @@ type Action struct {
 type Steps struct {
 	Writes  []DesiredFile // files to (re)write, in path order
 	Removes []string      // managed paths to delete
-	Forget  []string      // manifest entries to drop without touching a file (instance markers)
+	Forget  []string      // manifest entries to drop without touching a file (an instance's entry)
 	Enable  bool          // enable per [Install] after writing
 	Disable bool          // disable before removing or rewriting the unit file
 	// ResetFailed: a removed unit ended failed (its stop killed a start,
@@ -275,7 +284,7 @@ type HostFacts struct {
 // the records, kept content, the intent) and what this process did (the
 // units it started, the jobs in flight, the windows of HealthySec).
 type Memory struct {
-	Managed map[string]string // the manifest: path -> hash (or InstanceMarker)
+	Managed map[string]Owned // the manifest: what the agent owns, by path
 	Records map[string]UnitRecord
 	// Blobs holds content by hash for the files of Applied and Previous
 	// records, so a change can be classified against what the unit

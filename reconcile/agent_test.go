@@ -80,7 +80,7 @@ func newAgent(t *testing.T) (*reconcile.Agent, *fakeSystemd, *unitdir.Dir) {
 	t.Helper()
 	files, m, _ := testDirs(t)
 	sd := &fakeSystemd{active: map[string]bool{}}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m, CheckFocus: true})
 	return a, sd, files
 }
 
@@ -185,7 +185,7 @@ func (r *refusesEnable) Enable(ctx context.Context, u ...string) error {
 func TestEnablesInOneCall(t *testing.T) {
 	files, m, _ := testDirs(t)
 	sd := &refusesEnable{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m, CheckFocus: true})
 	withInstall := func(units ...string) reconcile.Snapshot {
 		s := snapshot(units...)
 		for i := range s.Entries {
@@ -203,7 +203,7 @@ func TestEnablesInOneCall(t *testing.T) {
 
 	files, m, _ = testDirs(t)
 	sd = &refusesEnable{fakeSystemd: &fakeSystemd{active: map[string]bool{}}, bad: "b.service"}
-	a = reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	a = reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m, CheckFocus: true})
 	a.SetSnapshot(withInstall("c.service", "a.service", "b.service"))
 	stop = runAgent(t, a)
 	defer stop()
@@ -286,10 +286,10 @@ func TestVerificationResumesAfterAgentRestart(t *testing.T) {
 	if err := files.Write("a.service", content); err != nil {
 		t.Fatal(err)
 	}
-	m.Set("a.service", h)
+	m.Set("a.service", reconcile.Owned{Hash: h})
 	m.SetUnits(map[string]reconcile.UnitRecord{"a.service": {Applied: map[string]string{"a.service": h}, Good: map[string]string{"a.service": "older"}}}, reconcile.Intent{})
 	sd := &fakeSystemd{active: map[string]bool{"a.service": true}}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m, CheckFocus: true})
 	a.SetSnapshot(reconcile.Snapshot{Entries: []reconcile.Entry{{Unit: "a.service", Value: content}}})
 	stop := runAgent(t, a)
 	defer stop()
@@ -343,7 +343,7 @@ func TestNoFailureVerdictWhileJobRuns(t *testing.T) {
 	files, m, _ := testDirs(t)
 	sd := &failingStart{fakeSystemd: &fakeSystemd{active: map[string]bool{}}, unit: "a.service",
 		failed: make(chan struct{}), release: make(chan struct{})}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m, CheckFocus: true})
 	a.SetSnapshot(snapshot("a.service"))
 	stop := runAgent(t, a)
 	defer stop()
@@ -389,7 +389,7 @@ func TestPassReadsOnlyWhatChanged(t *testing.T) {
 	dir, m, _ := testDirs(t)
 	sd := &counting{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}
 	files := &countingFiles{Dir: dir}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m, CheckFocus: true})
 	var names []string
 	for i := range 100 {
 		names = append(names, fmt.Sprintf("u%03d.service", i))
@@ -452,7 +452,7 @@ func (g *restartGate) Restart(ctx context.Context, u string) error {
 func TestRollbackInFlightIsNotRolledBack(t *testing.T) {
 	files, m, _ := testDirs(t)
 	sd := &restartGate{fakeSystemd: &fakeSystemd{active: map[string]bool{}}, held: make(chan struct{}), release: make(chan struct{})}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m, CheckFocus: true})
 	snap := snapshot("a.service")
 	a.SetSnapshot(snap)
 	stop := runAgent(t, a)
@@ -510,7 +510,7 @@ func (g *startGate) Start(ctx context.Context, u string) error {
 func TestSignalsOfAUnitWithAJobInFlightAreMuted(t *testing.T) {
 	dir, m, _ := testDirs(t)
 	sd := &startGate{counting: &counting{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}, release: make(chan struct{})}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: dir, Manifest: m, CheckFocus: true})
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: dir, Manifest: m, CheckFocus: true})
 	snap := snapshot("a.service")
 	a.SetSnapshot(snap)
 	stop := runAgent(t, a)
@@ -572,7 +572,7 @@ func TestSignalsOfAUnitWithAJobInFlightAreMuted(t *testing.T) {
 func TestOverwrittenContentIsKept(t *testing.T) {
 	files, m, state := testDirs(t)
 	sd := &fakeSystemd{active: map[string]bool{}}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true})
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m, CheckFocus: true})
 	snap := snapshot("a.service")
 	a.SetSnapshot(snap)
 	stop := runAgent(t, a)
@@ -659,7 +659,7 @@ func TestSignalRefreshesOnlyItsUnitsStatus(t *testing.T) {
 func TestResyncCatchesAMissedSignal(t *testing.T) {
 	files, m, _ := testDirs(t)
 	sd := &fakeSystemd{active: map[string]bool{}}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, CheckFocus: true, ResyncInterval: 300 * time.Millisecond})
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m, CheckFocus: true, ResyncInterval: 300 * time.Millisecond})
 	a.SetSnapshot(snapshot("a.service", "b.service"))
 	stop := runAgent(t, a)
 	defer stop()
@@ -681,11 +681,21 @@ func TestResyncCatchesAMissedSignal(t *testing.T) {
 	t.Fatalf("after the resync b.service should show inactive: %+v", st)
 }
 
+// unknownManager gives a fake the service manager's identity and load
+// time, both unknown (as PlainSystemd does).
+type unknownManager struct{}
+
+func (unknownManager) ManagerID(context.Context) (string, error) { return "", errors.ErrUnsupported }
+func (unknownManager) UnitsLoaded(context.Context) (uint64, error) {
+	return 0, errors.ErrUnsupported
+}
+
 // lightSystemd is a fake systemd that knows no unit until the first
-// daemon-reload, lists units (Summarizer), reads timeouts alone
-// (TimeoutReader), and records each start's deadline.
+// daemon-reload, lists units (Summaries), reads timeouts alone
+// (Timeouts), and records each start's deadline.
 type lightSystemd struct {
 	*fakeSystemd
+	unknownManager
 	reloaded  atomic.Bool
 	full      atomic.Int64 // full state reads after the reload, before the jobs
 	starts    atomic.Int64
@@ -710,6 +720,11 @@ func (l *lightSystemd) State(ctx context.Context, u string) (reconcile.UnitState
 	st, err := l.fakeSystemd.State(ctx, u)
 	st.TimeoutStartUSec, st.TimeoutStopUSec = l.timeouts[u][0], l.timeouts[u][1]
 	return st, err
+}
+
+// StateSkippingFileState reads in full.
+func (l *lightSystemd) StateSkippingFileState(ctx context.Context, u string) (reconcile.UnitState, error) {
+	return l.State(ctx, u)
 }
 
 func (l *lightSystemd) Summaries(ctx context.Context, units []string) (map[string]reconcile.UnitSummary, error) {
@@ -815,6 +830,7 @@ func TestFirstSyncPlansNewUnitsFromTheListing(t *testing.T) {
 // make a unit fail to load at the reload.
 type reloadListing struct {
 	*fakeSystemd
+	unknownManager
 	window    atomic.Bool // after a daemon-reload, before a restart
 	full      sync.Map    // unit -> true: read in full in the window
 	reads     sync.Map    // unit -> *atomic.Int64: full reads
@@ -852,6 +868,11 @@ func (l *reloadListing) State(ctx context.Context, u string) (reconcile.UnitStat
 	n, _ := l.reads.LoadOrStore(u, new(atomic.Int64))
 	n.(*atomic.Int64).Add(1)
 	return l.state(ctx, u), nil
+}
+
+// StateSkippingFileState reads in full.
+func (l *reloadListing) StateSkippingFileState(ctx context.Context, u string) (reconcile.UnitState, error) {
+	return l.State(ctx, u)
 }
 
 func (l *reloadListing) Summaries(ctx context.Context, units []string) (map[string]reconcile.UnitSummary, error) {

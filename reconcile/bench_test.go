@@ -86,7 +86,7 @@ func benchPass(b *testing.B, n int) {
 	}
 	sd := &counting{fakeSystemd: &fakeSystemd{active: map[string]bool{}}}
 	obs := &passTimes{ch: make(chan time.Duration, 1024)}
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: dir, Manifest: man, Observer: obs})
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: dir, Manifest: man, Observer: obs})
 	names := make([]string, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("u%05d.service", i)

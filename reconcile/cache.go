@@ -22,80 +22,16 @@ import (
 //     judged on a fresh read),
 //   - and the periodic resync, which catches a missed event: it re-hashes
 //     every file and compares every unit's load/active/sub state in one
-//     call (Summarizer) — or forgets everything when systemd cannot do that.
+//     call (Systemd.Summaries) — or forgets everything when systemd cannot do that.
 //
 // Everything is forgotten at start, after a reconnect to systemd ("") and
 // after a failed pass.
 
-// Summarizer is an optional capability of Systemd: the load, active and
-// sub state of many units in one call (ListUnitsByNames), for the resync.
-type Summarizer interface {
-	Summaries(ctx context.Context, units []string) (map[string]UnitSummary, error)
-}
-
 // UnitSummary is the part of a unit's state systemd lists for many units at
-// once. A change in any other property of interest comes with a change in
-// one of these (and a signal).
+// once (Systemd.Summaries). A change in any other property of interest
+// comes with a change in one of these (and a signal).
 type UnitSummary struct {
 	LoadState, ActiveState, SubState string
-}
-
-// FileStateSkipper is an optional capability of Systemd: a unit's state
-// without UnitFileState, which costs systemd a look at the unit file and
-// the symlinks to it on the first read after every daemon-reload (measured
-// with 1,000 unit files: 3.4–5.0 ms per unit, against 1.0–1.9 ms for the
-// rest of the state). See needsFileState for when the loop does without.
-type FileStateSkipper interface {
-	StateSkippingFileState(ctx context.Context, unit string) (UnitState, error)
-}
-
-// TimeoutReader is an optional capability of Systemd: a unit's own job
-// timeouts, alone (UnitState.TimeoutStartUSec, TimeoutStopUSec). With it,
-// the units a daemon-reload has just loaded for the first time are planned
-// from one listing (Light) and only their timeouts are read, as their jobs
-// start: a full read of such a unit cost systemd 7.5–8.8 ms (measured with
-// 1,200 unit files, 300 units per figure), the listing 0.1–0.14 ms, and
-// the first sync of 1,000 units read them all.
-type TimeoutReader interface {
-	Timeouts(ctx context.Context, unit string) (start, stop uint64, err error)
-}
-
-// JobQueuer is an optional capability of Systemd, which planning from a
-// listing needs beside TimeoutReader: a job in two steps, queued and then
-// waited for, so that a Light unit's timeouts are read once its job holds
-// it loaded. systemd unloads an inactive unit nothing refers to after every
-// call about it and parses its files again at the next one: the first sync
-// of 1,000 new units, reading the timeouts before the start, made systemd
-// load each unit file five times (counted from its UnitNew signals), the
-// batch floor once.
-type JobQueuer interface {
-	Queue(ctx context.Context, job Job, unit string) (wait func(context.Context) error, err error)
-}
-
-// lightSystemd is what a job on a Light unit needs of systemd.
-type lightSystemd interface {
-	TimeoutReader
-	JobQueuer
-}
-
-// lightJobs is Systemd when it can run jobs on Light units (which may then
-// be planned from a listing), else nil.
-func (a *Agent) lightJobs() lightSystemd {
-	l, _ := a.cfg.Systemd.(lightSystemd)
-	return l
-}
-
-// ManagerIdentifier is an optional capability of Systemd: a name for the
-// running service manager instance (Current.Manager), read at every pass
-// over all units (start, reconnect, resync).
-type ManagerIdentifier interface {
-	ManagerID(ctx context.Context) (string, error)
-}
-
-// LoadTimer is an optional capability of Systemd: when it last loaded the
-// unit files (Current.Loaded).
-type LoadTimer interface {
-	UnitsLoaded(ctx context.Context) (uint64, error)
 }
 
 // cache is the loop's memory of systemd's and the disk's view. Loop-owned.
@@ -155,13 +91,12 @@ func needsFileState(unit string, d *DesiredUnit, last string) bool {
 // UnitFileState (the last one read stands in for it). It runs on the loop's
 // goroutine; what it returns may run on any.
 func (a *Agent) stateReader(unit string) func(context.Context) (UnitState, error) {
-	skipper, ok := a.cfg.Systemd.(FileStateSkipper)
-	last := a.cache.fileStates[unit]
-	if !ok || needsFileState(unit, a.desired.units[unit], last) {
-		return func(ctx context.Context) (UnitState, error) { return a.cfg.Systemd.State(ctx, unit) }
+	sd, last := a.cfg.Systemd, a.cache.fileStates[unit]
+	if needsFileState(unit, a.desired.units[unit], last) {
+		return func(ctx context.Context) (UnitState, error) { return sd.State(ctx, unit) }
 	}
 	return func(ctx context.Context) (UnitState, error) {
-		st, err := skipper.StateSkippingFileState(ctx, unit)
+		st, err := sd.StateSkippingFileState(ctx, unit)
 		st.UnitFileState = last
 		return st, err
 	}
@@ -329,8 +264,8 @@ func (a *Agent) asWritten(unit string) bool {
 		units = append(units, TemplateOf(unit))
 	}
 	for _, u := range units {
-		for p, h := range a.managed.of(u) {
-			if h != InstanceMarker && a.file(p).Hash != h {
+		for p, e := range a.managed.of(u) {
+			if !e.Instance && a.file(p).Hash != e.Hash {
 				return false
 			}
 		}
@@ -367,8 +302,7 @@ func (a *Agent) resyncCache(ctx context.Context) {
 	a.facts.relist = true
 	a.cache.files = map[string]LocalFile{}
 	a.cache.fileStates = map[string]string{}
-	sum, ok := a.cfg.Systemd.(Summarizer)
-	if !ok || len(a.cache.states) == 0 {
+	if len(a.cache.states) == 0 {
 		a.cache.states = map[string]UnitState{}
 		return
 	}
@@ -378,7 +312,7 @@ func (a *Agent) resyncCache(ctx context.Context) {
 			names = append(names, u)
 		}
 	}
-	got, err := sum.Summaries(ctx, names)
+	got, err := a.cfg.Systemd.Summaries(ctx, names)
 	if err != nil {
 		a.log.Debug("resync: unit summaries unavailable; reading every unit", "err", err)
 		a.cache.states = map[string]UnitState{}
@@ -470,10 +404,6 @@ func (a *Agent) refreshReloaded(ctx context.Context, need []string) []string {
 		return need
 	}
 	defer clear(a.cache.reloaded) // good for the round after the reload only
-	sum, ok := a.cfg.Systemd.(Summarizer)
-	if !ok || a.lightJobs() == nil {
-		return need
-	}
 	var names []string
 	for _, u := range need {
 		if _, ok := a.cache.reloaded[u]; ok {
@@ -483,7 +413,7 @@ func (a *Agent) refreshReloaded(ctx context.Context, need []string) []string {
 	if len(names) == 0 {
 		return need
 	}
-	got, err := sum.Summaries(ctx, names)
+	got, err := a.cfg.Systemd.Summaries(ctx, names)
 	if err != nil {
 		return need
 	}
@@ -521,7 +451,7 @@ const readWorkers = 8
 // prefetch reads the states of units the cache does not hold, several at a
 // time: systemd answers one call after another, but the round trips and the
 // agent's decoding overlap. Units systemd does not know at all need no full
-// read: when many are missing, one listing (Summarizer) finds those. At the
+// read: when many are missing, one listing (Systemd.Summaries) finds those. At the
 // first sync of 1,000 new units the states were read one by one, twice
 // (before and after the daemon-reload): seconds of waiting.
 func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
@@ -538,9 +468,8 @@ func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
 	if len(need) < 2 {
 		return nil // observe reads it
 	}
-	if sum, ok := a.cfg.Systemd.(Summarizer); ok && len(need) > readWorkers {
-		light := a.lightJobs() != nil
-		if got, err := sum.Summaries(ctx, need); err == nil {
+	if len(need) > readWorkers {
+		if got, err := a.cfg.Systemd.Summaries(ctx, need); err == nil {
 			rest := need[:0]
 			for _, u := range need {
 				s, ok := got[u]
@@ -548,7 +477,7 @@ func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
 				case ok && s.LoadState == "not-found":
 					a.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState,
 						LoadError: "Unit " + u + " not found."})
-				case ok && light && a.cache.unknown[u] && s.LoadState == "loaded" && s.ActiveState == "inactive" && s.SubState == "dead":
+				case ok && a.cache.unknown[u] && s.LoadState == "loaded" && s.ActiveState == "inactive" && s.SubState == "dead":
 					a.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Light: true})
 				default:
 					rest = append(rest, u)

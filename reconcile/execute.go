@@ -121,7 +121,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		}
 		a.mem.intent = intent
 		for p, h := range claims {
-			a.managed.set(p, h)
+			a.managed.set(p, Owned{Hash: h})
 		}
 	}
 
@@ -230,11 +230,11 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 			continue
 		}
 		if act.Record.Instance && act.Steps.Job == JobStart {
-			if err := a.cfg.Manifest.Set(act.Unit, InstanceMarker); err != nil {
+			if err := a.cfg.Manifest.Set(act.Unit, Owned{Instance: true}); err != nil {
 				a.record(act, "failed", err)
 				continue
 			}
-			a.managed.set(act.Unit, InstanceMarker)
+			a.managed.set(act.Unit, Owned{Instance: true})
 		}
 		if act.Steps.Job == JobStart || act.Steps.Job == JobRestart {
 			a.mem.started[act.Unit] = act.ContentKey

@@ -122,7 +122,6 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[
 	deadline := JobDeadline(act.Steps.Job, st)
 	a.log.Debug("job started", "unit", act.Unit, "job", act.Steps.Job.String(), "deadline", deadline, "light", st.Light)
 	read := a.stateReader(act.Unit)
-	light := a.lightJobs()
 	a.jobs.wg.Go(func() {
 		if wait != nil {
 			select {
@@ -132,8 +131,8 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[
 			}
 		}
 		var err error
-		if st.Light && light != nil {
-			err = a.runLightJob(ctx, light, act, st)
+		if st.Light {
+			err = a.runLightJob(ctx, act, st)
 		} else {
 			err = underDeadline(ctx, deadline, func(jctx context.Context) error { return a.runJob(jctx, act) })
 		}
@@ -164,10 +163,11 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[
 // runLightJob runs the job of a unit planned from a listing (Light), whose
 // own timeouts are not known yet. They are read once systemd has queued
 // the job — read before, they made systemd load the unit's files again
-// (JobQueuer); until then the wait is bounded by systemd's defaults. A
+// (Systemd.Queue); until then the wait is bounded by systemd's defaults. A
 // restart that stops other units first (a socket's service) reads them
 // first: the whole of it runs under one deadline.
-func (a *Agent) runLightJob(ctx context.Context, sd lightSystemd, act Action, st UnitState) error {
+func (a *Agent) runLightJob(ctx context.Context, act Action, st UnitState) error {
+	sd := a.cfg.Systemd
 	// withDeadline runs f under the job's deadline as far as it is known.
 	withDeadline := func(f func(context.Context) error) error {
 		return underDeadline(ctx, JobDeadline(act.Steps.Job, st), f)
@@ -223,7 +223,7 @@ func (a *Agent) runJob(ctx context.Context, act Action) error {
 }
 
 // DoJob runs job on unit and waits for its end: the whole of a job, for a
-// Systemd that has no JobQueuer (a queue whose wait does it all).
+// Systemd that has no two-step Queue (a queue whose wait does it all).
 func DoJob(ctx context.Context, sd Systemd, job Job, unit string) error {
 	switch job {
 	case JobStart:

@@ -10,24 +10,24 @@ import (
 // this copy with every change it makes (Claim, Set, Forget), so a pass looks
 // up one unit's paths without cloning the whole manifest. Loop-owned.
 type managedIndex struct {
-	paths  map[string]string   // path -> hash (or InstanceMarker), as in the manifest
+	paths  map[string]Owned    // as in the manifest
 	byUnit map[string][]string // unit -> its paths (most units: one)
 }
 
-func newManagedIndex(paths map[string]string) managedIndex {
-	m := managedIndex{paths: map[string]string{}, byUnit: map[string][]string{}}
-	for p, h := range paths {
-		m.set(p, h)
+func newManagedIndex(paths map[string]Owned) managedIndex {
+	m := managedIndex{paths: map[string]Owned{}, byUnit: map[string][]string{}}
+	for p, e := range paths {
+		m.set(p, e)
 	}
 	return m
 }
 
-func (m *managedIndex) set(path, hash string) {
+func (m *managedIndex) set(path string, e Owned) {
 	if _, ok := m.paths[path]; !ok {
 		u := UnitOfPath(path)
 		m.byUnit[u] = append(m.byUnit[u], path)
 	}
-	m.paths[path] = hash
+	m.paths[path] = e
 }
 
 func (m *managedIndex) forget(path string) {
@@ -42,9 +42,9 @@ func (m *managedIndex) forget(path string) {
 	}
 }
 
-// of yields the managed paths of unit with their hashes.
-func (m *managedIndex) of(unit string) iter.Seq2[string, string] {
-	return func(yield func(string, string) bool) {
+// of yields the managed paths of unit with their entries.
+func (m *managedIndex) of(unit string) iter.Seq2[string, Owned] {
+	return func(yield func(string, Owned) bool) {
 		for _, p := range m.byUnit[unit] {
 			if !yield(p, m.paths[p]) {
 				return

@@ -111,15 +111,15 @@ func (a *Agent) rescan() {
 }
 
 // addPaths adds to paths the files of unit the agent looks at: the ones
-// the registry wants and the ones it manages (an instance marker is none).
+// the registry wants and the ones it manages (an instance's entry is none).
 func (a *Agent) addPaths(paths map[string]bool, unit string) {
 	if d := a.desired.units[unit]; d != nil {
 		for _, f := range d.Files() {
 			paths[f.Path] = true
 		}
 	}
-	for p, h := range a.managed.of(unit) {
-		if h != InstanceMarker {
+	for p, e := range a.managed.of(unit) {
+		if !e.Instance {
 			paths[p] = true
 		}
 	}
@@ -131,20 +131,16 @@ func (a *Agent) addPaths(paths map[string]bool, unit string) {
 // the instance keeps the last answer (a new manager comes with a
 // reconnect, and the pass after it reads again).
 func (a *Agent) readManager(ctx context.Context) {
-	id, ok := a.cfg.Systemd.(ManagerIdentifier)
-	if !ok {
-		return
-	}
-	m, err := id.ManagerID(ctx)
+	m, err := a.cfg.Systemd.ManagerID(ctx)
 	if err != nil {
 		a.log.Debug("service manager instance unknown", "err", err)
 		return
 	}
 	a.mem.manager = m
-	if l, ok := a.cfg.Systemd.(LoadTimer); ok && !a.mem.intent.Reload {
+	if !a.mem.intent.Reload {
 		// Only while no daemon-reload is owed: after one of the agent's
 		// own, a unit started before it could pass for one started after.
-		if a.mem.loaded, err = l.UnitsLoaded(ctx); err != nil {
+		if a.mem.loaded, err = a.cfg.Systemd.UnitsLoaded(ctx); err != nil {
 			a.mem.loaded = 0
 		}
 	}
@@ -154,20 +150,20 @@ func (a *Agent) readManager(ctx context.Context) {
 func (a *Agent) current(ctx context.Context, units map[string]bool) (Current, error) {
 	cur := Current{
 		Host:   HostFacts{Files: map[string]LocalFile{}, Units: map[string]UnitState{}},
-		Memory: Memory{Managed: map[string]string{}, Blobs: map[string][]byte{}},
+		Memory: Memory{Managed: map[string]Owned{}, Blobs: map[string][]byte{}},
 		Fleet:  Fleet{Halts: a.focus.halts},
 	}
 	paths := map[string]bool{}
 	for u := range units {
 		a.addPaths(paths, u)
-		for p, h := range a.managed.of(u) {
-			cur.Memory.Managed[p] = h
+		for p, e := range a.managed.of(u) {
+			cur.Memory.Managed[p] = e
 		}
 	}
 	for p := range paths {
 		lf := a.file(p)
 		cur.Host.Files[p] = lf
-		a.noteDrift(p, cur.Memory.Managed[p], lf)
+		a.noteDrift(p, cur.Memory.Managed[p].Hash, lf)
 	}
 	if err := a.prefetch(ctx, units); err != nil {
 		return Current{}, err
@@ -280,7 +276,7 @@ func (a *Agent) state(ctx context.Context, unit string) (UnitState, error) {
 // noteDrift logs, once per distinct content, a managed file changed behind
 // the agent's back. The pass then restores it like any other difference.
 func (a *Agent) noteDrift(path, want string, lf LocalFile) {
-	if want == "" || want == InstanceMarker || lf.Err != "" {
+	if want == "" || lf.Err != "" {
 		return
 	}
 	found := lf.Hash

@@ -30,7 +30,7 @@ func KeyOf(files map[string]string) string {
 // ContentKey is a stable identity for all of a unit's desired files.
 func ContentKey(u *DesiredUnit) string {
 	if u.Instance && len(u.DropIns) == 0 {
-		return InstanceMarker
+		return instanceKey
 	}
 	return KeyOf(fileHashes(u.Files()))
 }
@@ -211,8 +211,8 @@ func ownershipOf(name string, d *DesiredUnit, cur Current) Ownership {
 		}
 		return OwnDropIns
 	}
-	if h, ok := cur.Memory.Managed[name]; ok {
-		if h == InstanceMarker {
+	if e, ok := cur.Memory.Managed[name]; ok {
+		if e.Instance {
 			return OwnInstance
 		}
 		return OwnFile
@@ -254,7 +254,7 @@ func planUnit(name string, d *DesiredUnit, managed []string, desired map[string]
 
 // planFiles: ownership first — never overwrite what is not ours (why says
 // what is in the way) — then the files to write, remove, or forget (an
-// instance's marker).
+// instance's entry).
 func planFiles(a *Action, d *DesiredUnit, managed []string, cur Current) (why string) {
 	isManaged := map[string]bool{}
 	for _, p := range managed {
@@ -279,7 +279,7 @@ func planFiles(a *Action, d *DesiredUnit, managed []string, cur Current) (why st
 	for _, p := range managed {
 		switch {
 		case wanted[p]:
-		case cur.Memory.Managed[p] == InstanceMarker:
+		case cur.Memory.Managed[p].Instance:
 			if !d.Instance {
 				a.Steps.Forget = append(a.Steps.Forget, p)
 			}
@@ -328,7 +328,7 @@ func planEffective(a *Action, d *DesiredUnit, desired map[string]*DesiredUnit, c
 	a.Record.Effective = effective
 	a.ContentKey = KeyOf(effective)
 	if d.Instance && len(effective) == 0 {
-		a.ContentKey = InstanceMarker
+		a.ContentKey = instanceKey
 	}
 	return backToOld
 }
@@ -411,7 +411,7 @@ func planFailed(a Action, rec UnitRecord, managed []string, cur Current) Action 
 // planRun decides what it takes for the unit to run its effective set as
 // its policy asks: enablement, then a job (or none), then whether the set
 // is recorded as running now (Adopt). isManaged: the manifest has the
-// unit's own path (a file, or an instance's marker).
+// unit's own path (a file, or an instance's entry).
 func planRun(a *Action, u unitCase, d *DesiredUnit, isManaged bool, desired map[string]*DesiredUnit, cur Current) {
 	name, p, st, rec, changed, stale := a.Unit, a.Policy, u.st, u.rec, u.changed, u.stale
 	planEnable(a, st, changed)

@@ -68,14 +68,14 @@ func p2Host(units map[string]UnitState, pairs ...string) Current {
 	c := Current{
 		Host: HostFacts{Files: map[string]LocalFile{}, Units: units},
 		Memory: Memory{
-			Managed: map[string]string{},
+			Managed: map[string]Owned{},
 			Records: map[string]UnitRecord{},
 			Blobs:   map[string][]byte{},
 		},
 	}
 	for i := 0; i < len(pairs); i += 2 {
 		c.Host.Files[pairs[i]] = p2File(pairs[i+1])
-		c.Memory.Managed[pairs[i]] = p2H(pairs[i+1])
+		c.Memory.Managed[pairs[i]] = Owned{Hash: p2H(pairs[i+1])}
 	}
 	return c
 }
@@ -147,14 +147,14 @@ func TestPlan2Transitions(t *testing.T) {
 		{name: "removed owned instance running: stop, no file touched", unit: "web@1.service",
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{"web@1.service": enabled(running)})
-				c.Memory.Managed["web@1.service"] = InstanceMarker
+				c.Memory.Managed["web@1.service"] = instance
 				return c
 			},
 			want: p2Want{kind: KindRemove, job: JobStop, own: OwnInstance}},
 		{name: "removed owned instance stopped: forget the marker, no file removed, never disabled", unit: "web@1.service",
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{"web@1.service": enabled(stopped)})
-				c.Memory.Managed["web@1.service"] = InstanceMarker
+				c.Memory.Managed["web@1.service"] = instance
 				return c
 			},
 			want: p2Want{kind: KindRemove, forget: []string{"web@1.service"}, drop: true, own: OwnInstance}},
@@ -346,7 +346,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry("web@.service", p2Install), entry("web@2.service", "")},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{"web@2.service": p2FileState(running, "disabled")}, "web@.service", p2Install)
-				c.Memory.Managed["web@2.service"] = InstanceMarker
+				c.Memory.Managed["web@2.service"] = instance
 				c.Memory.Records["web@2.service"] = UnitRecord{Applied: p2Files("web@.service", p2Install)}
 				return c
 			},
@@ -519,7 +519,7 @@ func TestPlan2Transitions(t *testing.T) {
 			entries: []Entry{entry("web@.service", svc), entry("web@1.service", "")},
 			cur: func() Current {
 				c := p2Host(map[string]UnitState{"web@1.service": failed}, "web@.service", svc)
-				c.Memory.Managed["web@1.service"] = InstanceMarker
+				c.Memory.Managed["web@1.service"] = instance
 				c.Memory.Intent = Intent{Jobs: map[string]string{"web@1.service": p2Key("web@.service", svc)}}
 				return c
 			},

@@ -65,7 +65,7 @@ func planRemove(a Action, managed []string, cur Current) Action {
 		// Stopped: disable, delete, and one daemon-reload for both.
 		a.Steps.Disable = st.UnitFileState == "enabled" && a.Own == OwnFile && !IsTemplate(a.Unit) && !IsInstance(a.Unit)
 		for _, p := range managed {
-			if cur.Memory.Managed[p] == InstanceMarker {
+			if cur.Memory.Managed[p].Instance {
 				a.Steps.Forget = append(a.Steps.Forget, p) // no file: the agent owns only the running instance
 			} else {
 				a.Steps.Removes = append(a.Steps.Removes, p)
@@ -81,10 +81,10 @@ func planRemove(a Action, managed []string, cur Current) Action {
 }
 
 // ownsUnitFile says whether the agent installed name's own unit file (the
-// manifest has it, and not as an instance's marker).
+// manifest has it, and not as an instance).
 func ownsUnitFile(name string, cur Current) bool {
-	h, ok := cur.Memory.Managed[name]
-	return ok && h != InstanceMarker
+	e, ok := cur.Memory.Managed[name]
+	return ok && !e.Instance
 }
 
 // planUnitFileGone: the registry holds drop-ins of a unit but no longer
@@ -132,7 +132,7 @@ func planRefused(a Action, rec UnitRecord, st UnitState, cur Current) Action {
 				continue
 			}
 			b.Steps.Writes = append(b.Steps.Writes, DesiredFile{Path: p, Content: content, Hash: old})
-		case cur.Memory.Managed[p] != "":
+		case cur.Memory.Managed[p] != Owned{}:
 			b.Steps.Removes = append(b.Steps.Removes, p)
 		}
 	}
@@ -165,7 +165,7 @@ func planRollback(a Action, rec UnitRecord, managed []string, cur Current) (Acti
 		gone[p] = true
 	}
 	for _, p := range slices.Sorted(maps.Keys(gone)) {
-		if _, keep := rec.Previous[p]; !keep && cur.Memory.Managed[p] != "" && cur.Memory.Managed[p] != InstanceMarker {
+		if _, keep := rec.Previous[p]; !keep && cur.Memory.Managed[p].Hash != "" {
 			r.Steps.Removes = append(r.Steps.Removes, p)
 		}
 	}
@@ -194,7 +194,7 @@ func planTemplateRollback(a Action, rec UnitRecord, managed []string, cur Curren
 	}
 	r.Steps.Writes = writes
 	for _, p := range managed {
-		if _, keep := rec.Applied[p]; !keep && cur.Memory.Managed[p] != InstanceMarker {
+		if _, keep := rec.Applied[p]; !keep && !cur.Memory.Managed[p].Instance {
 			r.Steps.Removes = append(r.Steps.Removes, p)
 		}
 	}

@@ -137,13 +137,10 @@ func TestPlan(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cur := Current{
 				Host:   HostFacts{Files: tt.files, Units: tt.units},
-				Memory: Memory{Managed: tt.managed, Refused: tt.refused, Started: tt.started},
+				Memory: Memory{Managed: ownedFiles(tt.managed), Refused: tt.refused, Started: tt.started},
 			}
 			if cur.Host.Files == nil {
 				cur.Host.Files = map[string]LocalFile{}
-			}
-			if cur.Memory.Managed == nil {
-				cur.Memory.Managed = map[string]string{}
 			}
 			plan := Plan(Desire(Snapshot{Entries: tt.entries}), cur)
 			unit := tt.wantUnit
@@ -194,7 +191,7 @@ func TestPlanTemplateChangeRollsInstancesOneAtATime(t *testing.T) {
 			Units: map[string]UnitState{"web@.service": absent, "web@1.service": running, "web@2.service": running, "web@3.service": stopped},
 		},
 		Memory: Memory{
-			Managed: map[string]string{"web@.service": "x", "web@1.service": InstanceMarker, "web@2.service": InstanceMarker, "web@3.service": InstanceMarker},
+			Managed: map[string]Owned{"web@.service": {Hash: "x"}, "web@1.service": instance, "web@2.service": instance, "web@3.service": instance},
 			Records: map[string]UnitRecord{"web@1.service": {Applied: oldApplied}, "web@2.service": {Applied: oldApplied}, "web@3.service": {Applied: oldApplied}},
 		},
 	}
@@ -233,7 +230,7 @@ func TestPlanTemplateChangeRollsInstancesOneAtATime(t *testing.T) {
 
 func TestPlanRemovedInstanceIsStoppedNoFileTouched(t *testing.T) {
 	cur := Current{
-		Memory: Memory{Managed: map[string]string{"web@1.service": InstanceMarker}},
+		Memory: Memory{Managed: map[string]Owned{"web@1.service": instance}},
 		Host: HostFacts{
 			Units: map[string]UnitState{"web@1.service": running},
 			Files: map[string]LocalFile{},
@@ -252,7 +249,7 @@ func TestPlanIsDeterministic(t *testing.T) {
 	}
 	cur := Current{
 		Host:   HostFacts{Files: map[string]LocalFile{}, Units: map[string]UnitState{}},
-		Memory: Memory{Managed: map[string]string{}},
+		Memory: Memory{Managed: map[string]Owned{}},
 	}
 	plan := Plan(Desire(Snapshot{Entries: entries}), cur)
 	var names []string
@@ -371,7 +368,7 @@ func TestPlanChangeOnRunningUnit(t *testing.T) {
 					Units: map[string]UnitState{unit: st},
 				},
 				Memory: Memory{
-					Managed: map[string]string{unit: oldH},
+					Managed: map[string]Owned{unit: {Hash: oldH}},
 					Records: map[string]UnitRecord{unit: {Applied: map[string]string{unit: oldH}}},
 				},
 			}
@@ -409,7 +406,7 @@ func TestPlanFailedContentIsHeld(t *testing.T) {
 			Units: map[string]UnitState{"hello.service": running},
 		},
 		Memory: Memory{
-			Managed: map[string]string{"hello.service": h1},
+			Managed: map[string]Owned{"hello.service": {Hash: h1}},
 			Records: map[string]UnitRecord{"hello.service": {Applied: map[string]string{"hello.service": h1}, Failed: "hello.service=" + h2 + ";", FailReason: "start failed"}},
 		},
 	}
@@ -434,7 +431,7 @@ func TestPlanMaxUnavailableAndHalts(t *testing.T) {
 				Units: map[string]UnitState{"hello.service": running},
 			},
 			Memory: Memory{
-				Managed: map[string]string{"hello.service": h1},
+				Managed: map[string]Owned{"hello.service": {Hash: h1}},
 				Records: map[string]UnitRecord{"hello.service": {Applied: map[string]string{"hello.service": h1}}},
 			},
 		}
@@ -615,10 +612,22 @@ func TestPlanDropInsWithoutTheirUnit(t *testing.T) {
 			}
 			p2Check(t, got[0], tc.want)
 			if got[0].Steps.Job == JobStart || got[0].Steps.Job == JobRestart || got[0].Steps.Job == JobReload {
-				if st := tc.cur().Host.Units[dd]; st.LoadState == "not-found" || tc.cur().Memory.Managed[dd] != "" {
+				if st := tc.cur().Host.Units[dd]; st.LoadState == "not-found" || tc.cur().Memory.Managed[dd] != (Owned{}) {
 					t.Errorf("%s job for a unit whose file is gone", got[0].Steps.Job)
 				}
 			}
 		})
 	}
+}
+
+// instance is the manifest's entry of a template instance the agent runs.
+var instance = Owned{Instance: true}
+
+// ownedFiles is the manifest of files (path -> hash written); nil is empty.
+func ownedFiles(files map[string]string) map[string]Owned {
+	m := map[string]Owned{}
+	for p, h := range files {
+		m[p] = Owned{Hash: h}
+	}
+	return m
 }

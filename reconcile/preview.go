@@ -256,7 +256,7 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 	cur := Current{
 		Host: HostFacts{Files: map[string]LocalFile{}, Units: map[string]UnitState{}},
 		Memory: Memory{
-			Managed:   map[string]string{},
+			Managed:   map[string]Owned{},
 			Records:   map[string]UnitRecord{},
 			Blobs:     map[string][]byte{},
 			Refused:   map[string]Refusal{},
@@ -292,15 +292,15 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 				// The host has not written the current content (a held
 				// rollout): its status says what the file holds.
 				cur.Host.Files[f.Path] = LocalFile{Exists: true, Hash: h}
-				cur.Memory.Managed[f.Path] = h
+				cur.Memory.Managed[f.Path] = Owned{Hash: h}
 				continue
 			}
 			cur.Host.Files[f.Path] = LocalFile{Exists: true, Hash: f.Hash, Content: f.Content}
-			cur.Memory.Managed[f.Path] = f.Hash
+			cur.Memory.Managed[f.Path] = Owned{Hash: f.Hash}
 			cur.Memory.Blobs[f.Hash] = f.Content
 		}
 		if d.Instance {
-			cur.Memory.Managed[name] = InstanceMarker
+			cur.Memory.Managed[name] = Owned{Instance: true}
 		}
 	}
 	for p, uf := range unowned {
@@ -348,7 +348,7 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 		}
 		key := KeyOf(eff)
 		if len(eff) == 0 && d.Instance {
-			key = InstanceMarker
+			key = instanceKey
 		}
 		cur.Memory.Records[name] = UnitRecord{Applied: eff, Own: own}
 		cur.Memory.Started[name] = key

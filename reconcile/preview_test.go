@@ -210,7 +210,7 @@ func TestPreviewAgreesWithThePass(t *testing.T) {
 				sd.failStart[u] = true
 			}
 			statuses, facts := &statusSink{}, &factsSink{}
-			a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m, Reporter: statuses, Facts: facts, CheckFocus: true})
+			a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m, Reporter: statuses, Facts: facts, CheckFocus: true})
 			before := reconcile.Snapshot{Revision: 1, Entries: c.before, Halts: c.halts}
 			a.SetSnapshot(before)
 			stop := runAgent(t, a)

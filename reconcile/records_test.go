@@ -45,7 +45,7 @@ func TestPersistErrorLoggedOnce(t *testing.T) {
 	files, m, _ := testDirs(t)
 	sd := &fakeSystemd{active: map[string]bool{}}
 	var log syncBuffer
-	a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: refusesRecords{m}, CheckFocus: true,
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: refusesRecords{m}, CheckFocus: true,
 		Log: slog.New(slog.NewTextHandler(&log, nil))})
 	a.SetSnapshot(snapshot("a.service"))
 	stop := runAgent(t, a)
@@ -94,7 +94,7 @@ func TestPassErrorsNotDoubled(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			files, m, _ := testDirs(t)
 			sd.fakeSystemd = &fakeSystemd{active: map[string]bool{}}
-			a := reconcile.New(reconcile.Config{Systemd: sd, Files: files, Manifest: m})
+			a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m})
 			a.SetSnapshot(snapshot("a.service"))
 			defer runAgent(t, a)()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -135,7 +135,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 			s.Source = d.File.Source
 		}
 	}
-	if a.managed.paths[name] != InstanceMarker {
+	if !a.managed.paths[name].Instance {
 		if lf := a.file(name); lf.Exists {
 			s.Hash = lf.Hash
 		}
@@ -143,8 +143,8 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 	if d != nil && d.File != nil && s.Hash == s.DesiredHash {
 		s.Revision = d.File.Revision
 	}
-	for p, h := range a.managed.of(name) {
-		if p == name || h == InstanceMarker {
+	for p, e := range a.managed.of(name) {
+		if p == name || e.Instance {
 			continue
 		}
 		if lf := a.file(p); lf.Exists {

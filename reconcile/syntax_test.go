@@ -158,7 +158,7 @@ func TestDesireBlocksBadSyntax(t *testing.T) {
 			Units: map[string]UnitState{"a.service": running},
 		},
 		Memory: Memory{
-			Managed: map[string]string{"a.service": Hash(good)},
+			Managed: map[string]Owned{"a.service": {Hash: Hash(good)}},
 			Records: map[string]UnitRecord{"a.service": {Applied: map[string]string{"a.service": Hash(good)}}},
 		},
 	}

@@ -112,7 +112,7 @@ type UnitState struct {
 	// SubState are systemd's; the rest is what such a unit has — it never
 	// ran, it has no newer file (NeedDaemonReload=no), no result — and its
 	// timeouts and UnitFileState are not known. A job on it reads its
-	// timeouts once systemd has queued it (TimeoutReader, JobQueuer); the
+	// timeouts once systemd has queued it (Systemd.Timeouts, Systemd.Queue); the
 	// read after the job is a full one.
 	Light bool
 }

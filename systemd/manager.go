@@ -68,6 +68,9 @@ func (e *JobError) Error() string {
 // such as interface{ JobResult() string }.
 func (e *JobError) JobResult() string { return e.Result }
 
+// Manager is every method of reconcile.Systemd.
+var _ reconcile.Systemd = (*Manager)(nil)
+
 // Manager talks to one systemd manager. Create it with Open.
 type Manager struct {
 	// JobTimeout, when positive, bounds the wait for a job's result on top
@@ -244,7 +247,7 @@ func (m *Manager) job(ctx context.Context, job reconcile.Job, unit string) error
 // ctx is done. Between the two the unit is held loaded by its job: systemd
 // unloads an inactive unit nothing refers to after every call about it,
 // and loads it anew — parsing its files — at the next one
-// (reconcile.JobQueuer).
+// (reconcile.Systemd.Queue).
 func (m *Manager) Queue(ctx context.Context, job reconcile.Job, unit string) (wait func(context.Context) error, err error) {
 	switch job {
 	case reconcile.JobStart:
@@ -416,7 +419,7 @@ func (m *Manager) state(ctx context.Context, unit string, fileState bool) (recon
 // systemd forgets that a unit ran once it unloads it (an inactive unit
 // nothing refers to); the agent remembers under which manager it last
 // started the unit, so that an operator's stop outlives an agent restart
-// (reconcile.ManagerIdentifier).
+// (reconcile.Systemd.ManagerID).
 func (m *Manager) ManagerID(ctx context.Context) (string, error) {
 	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
@@ -462,7 +465,7 @@ func (m *Manager) managerProperties(ctx context.Context, names ...string) (map[s
 // daemon-reload a full read of a unit systemd just loaded costs it several
 // milliseconds (it works out UnitFileState and serializes hundreds of
 // properties); the loop plans such a unit from ListUnitsByNames and reads
-// only these when it starts the unit's job (reconcile.TimeoutReader).
+// only these when it starts the unit's job (reconcile.Systemd.Timeouts).
 func (m *Manager) Timeouts(ctx context.Context, unit string) (start, stop uint64, err error) {
 	iface := typeInterface(unit)
 	names := timeoutProps[iface]

@@ -40,7 +40,7 @@ const (
 type Manifest struct {
 	dir    *Dir
 	mu     sync.Mutex
-	files  map[string]string // path relative to the unit dir -> hash last written
+	files  map[string]string // path relative to the unit dir -> its entry in wire form (ownedWire)
 	units  map[string]reconcile.UnitRecord
 	intent reconcile.Intent
 	seq    int64 // of the last write, manifest or journal
@@ -141,23 +141,50 @@ func applyUnits(dst, delta map[string]reconcile.UnitRecord) {
 	}
 }
 
-// Managed returns a copy of path -> hash for every file the agent owns.
-func (m *Manifest) Managed() map[string]string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return maps.Clone(m.files)
+// instanceWire is how the manifest files hold an instance's entry
+// (reconcile.Owned.Instance) in place of a file's hash; agents before the
+// typed entries read and write the same.
+const instanceWire = "instance"
+
+// ownedWire is e as the manifest files hold it: the file's hash, or
+// instanceWire.
+func ownedWire(e reconcile.Owned) string {
+	if e.Instance {
+		return instanceWire
+	}
+	return e.Hash
 }
 
-// Set records that the agent owns path and is about to hold hash there.
-// Call it before writing the file, so a crash in between leaves a file the
-// agent still owns.
-func (m *Manifest) Set(path, hash string) error {
+// ownedOf reads an entry of the manifest files (see ownedWire).
+func ownedOf(wire string) reconcile.Owned {
+	if wire == instanceWire {
+		return reconcile.Owned{Instance: true}
+	}
+	return reconcile.Owned{Hash: wire}
+}
+
+// Managed returns what the agent owns, by path.
+func (m *Manifest) Managed() map[string]reconcile.Owned {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if old, ok := m.files[path]; ok && old == hash {
+	out := make(map[string]reconcile.Owned, len(m.files))
+	for p, w := range m.files {
+		out[p] = ownedOf(w)
+	}
+	return out
+}
+
+// Set records that the agent owns path: the file it is about to write
+// there, or an instance. Call it before writing the file, so a crash in
+// between leaves a file the agent still owns.
+func (m *Manifest) Set(path string, e reconcile.Owned) error {
+	w := ownedWire(e)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if old, ok := m.files[path]; ok && old == w {
 		return nil
 	}
-	return m.change(map[string]string{path: hash}, nil, m.intent)
+	return m.change(map[string]string{path: w}, nil, m.intent)
 }
 
 // Claim records, in one write, that the agent owns files (path -> the hash

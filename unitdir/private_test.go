@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/agentd/agentd/reconcile"
 )
 
 func mode(t *testing.T, p string) os.FileMode {
@@ -28,7 +30,7 @@ func TestPrivateModesUnderUmask0(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Set("a.service", "h1"); err != nil {
+	if err := m.Set("a.service", reconcile.Owned{Hash: "h1"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.PutBlob("h1", []byte("Environment=TOKEN=secret\n")); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -187,10 +188,10 @@ func TestManifestPersists(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Set("a.service", "h1"); err != nil {
+	if err := m.Set("a.service", reconcile.Owned{Hash: "h1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Set("b.service", "h2"); err != nil {
+	if err := m.Set("b.service", reconcile.Owned{Hash: "h2"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Forget("b.service"); err != nil {
@@ -203,7 +204,7 @@ func TestManifestPersists(t *testing.T) {
 	}
 	defer m2.Close()
 	got := m2.Managed()
-	if len(got) != 1 || got["a.service"] != "h1" {
+	if len(got) != 1 || got["a.service"] != (reconcile.Owned{Hash: "h1"}) {
 		t.Fatalf("reloaded manifest = %v", got)
 	}
 }
@@ -477,7 +478,7 @@ func TestManifestJournal(t *testing.T) {
 		t.Fatalf("after two small changes: manifest written %v, journal %v; want only the journal", exists(manifestFile), exists(journalFile))
 	}
 	r := reopen()
-	if got := r.Managed(); got["a.service"] != "h1" || len(got) != 1 {
+	if got := r.Managed(); got["a.service"] != (reconcile.Owned{Hash: "h1"}) || len(got) != 1 {
 		t.Fatalf("files from the journal = %v", got)
 	}
 	if got := r.Units()["a.service"]; got.Applied["a.service"] != "h1" {
@@ -506,8 +507,8 @@ func TestManifestJournal(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = reopen()
-	if got := r.Managed(); len(got) != compactAfter || got["a.service"] != "h1" || got["u000.service"] != "" {
-		t.Fatalf("after compaction and a forget: %d files (a.service=%q, u000.service=%q)", len(got), got["a.service"], got["u000.service"])
+	if got := r.Managed(); len(got) != compactAfter || got["a.service"] != (reconcile.Owned{Hash: "h1"}) || got["u000.service"] != (reconcile.Owned{}) {
+		t.Fatalf("after compaction and a forget: %d files (a.service=%+v, u000.service=%+v)", len(got), got["a.service"], got["u000.service"])
 	}
 	if got := r.Intent(); !got.Reload || got.Jobs["a.service"] != "k1" {
 		t.Fatalf("intent after compaction = %+v", got)
@@ -529,7 +530,7 @@ func TestManifestJournal(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = reopen()
-	if got := r.Managed(); len(got) != 2*compactAfter || got["a.service"] != "" || !r.Intent().Empty() {
+	if got := r.Managed(); len(got) != 2*compactAfter || got["a.service"] != (reconcile.Owned{}) || !r.Intent().Empty() {
 		t.Fatalf("a stale journal was applied: %d files, intent %+v", len(got), r.Intent())
 	}
 
@@ -537,4 +538,65 @@ func TestManifestJournal(t *testing.T) {
 	if _, err := OpenManifest(dir); err == nil || !strings.Contains(err.Error(), journalFile) {
 		t.Fatalf("corrupt journal: %v", err)
 	}
+}
+
+// The state directory's form does not change with the typed entries
+// (reconcile.Owned): an agent downgraded or upgraded across them reads
+// the other's manifest. Old-form bytes read back, and what is written now
+// is byte-identical to what the agents before wrote for the same content.
+func TestManifestWireFormUnchanged(t *testing.T) {
+	inst, h1 := reconcile.Owned{Instance: true}, reconcile.Owned{Hash: "h1"}
+	t.Run("reads the old form", func(t *testing.T) {
+		dir := t.TempDir()
+		os.WriteFile(filepath.Join(dir, manifestFile), []byte(`{"version":2,"seq":3,"files":{"a.service":"h1","b.service":"h2","web@1.service":"instance"}}`+"\n"), 0o600)
+		os.WriteFile(filepath.Join(dir, journalFile), []byte(`{"seq":4,"files":{"b.service":"","web@2.service":"instance"}}`+"\n"), 0o600)
+		m, err := OpenManifest(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		want := map[string]reconcile.Owned{"a.service": h1, "web@1.service": inst, "web@2.service": inst}
+		if got := m.Managed(); !maps.Equal(got, want) {
+			t.Fatalf("Managed() = %v, want %v", got, want)
+		}
+	})
+	t.Run("writes the old form", func(t *testing.T) {
+		dir := t.TempDir()
+		m, err := OpenManifest(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		read := func(name string) string {
+			b, err := os.ReadFile(filepath.Join(dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return string(b)
+		}
+		if err := m.Set("web@1.service", inst); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Set("a.service", h1); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := read(journalFile), `{"seq":2,"files":{"a.service":"h1","web@1.service":"instance"}}`+"\n"; got != want {
+			t.Fatalf("journal:\n got %s\nwant %s", got, want)
+		}
+		files := map[string]string{}
+		var want strings.Builder
+		want.WriteString(`{"version":2,"seq":3,"files":{"a.service":"h1",`)
+		for i := range compactAfter {
+			p := fmt.Sprintf("u%03d.service", i)
+			files[p] = "h"
+			fmt.Fprintf(&want, "%q:\"h\",", p)
+		}
+		want.WriteString(`"web@1.service":"instance"}}` + "\n")
+		if err := m.Claim(files, reconcile.Intent{}); err != nil { // compacts
+			t.Fatal(err)
+		}
+		if got := read(manifestFile); got != want.String() {
+			t.Fatalf("manifest:\n got %s\nwant %s", got, want.String())
+		}
+	})
 }

@@ -272,14 +272,14 @@ func checkStateDir(o *runOptions) []check {
 
 // checkManagedFiles checks that every file the manifest lists (managed:
 // path → the hash agentd wrote) is in files with that content.
-func checkManagedFiles(files *unitdir.Dir, managed map[string]string) []check {
+func checkManagedFiles(files *unitdir.Dir, managed map[string]reconcile.Owned) []check {
 	var out []check
 	bad := 0
 	for _, p := range slices.Sorted(maps.Keys(managed)) {
-		h := managed[p]
-		if h == reconcile.InstanceMarker {
+		if managed[p].Instance {
 			continue
 		}
+		h := managed[p].Hash
 		b, exists, err := files.Read(p)
 		switch {
 		case err != nil:

@@ -40,8 +40,9 @@ func pauseAt(point, stateDir string, log *slog.Logger) func(ctx context.Context,
 // --test-wedge-file: while that file exists, State blocks until the agent
 // shuts down, as a loop stuck in a call that never returns would. It proves
 // that the watchdog restarts a wedged agent. reconcile knows nothing of it.
+// It is used through reconcile.PlainSystemd, so every read is a State.
 type wedgeSystemd struct {
-	reconcile.Systemd
+	reconcile.BasicSystemd
 	file string
 	log  *slog.Logger
 }
@@ -52,5 +53,5 @@ func (w wedgeSystemd) State(ctx context.Context, unit string) (reconcile.UnitSta
 		<-ctx.Done()
 		return reconcile.UnitState{}, ctx.Err()
 	}
-	return w.Systemd.State(ctx, unit)
+	return w.BasicSystemd.State(ctx, unit)
 }

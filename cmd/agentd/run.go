@@ -421,7 +421,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 	o, log, svc, met := r.o, r.log, r.svc, r.met
 	var sys reconcile.Systemd = r.sd
 	if o.wedgeFile != "" {
-		sys = wedgeSystemd{Systemd: sys, file: o.wedgeFile, log: log}
+		sys = reconcile.PlainSystemd(wedgeSystemd{BasicSystemd: sys, file: o.wedgeFile, log: log})
 	}
 	r.reporter = &sessionReporter{svc: svc, met: met}
 	r.agent = reconcile.New(reconcile.Config{

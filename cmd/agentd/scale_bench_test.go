@@ -512,7 +512,7 @@ func (f *scaleFleet) startAgent(host string, joined func()) (*scaleAgent, error)
 	svc.notify = func(string) {} // never talk to a service manager from a benchmark
 	reporter := &sessionReporter{svc: svc, met: f.met}
 	agent := reconcile.New(reconcile.Config{
-		Systemd:           loopSystemd{Systemd: a.sd, met: f.met},
+		Systemd:           loopSystemd{Systemd: reconcile.PlainSystemd(a.sd), met: f.met},
 		Files:             files,
 		Manifest:          manifest,
 		Reporter:          reporter,

@@ -163,13 +163,13 @@ type Agent struct {
 	poke chan struct{}
 	reqs chan func(context.Context)
 
-	hand   handoff            // the snapshot in, statuses out
-	mem    memory             // what the loop remembers (records persisted)
-	jobs   jobs               // jobs in flight
-	verify map[string]*window // units inside HealthySec, loop-owned
-	slots  slotTable          // MaxUnavailable slots
-	cache  cache              // systemd's and the disk's view, re-read on change
-	focus  focus              // which units a pass looks at, and their last actions and statuses
+	hand   handoff   // the snapshot in, statuses out
+	ledger ledger    // the records, intent and HealthySec windows: its only writer
+	mem    memory    // what else the loop remembers
+	jobs   jobs      // jobs in flight
+	slots  slotTable // MaxUnavailable slots
+	cache  cache     // systemd's and the disk's view, re-read on change
+	focus  focus     // which units a pass looks at, and their last actions and statuses
 	// managed is the loop's copy of the manifest's owned paths.
 	managed managedIndex
 	blobs   struct {
@@ -211,26 +211,12 @@ type handoff struct {
 	revision int64
 }
 
-// memory is what the loop knows beyond disk and D-Bus. records and intent
-// are persisted in the state directory; the rest lives as long as the process.
+// memory is what the loop knows of the host beyond what a pass reads, for
+// as long as the process lives (what it remembers of units: ledger).
 type memory struct {
-	records   map[string]UnitRecord
-	saved     map[string]UnitRecord // the records as last persisted
-	intent    Intent
-	refused   map[string]Refusal
-	started   map[string]string // unit -> content key last started (see Current.Started)
-	manager   string            // the service manager instance (Current.Manager)
-	loaded    uint64            // Current.Loaded
-	last      map[string]outcome
-	drifted   map[string]string // path -> on-disk hash already reported as drift
-	enableErr map[string]string // unit -> the last failed enable/disable, until one succeeds
-}
-
-type outcome struct {
-	action     ActionWord
-	result     string
-	err        string
-	contentKey string
+	manager string            // the service manager instance (Current.Manager)
+	loaded  uint64            // Current.Loaded
+	drifted map[string]string // path -> on-disk hash already reported as drift
 }
 
 // New returns an agent; call Run to start it.
@@ -255,24 +241,15 @@ func New(cfg Config) *Agent {
 		pub = newPublisher(cfg.Reporter, cfg.Log)
 	}
 	return &Agent{
-		pub:  pub,
-		cfg:  cfg,
-		log:  cfg.Log,
-		poke: make(chan struct{}, 1),
-		reqs: make(chan func(context.Context)),
-		hand: handoff{relevant: map[string]bool{}},
-		mem: memory{
-			records:   cfg.Manifest.Units(),
-			saved:     cfg.Manifest.Units(),
-			intent:    cfg.Manifest.Intent(),
-			refused:   map[string]Refusal{},
-			started:   map[string]string{},
-			last:      map[string]outcome{},
-			drifted:   map[string]string{},
-			enableErr: map[string]string{},
-		},
+		pub:     pub,
+		cfg:     cfg,
+		log:     cfg.Log,
+		poke:    make(chan struct{}, 1),
+		reqs:    make(chan func(context.Context)),
+		hand:    handoff{relevant: map[string]bool{}},
+		ledger:  newLedger(cfg.Manifest),
+		mem:     memory{drifted: map[string]string{}},
 		jobs:    newJobs(),
-		verify:  map[string]*window{},
 		slots:   slotTable{slots: map[string]*slot{}},
 		cache:   newCache(),
 		focus:   newFocus(),
@@ -462,7 +439,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		_, err := a.observedPass(ctx)
 		lastEnd = time.Now()
 		a.cfg.Observer.Heartbeat()
-		if next, ok := a.nextHealthDeadline(); ok {
+		if next, ok := a.ledger.nextDeadline(); ok {
 			wake.Reset(time.Until(next) + 10*time.Millisecond)
 		}
 		select {

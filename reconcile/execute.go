@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
 )
 
@@ -102,27 +101,12 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 
 	// 1. The intent, with the ownership of every path about to be
 	// written, in one write, before any side effect.
-	claims := map[string]string{}
-	intent := Intent{Reload: a.mem.intent.Reload || reload, Jobs: maps.Clone(a.mem.intent.Jobs)}
-	if intent.Jobs == nil {
-		intent.Jobs = map[string]string{}
+	claims, err := a.ledger.claim(plan, reload)
+	if err != nil {
+		return false, err
 	}
-	for _, act := range plan {
-		for _, w := range act.Steps.Writes {
-			claims[w.Path] = w.Hash
-		}
-		if act.Steps.Job != JobNone && act.Record.Effective != nil {
-			intent.Jobs[act.Unit] = act.ContentKey
-		}
-	}
-	if len(claims) > 0 || !intentEqual(intent, a.mem.intent) {
-		if err := a.cfg.Manifest.Claim(claims, intent); err != nil {
-			return false, fmt.Errorf("record intent in the state directory: %w", err)
-		}
-		a.mem.intent = intent
-		for p, h := range claims {
-			a.managed.set(p, h)
-		}
+	for p, h := range claims {
+		a.managed.set(p, h)
 	}
 
 	// 2. Disables see the [Install] of the file on disk now.
@@ -131,11 +115,11 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	for _, act := range plan {
 		if act.Steps.Disable {
 			if err := disableErrs[act.Unit]; err != nil {
-				a.mem.enableErr[act.Unit] = err.Error()
+				a.ledger.enableFailed(act.Unit, err.Error())
 				a.record(act, "failed", err)
 				failed[act.Unit] = act.Kind != KindRemove // a removal goes on: its files must not stay for ever
 			} else if !act.Steps.Enable {
-				delete(a.mem.enableErr, act.Unit)
+				a.ledger.enableOK(act.Unit)
 			}
 		}
 	}
@@ -169,11 +153,11 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	for _, act := range plan {
 		if act.Steps.Enable && !failed[act.Unit] {
 			if err := enableErrs[act.Unit]; err != nil {
-				a.mem.enableErr[act.Unit] = err.Error()
+				a.ledger.enableFailed(act.Unit, err.Error())
 				a.record(act, "failed", err)
 				failed[act.Unit] = true
 			} else {
-				delete(a.mem.enableErr, act.Unit)
+				a.ledger.enableOK(act.Unit)
 			}
 		}
 	}
@@ -191,11 +175,11 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		// Recorded before any job starts (below), or else with the pass's
 		// records: a crash before that costs one more daemon-reload at the
 		// next start, nothing else.
-		a.mem.intent.Reload = false
+		a.ledger.reloaded()
 		a.mem.loaded = 0 // Current.Loaded: no longer when systemd last loaded the files
 	}
 	a.afterExecute(plan, reload)
-	a.bookkeep(ctx, plan, cur, failed)
+	a.bookkeep(plan, cur, failed)
 	if reload && !last {
 		return true, nil
 	}
@@ -208,14 +192,11 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	}
 
 	// 6. Jobs, in the background; their results come back to the loop.
-	if jobs && a.cfg.Manifest.Intent().Reload {
+	if jobs {
 		// The reload this pass did (in this round or an earlier one) is
-		// recorded before its jobs start, not with the pass's records: an
-		// owed reload hides when systemd loaded the files from the next
-		// start (Current.Loaded), so a job that ran before a crash would
-		// be run again.
-		if err := a.cfg.Manifest.SetIntent(a.mem.intent); err != nil {
-			return false, fmt.Errorf("record the daemon-reload in the state directory: %w", err)
+		// recorded before its jobs start, not with the pass's records.
+		if err := a.ledger.saveReload(); err != nil {
+			return false, err
 		}
 	}
 	gates := jobGates(plan, failed)
@@ -225,7 +206,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		}
 		if act.Steps.Job == JobNone {
 			if _, inflight := a.jobs.inflight[act.Unit]; !inflight {
-				delete(a.mem.intent.Jobs, act.Unit)
+				a.ledger.noJob(act.Unit)
 			}
 			continue
 		}
@@ -237,7 +218,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 			a.managed.set(act.Unit, InstanceMarker)
 		}
 		if act.Steps.Job == JobStart || act.Steps.Job == JobRestart {
-			a.mem.started[act.Unit] = act.ContentKey
+			a.ledger.startedWith(act.Unit, act.ContentKey)
 		}
 		a.launch(ctx, act, cur.Host.Units[act.Unit], gates)
 		delete(gates, act.Unit)
@@ -290,70 +271,56 @@ func inOneCall(ctx context.Context, plan []Action, pick func(Action) bool, f fun
 
 // bookkeep records what the plan says about units that need no job: a
 // change that took effect with the reload, a refusal, a removal, a block.
-func (a *Agent) bookkeep(ctx context.Context, plan []Action, cur Current, failed map[string]bool) {
+func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 	for _, act := range plan {
 		if failed[act.Unit] {
 			continue
 		}
 		u := act.Unit
 		if act.Own != OwnNone && act.Kind != KindBlocked {
-			if rec, ok := a.mem.records[u]; ok && rec.Own != act.Own {
-				rec.Own = act.Own
-				a.mem.records[u] = rec
-			}
+			a.ledger.own(u, act.Own)
 		}
 		if act.Record.Adopt {
-			rec := a.mem.records[u]
-			if KeyOf(rec.Applied) != act.ContentKey {
-				rec.Previous = rec.Applied
-			}
-			rec.Applied, rec.Own = act.Record.Effective, act.Own
+			job := JobNone
 			if act.Record.Ran {
-				a.noteStarted(&rec, JobRestart) // the owed job was the agent's start or restart
+				job = JobRestart // the owed job was the agent's start or restart
 			}
-			a.mem.records[u] = rec
+			a.ledger.applied(act, job, a.mem.manager)
 			if act.Record.Ran {
 				// The owed job ran before the agent died: judged as if it
 				// had just ended (HealthySec from now).
 				a.recordAs(act, ActionAdopt, "done", nil)
-				a.begin(ctx, act, JobDone, "", cur.Host.Units[u], time.Now())
-			} else if _, verifying := a.verify[u]; !verifying {
-				a.markGood(u, act.Record.Effective)
+				a.ledger.begin(act, JobDone, "", cur.Host.Units[u], time.Now())
+			} else if !a.ledger.verifying(u) {
+				a.ledger.good(u, act.Record.Effective)
 			}
 		}
-		if act.Kind != KindBlocked && a.mem.last[u].action == ActionBlocked {
-			delete(a.mem.last, u) // no longer blocked: the old verdict would only confuse
+		if act.Kind != KindBlocked && a.ledger.last[u].action == ActionBlocked {
+			a.ledger.forgetOutcome(u) // no longer blocked: the old verdict would only confuse
 		}
 		switch {
 		case act.Record.Refuse != nil:
-			a.mem.refused[u] = *act.Record.Refuse
+			a.ledger.refuse(u, *act.Record.Refuse)
 			a.record(act, "refused", errors.New(act.Err))
 		case act.Kind == KindBlocked:
-			if prev, ok := a.mem.last[u]; !ok || (prev.err != act.Err && prev.action != ActionRolledBack) {
+			if prev, ok := a.ledger.last[u]; !ok || (prev.err != act.Err && prev.action != ActionRolledBack) {
 				a.record(act, "blocked", errors.New(act.Err))
 			}
 		case act.Kind == KindUpdate && act.Err != "":
-			if prev, ok := a.mem.last[u]; !ok || prev.err != act.Err {
+			if prev, ok := a.ledger.last[u]; !ok || prev.err != act.Err {
 				a.record(act, "failed", errors.New(act.Err))
 			}
 		case act.Kind == KindUpdate:
 			a.record(act, "done", nil)
 		case act.Kind == KindRollback && act.Steps.Job == JobNone:
 			a.recordAs(act, ActionRolledBack, "done", errors.New(act.Reason))
-			rec := a.mem.records[u]
-			rec.Good, rec.Previous = act.Record.Effective, nil
-			a.mem.records[u] = rec
+			a.ledger.rolledBackInPlace(u, act.Record.Effective)
 		}
 		if act.Record.DropRecord {
 			if act.Kind == KindRemove && (len(act.Steps.Removes) > 0 || len(act.Steps.Forget) > 0) {
 				a.record(act, "done", nil)
 			}
-			delete(a.mem.records, u)
-			delete(a.verify, u)
-			delete(a.mem.refused, u)
-			delete(a.mem.started, u)
-			delete(a.mem.enableErr, u)
-			delete(a.mem.intent.Jobs, u)
+			a.ledger.drop(u)
 		}
 	}
 }
@@ -446,10 +413,6 @@ func (a *Agent) flushWrites() error {
 		return fmt.Errorf("sync the unit and state directories: %w", err)
 	}
 	return nil
-}
-
-func intentEqual(x, y Intent) bool {
-	return x.Reload == y.Reload && maps.Equal(x.Jobs, y.Jobs)
 }
 
 func (a *Agent) pause(ctx context.Context, at string) {

@@ -165,6 +165,7 @@ type Agent struct {
 
 	hand   handoff   // the snapshot in, statuses out
 	ledger ledger    // the records, intent and HealthySec windows: its only writer
+	exec   executor  // does the steps of a plan
 	mem    memory    // what else the loop remembers
 	jobs   jobs      // jobs in flight
 	slots  slotTable // MaxUnavailable slots
@@ -248,6 +249,7 @@ func New(cfg Config) *Agent {
 		reqs:    make(chan func(context.Context)),
 		hand:    handoff{relevant: map[string]bool{}},
 		ledger:  newLedger(cfg.Manifest),
+		exec:    executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
 		mem:     memory{drifted: map[string]string{}},
 		jobs:    newJobs(),
 		slots:   slotTable{slots: map[string]*slot{}},

@@ -3,7 +3,6 @@ package reconcile
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -94,11 +93,11 @@ func (a *Agent) drainResults(ctx context.Context) {
 
 // execute does what the plan says, in a fixed order: record the intent,
 // disable, write and remove files, enable, ONE daemon-reload; then, in a
-// round without a reload (or the last), start the jobs. It decides
-// nothing. more says the files changed and the caller should plan again.
+// round without a reload (or the last), start the jobs. The executor does
+// the steps; execute records what came of them. It decides nothing. more
+// says the files changed and the caller should plan again.
 func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bool) (more bool, err error) {
 	reload, why := ReloadNeeded(plan, cur)
-
 	// 1. The intent, with the ownership of every path about to be
 	// written, in one write, before any side effect.
 	claims, err := a.ledger.claim(plan, reload)
@@ -108,48 +107,68 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	for p, h := range claims {
 		a.managed.set(p, h)
 	}
+	// 2.-4. Disable, files, enable.
+	failed, err := a.applyFiles(ctx, plan)
+	if err != nil {
+		return false, err
+	}
+	// 5. One daemon-reload for the whole batch.
+	if reload {
+		a.pause(ctx, "files-written")
+		if err := a.exec.reload(ctx, why); err != nil {
+			return false, err // the intent keeps Reload: the next pass reloads first
+		}
+		// Recorded before any job starts (startJobs), or else with the
+		// pass's records: a crash before that costs one more
+		// daemon-reload at the next start, nothing else.
+		a.ledger.reloaded()
+		a.mem.loaded = 0 // Current.Loaded: no longer when systemd last loaded the files
+	}
+	a.afterExecute(plan, reload)
+	a.bookkeep(plan, cur, failed)
+	if reload && !last {
+		return true, nil
+	}
+	return false, a.startJobs(ctx, plan, cur, failed)
+}
 
-	// 2. Disables see the [Install] of the file on disk now.
-	failed := map[string]bool{}
-	disableErrs := inOneCall(ctx, plan, func(act Action) bool { return act.Steps.Disable }, a.cfg.Systemd.Disable)
+// applyFiles has the executor disable, write and remove files, and enable,
+// and records what failed: a unit that failed a step goes no further (but
+// a removal whose disable failed: its files must not stay for ever). The
+// error is that of making the writes durable.
+func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[string]bool, err error) {
+	failed = map[string]bool{}
+	// Disables see the [Install] of the file on disk now.
+	disableErrs := a.exec.disable(ctx, plan)
 	for _, act := range plan {
 		if act.Steps.Disable {
 			if err := disableErrs[act.Unit]; err != nil {
 				a.ledger.enableFailed(act.Unit, err.Error())
 				a.record(act, "failed", err)
-				failed[act.Unit] = act.Kind != KindRemove // a removal goes on: its files must not stay for ever
+				failed[act.Unit] = act.Kind != KindRemove
 			} else if !act.Steps.Enable {
 				a.ledger.enableOK(act.Unit)
 			}
 		}
 	}
-	// 3. Files (a removed unit's failed state is forgotten first).
-	for _, act := range plan {
-		if act.Steps.ResetFailed && !failed[act.Unit] {
-			if err := a.cfg.Systemd.ResetFailed(ctx, act.Unit); err != nil {
-				a.log.Warn(act.Unit+": reset-failed", "unit", act.Unit, "err", err)
-			}
-		}
+	a.exec.resetFailed(ctx, plan, failed) // a removed unit's failed state is forgotten before its files go
+	w := a.exec.write(plan, failed, a.replaced(plan))
+	a.blobs.written = append(a.blobs.written, w.written...)
+	for _, p := range w.forgotten {
+		a.managed.forget(p)
 	}
-	wrote := false
 	for _, act := range plan {
-		if failed[act.Unit] || (!act.Changes() && len(act.Steps.Forget) == 0) {
-			continue
-		}
-		wrote = true
-		if err := a.writeFiles(act); err != nil {
+		if err := w.errs[act.Unit]; err != nil {
 			failed[act.Unit] = true
 			a.record(act, "failed", err)
 		}
 	}
-	if wrote {
-		// The renames reach the disk before systemd reads the files.
-		if err := a.flushWrites(); err != nil {
-			return false, err
+	if w.any {
+		if err := a.exec.flush(); err != nil {
+			return nil, err
 		}
 	}
-	// 4. Enables: symlinks only, the reload below picks them up.
-	enableErrs := inOneCall(ctx, plan, func(act Action) bool { return act.Steps.Enable && !failed[act.Unit] }, a.cfg.Systemd.Enable)
+	enableErrs := a.exec.enable(ctx, plan, failed)
 	for _, act := range plan {
 		if act.Steps.Enable && !failed[act.Unit] {
 			if err := enableErrs[act.Unit]; err != nil {
@@ -161,42 +180,40 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 			}
 		}
 	}
-	// 5. One daemon-reload for the whole batch.
-	if reload {
-		a.pause(ctx, "files-written")
-		a.log.Debug("daemon-reload", "why", why)
-		began := time.Now()
-		if err := a.cfg.Systemd.Reload(ctx); err != nil {
-			// The intent keeps Reload: the next pass reloads first. The
-			// error names the daemon-reload already (Systemd's contract).
-			return false, err
+	return failed, nil
+}
+
+// replaced are the files plan writes as last read from disk (the cache):
+// what each write replaces, kept for a rollback (executor.write).
+func (a *Agent) replaced(plan []Action) map[string]LocalFile {
+	files := map[string]LocalFile{}
+	for _, act := range plan {
+		for _, w := range act.Steps.Writes {
+			if lf, ok := a.cache.files[w.Path]; ok {
+				files[w.Path] = lf
+			}
 		}
-		a.log.Debug("daemon-reload done", "took", time.Since(began))
-		// Recorded before any job starts (below), or else with the pass's
-		// records: a crash before that costs one more daemon-reload at the
-		// next start, nothing else.
-		a.ledger.reloaded()
-		a.mem.loaded = 0 // Current.Loaded: no longer when systemd last loaded the files
 	}
-	a.afterExecute(plan, reload)
-	a.bookkeep(plan, cur, failed)
-	if reload && !last {
-		return true, nil
-	}
+	return files
+}
+
+// startJobs starts the plan's jobs in the background (launch); their
+// results come back to the loop. Then the slots, level-triggered: queue
+// for the ones needed now, give back the rest (after any halt this pass
+// wrote).
+func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, failed map[string]bool) error {
 	jobs := jobsToRun(plan)
 	if jobs {
 		a.pause(ctx, "reloaded")
 	}
 	if ctx.Err() != nil {
-		return false, ctx.Err() // shutting down: start nothing new
+		return ctx.Err() // shutting down: start nothing new
 	}
-
-	// 6. Jobs, in the background; their results come back to the loop.
 	if jobs {
 		// The reload this pass did (in this round or an earlier one) is
 		// recorded before its jobs start, not with the pass's records.
 		if err := a.ledger.saveReload(); err != nil {
-			return false, err
+			return err
 		}
 	}
 	gates := jobGates(plan, failed)
@@ -230,43 +247,9 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	if jobs {
 		a.pause(ctx, "jobs-started") // crash tests: jobs under way, the pass's records not written
 	}
-	// 7. Slots, level-triggered: queue for the ones needed now, give back
-	// the rest (after any halt this pass wrote).
 	a.rememberInFlight(&cur)
 	a.syncSlots(ctx, SlotsNeeded(plan, cur))
-	return false, nil
-}
-
-// inOneCall calls f (Enable, Disable) for the units of the actions pick
-// says, in one call: a first sync of 1,000 units with [Install] sections
-// made 1,000 calls, one after the other (1.0 s in the agent's debug log).
-// When the one call fails, f is called unit by unit, so that one unit's
-// error is its own and the others go on (enabling and disabling are
-// idempotent). It returns the error of each unit that failed.
-func inOneCall(ctx context.Context, plan []Action, pick func(Action) bool, f func(context.Context, ...string) error) map[string]error {
-	var units []string
-	for _, act := range plan {
-		if pick(act) {
-			units = append(units, act.Unit)
-		}
-	}
-	if len(units) == 0 {
-		return nil
-	}
-	err := f(ctx, units...)
-	if err == nil {
-		return nil
-	}
-	if len(units) == 1 {
-		return map[string]error{units[0]: err}
-	}
-	errs := map[string]error{}
-	for _, u := range units {
-		if err := f(ctx, u); err != nil {
-			errs[u] = err
-		}
-	}
-	return errs
+	return nil
 }
 
 // bookkeep records what the plan says about units that need no job: a
@@ -325,94 +308,23 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 	}
 }
 
-func (a *Agent) writeFiles(act Action) error {
-	write := a.cfg.Files.Write
-	if b, ok := a.cfg.Files.(batchWriter); ok {
-		write = b.WriteBatched
-	}
-	for _, w := range act.Steps.Writes {
-		// What the file holds now is what a rollback of this change puts
-		// back: normally kept since the pass that wrote it (keepBlobs),
-		// unless the agent died before that pass ended.
-		// (PutBlob only looks when it is there already.)
-		if old, ok := a.cache.files[w.Path]; ok && old.Exists && old.Hash != w.Hash {
-			if err := a.cfg.Manifest.PutBlob(old.Hash, old.Content); err != nil {
-				return err
-			}
-		}
-		if err := write(w.Path, w.Content); err != nil {
-			return err
-		}
-		a.blobs.written = append(a.blobs.written, w)
-	}
-	for _, p := range act.Steps.Removes {
-		if err := a.cfg.Files.Remove(p); err != nil {
-			return err
-		}
-		if err := a.cfg.Manifest.Forget(p); err != nil {
-			return err
-		}
-		a.managed.forget(p)
-	}
-	for _, p := range act.Steps.Forget {
-		if err := a.cfg.Manifest.Forget(p); err != nil {
-			return err
-		}
-		a.managed.forget(p)
-	}
-	return nil
-}
-
 // keepBlobs keeps the content of the files this pass wrote by hash, for
 // classifying and rolling back later changes. It runs at the end of the
 // pass, after the jobs began: the new content is on disk (in the unit
 // file itself) until a later pass overwrites it, and that pass makes sure
-// its blob exists first (writeFiles). Before, two more fsyncs stood
-// between every put and its restart.
+// its blob exists first (executor.writeFiles). Before, two more fsyncs
+// stood between every put and its restart.
 func (a *Agent) keepBlobs() {
 	if len(a.blobs.written) == 0 {
 		return
 	}
-	var errs []error
-	for _, w := range a.blobs.written {
-		errs = append(errs, a.cfg.Manifest.PutBlob(w.Hash, w.Content))
-	}
-	if f, ok := a.cfg.Manifest.(flusher); ok {
-		errs = append(errs, f.Flush())
-	}
+	err := a.exec.keep(a.blobs.written)
 	a.blobs.written = a.blobs.written[:0]
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		// Only a rollback of a later change needs them; writeFiles
 		// tries again from the file itself before it overwrites it.
 		a.log.Warn("keep unit file versions in the state directory", "err", err)
 	}
-}
-
-// batchWriter is an optional capability of Files: a write whose directory
-// fsync waits for Flush, so a batch of files costs one fsync per directory
-// rather than one per file (unitdir.Dir).
-type batchWriter interface {
-	WriteBatched(path string, content []byte) error
-	Flush() error
-}
-
-// flusher is an optional capability of the Manifest: blobs put since the
-// last Flush are durable once it returns.
-type flusher interface{ Flush() error }
-
-// flushWrites makes the pass's file writes and blobs durable.
-func (a *Agent) flushWrites() error {
-	var errs []error
-	if b, ok := a.cfg.Files.(batchWriter); ok {
-		errs = append(errs, b.Flush())
-	}
-	if f, ok := a.cfg.Manifest.(flusher); ok {
-		errs = append(errs, f.Flush()) // a blob writeFiles kept
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("sync the unit and state directories: %w", err)
-	}
-	return nil
 }
 
 func (a *Agent) pause(ctx context.Context, at string) {

@@ -337,7 +337,7 @@ func (a *Agent) DryRun(ctx context.Context) ([]Action, error) {
 		if err != nil {
 			return err
 		}
-		plan = Plan(desired, cur)
+		plan, _ = a.gate(ctx, nil, desired, cur, Plan(desired, cur))
 		a.focus.all = true // nothing was kept of this plan: the next pass plans every unit
 		return nil
 	})

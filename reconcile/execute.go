@@ -32,9 +32,10 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 			a.focus.all = true // what this round took to look at was not looked at
 			return nil, err
 		}
-		a.judge(ctx, cur)
+		failures := a.judge(cur)
 		a.remember(&cur, look)
 		plan := Plan(desired, cur)
+		plan, cur = a.gate(ctx, failures, desired, cur, plan)
 		a.planned(units, plan)
 		if a.cfg.CheckFocus && units != nil {
 			all := a.everyUnit()

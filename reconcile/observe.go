@@ -62,7 +62,6 @@ func (a *Agent) observe(ctx context.Context) (desired map[string]*DesiredUnit, u
 	if err != nil {
 		return nil, nil, nil, Current{}, err
 	}
-	a.checkSlots(ctx)
 	desired = a.desired.units
 	if units != nil {
 		desired = map[string]*DesiredUnit{}

@@ -110,12 +110,31 @@ func (a *Agent) ensureSlot(ctx context.Context, unit, scope, hash string, limit 
 	})
 }
 
+// gate is the step after planning that the fleet has a say in. It checks
+// with the Coordinator that every slot this host holds is still held: a
+// slot whose lease was lost is no slot, and the plan must not take a
+// disruptive step on it, so plan is made again without it (from desired
+// and cur, what it was made from). Then it halts the rollouts of the
+// changes judged failed (before their slots are given back, at the end of
+// the pass: SlotsNeeded). It returns the plan to execute and what it was
+// made from.
+func (a *Agent) gate(ctx context.Context, failures []judged, desired map[string]*DesiredUnit, cur Current, plan []Action) ([]Action, Current) {
+	if a.checkSlots(ctx) {
+		cur.Fleet.Slots = a.slots.held()
+		plan = Plan(desired, cur)
+	}
+	for _, j := range failures {
+		w := j.w
+		a.halt(ctx, SlotKey(w.act.Unit), w.act.Scope, w.act.Hash, j.why)
+	}
+	return plan, cur
+}
+
 // checkSlots re-checks with etcd that every slot this host holds is still
-// held: a slot whose lease was lost is no slot, and the plan must not take
-// a disruptive step on it.
-func (a *Agent) checkSlots(ctx context.Context) {
+// held, and drops the ones that are not; lost says some were.
+func (a *Agent) checkSlots(ctx context.Context) (lost bool) {
 	if a.cfg.Coordinator == nil {
-		return
+		return false
 	}
 	a.slots.mu.Lock()
 	held := map[string]string{}
@@ -128,10 +147,12 @@ func (a *Agent) checkSlots(ctx context.Context) {
 	for unit, scope := range held {
 		ok, err := a.cfg.Coordinator.Holding(ctx, scope, unit)
 		if err != nil || !ok {
+			lost = true
 			a.dropSlot(ctx, unit)
 			a.log.Warn("rollout slot lost; waiting again before any disruptive step", "unit", unit, "scope", scope, "err", err)
 		}
 	}
+	return lost
 }
 
 // syncSlots makes the slots this host holds or queues for exactly need:

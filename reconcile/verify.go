@@ -1,17 +1,15 @@
 package reconcile
 
 import (
-	"context"
 	"errors"
 	"time"
 )
 
 // judge ends the HealthySec windows Health has a verdict for (ledger.judge)
 // and says so: healthy units are logged; unknown ones are shown as they
-// are; a failure halts the group's rollout (before the slot is given back,
-// at the end of the pass: SlotsNeeded) and the planner rolls the unit back
-// next.
-func (a *Agent) judge(ctx context.Context, cur Current) {
+// are; the planner rolls a failure back next. It returns the failures,
+// whose rollouts the gate halts.
+func (a *Agent) judge(cur Current) (failures []judged) {
 	for _, j := range a.ledger.judge(cur.Host.Units, time.Now()) {
 		w, u := j.w, j.w.act.Unit
 		switch j.verdict {
@@ -20,7 +18,7 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 		case VerdictUnknown:
 			a.recordAs(w.act, w.op.Word(), "unknown", errors.New(j.why))
 		case VerdictUnhealthy:
-			a.halt(ctx, SlotKey(u), w.act.Scope, w.act.Hash, j.why)
+			failures = append(failures, j)
 			if j.template != "" {
 				a.touch(j.template)
 			}
@@ -32,6 +30,7 @@ func (a *Agent) judge(ctx context.Context, cur Current) {
 			}
 		}
 	}
+	return failures
 }
 
 // resumeVerification reopens the HealthySec window of a unit that runs a

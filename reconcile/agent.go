@@ -241,7 +241,7 @@ func New(cfg Config) *Agent {
 	if cfg.Reporter != nil {
 		pub = newPublisher(cfg.Reporter, cfg.Log)
 	}
-	return &Agent{
+	a := &Agent{
 		pub:     pub,
 		cfg:     cfg,
 		log:     cfg.Log,
@@ -252,12 +252,14 @@ func New(cfg Config) *Agent {
 		exec:    executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
 		mem:     memory{drifted: map[string]string{}},
 		jobs:    newJobs(),
-		slots:   slotTable{slots: map[string]*slot{}},
+		slots:   slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
 		cache:   newCache(),
 		focus:   newFocus(),
 		managed: newManagedIndex(cfg.Manifest.Managed()),
 		facts:   newFactsState(cfg.Facts),
 	}
+	a.slots.poke = a.trigger
+	return a
 }
 
 // SetSnapshot hands the agent a new complete view of the registry.

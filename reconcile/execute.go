@@ -249,7 +249,7 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 		a.pause(ctx, "jobs-started") // crash tests: jobs under way, the pass's records not written
 	}
 	a.rememberInFlight(&cur)
-	a.syncSlots(ctx, SlotsNeeded(plan, cur))
+	a.slots.sync(ctx, SlotsNeeded(plan, cur))
 	return nil
 }
 

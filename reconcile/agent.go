@@ -240,13 +240,14 @@ type Agent struct {
 	poke chan struct{}
 	reqs chan func(context.Context)
 
-	hand   handoff            // the snapshot in, statuses out
-	mem    memory             // what the loop remembers (records persisted)
-	jobs   jobs               // jobs in flight
-	verify map[string]*window // units inside HealthySec, loop-owned
-	slots  slotTable          // MaxUnavailable slots
-	cache  cache              // systemd's and the disk's view, re-read on change
-	focus  focus              // which units a pass looks at, and their last actions and statuses
+	hand   handoff   // the snapshot in, statuses out
+	ledger ledger    // the records, intent and HealthySec windows: its only writer
+	exec   executor  // does the steps of a plan
+	mem    memory    // what else the loop remembers
+	jobs   jobs      // jobs in flight
+	slots  slotTable // MaxUnavailable slots
+	cache  cache     // systemd's and the disk's view, re-read on change
+	focus  focus     // which units a pass looks at, and their last actions and statuses
 	// managed is the loop's copy of the manifest's owned paths.
 	managed managedIndex
 	blobs   struct {
@@ -288,26 +289,12 @@ type handoff struct {
 	revision int64
 }
 
-// memory is what the loop knows beyond disk and D-Bus. records and intent
-// are persisted in the state directory; the rest lives as long as the process.
+// memory is what the loop knows of the host beyond what a pass reads, for
+// as long as the process lives (what it remembers of units: ledger).
 type memory struct {
-	records   map[string]UnitRecord
-	saved     map[string]UnitRecord // the records as last persisted
-	intent    Intent
-	refused   map[string]Refusal
-	started   map[string]string // unit -> content key last started (see Current.Started)
-	manager   string            // the service manager instance (Current.Manager)
-	loaded    uint64            // Current.Loaded
-	last      map[string]outcome
-	drifted   map[string]string // path -> on-disk hash already reported as drift
-	enableErr map[string]string // unit -> the last failed enable/disable, until one succeeds
-}
-
-type outcome struct {
-	action     ActionWord
-	result     string
-	err        string
-	contentKey string
+	manager string            // the service manager instance (Current.Manager)
+	loaded  uint64            // Current.Loaded
+	drifted map[string]string // path -> on-disk hash already reported as drift
 }
 
 // New returns an agent; call Run to start it.
@@ -331,31 +318,25 @@ func New(cfg Config) *Agent {
 	if cfg.Reporter != nil {
 		pub = newPublisher(cfg.Reporter, cfg.Log)
 	}
-	return &Agent{
-		pub:  pub,
-		cfg:  cfg,
-		log:  cfg.Log,
-		poke: make(chan struct{}, 1),
-		reqs: make(chan func(context.Context)),
-		hand: handoff{relevant: map[string]bool{}},
-		mem: memory{
-			records:   cfg.Manifest.Units(),
-			saved:     cfg.Manifest.Units(),
-			intent:    cfg.Manifest.Intent(),
-			refused:   map[string]Refusal{},
-			started:   map[string]string{},
-			last:      map[string]outcome{},
-			drifted:   map[string]string{},
-			enableErr: map[string]string{},
-		},
+	a := &Agent{
+		pub:     pub,
+		cfg:     cfg,
+		log:     cfg.Log,
+		poke:    make(chan struct{}, 1),
+		reqs:    make(chan func(context.Context)),
+		hand:    handoff{relevant: map[string]bool{}},
+		ledger:  newLedger(cfg.Manifest),
+		exec:    executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
+		mem:     memory{drifted: map[string]string{}},
 		jobs:    newJobs(),
-		verify:  map[string]*window{},
-		slots:   slotTable{slots: map[string]*slot{}},
+		slots:   slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
 		cache:   newCache(),
 		focus:   newFocus(),
 		managed: newManagedIndex(cfg.Manifest.Managed()),
 		facts:   newFactsState(cfg.Facts),
 	}
+	a.slots.poke = a.trigger
+	return a
 }
 
 // SetSnapshot hands the agent a new complete view of the registry.
@@ -435,7 +416,7 @@ func (a *Agent) DryRun(ctx context.Context) ([]Action, error) {
 		if err != nil {
 			return err
 		}
-		plan = Plan(desired, cur)
+		plan, _ = a.gate(ctx, nil, desired, cur, Plan(desired, cur))
 		a.focus.all = true // nothing was kept of this plan: the next pass plans every unit
 		return nil
 	})
@@ -539,7 +520,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		_, err := a.observedPass(ctx)
 		lastEnd = time.Now()
 		a.cfg.Observer.Heartbeat()
-		if next, ok := a.nextHealthDeadline(); ok {
+		if next, ok := a.ledger.nextDeadline(); ok {
 			wake.Reset(time.Until(next) + 10*time.Millisecond)
 		}
 		select {

@@ -170,7 +170,7 @@ func (a *Agent) takeDirty() {
 	// forgets its unit (finish). Reading every judged unit on every pass
 	// made the first sync of 1,000 units cost seconds of D-Bus decoding.
 	now := time.Now()
-	for u, w := range a.verify {
+	for u, w := range a.ledger.verify {
 		if !now.Before(w.deadline()) {
 			a.dropState(u)
 		}

@@ -115,8 +115,8 @@ func (a *Agent) updateFacts() {
 		}
 	}
 	next := Facts{Unowned: maps.Clone(f.unowned), Refused: map[string]Refusal{}, Failed: map[string]Refusal{}}
-	maps.Copy(next.Refused, a.mem.refused)
-	for u, rec := range a.mem.records {
+	maps.Copy(next.Refused, a.ledger.refused)
+	for u, rec := range a.ledger.records {
 		if rec.Failed != "" {
 			next.Failed[u] = Refusal{ContentKey: rec.Failed, Reason: rec.FailReason}
 		}

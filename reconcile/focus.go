@@ -83,13 +83,13 @@ func (a *Agent) focusUnits() map[string]bool {
 	for u := range a.focus.busy {
 		units[u] = true
 	}
-	for u := range a.verify {
+	for u := range a.ledger.verify {
 		units[u] = true
 	}
 	for u := range a.jobs.inflight {
 		units[u] = true
 	}
-	for u := range a.mem.intent.Jobs {
+	for u := range a.ledger.intent.Jobs {
 		units[u] = true
 	}
 	for u := range units {
@@ -110,7 +110,7 @@ func (a *Agent) focusUnits() map[string]bool {
 // known says whether the agent has anything to do with unit: the registry
 // wants it, or it manages files of it, remembers it or runs a job on it.
 func (a *Agent) known(unit string) bool {
-	_, rec := a.mem.records[unit]
+	_, rec := a.ledger.records[unit]
 	_, job := a.jobs.inflight[unit]
 	return a.desired.units[unit] != nil || len(a.managed.byUnit[unit]) > 0 || rec || job
 }
@@ -124,7 +124,7 @@ func (a *Agent) everyUnit() map[string]bool {
 	for u := range a.managed.byUnit {
 		units[u] = true
 	}
-	for u := range a.mem.records {
+	for u := range a.ledger.records {
 		units[u] = true
 	}
 	for u := range a.jobs.inflight {

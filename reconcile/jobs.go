@@ -118,7 +118,7 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[
 	a.hand.mu.Unlock()
 	// A new job supersedes the verification of what the unit ran: that
 	// version is not judged by what the new job does to the unit.
-	delete(a.verify, act.Unit)
+	a.ledger.supersede(act.Unit)
 	deadline := JobDeadline(act.Steps.Job, st)
 	a.log.Debug("job started", "unit", act.Unit, "job", act.Steps.Job.String(), "deadline", deadline, "light", st.Light)
 	read := a.stateReader(act.Unit)
@@ -264,9 +264,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		a.dropState(r.unit)
 	}
 	act := run.act
-	if a.mem.intent.Jobs[r.unit] == act.ContentKey {
-		delete(a.mem.intent.Jobs, r.unit)
-	}
+	a.ledger.jobEnded(r.unit, act.ContentKey)
 	outcome := OutcomeOf(r.err)
 	result := resultOf(r.err)
 	switch {
@@ -274,10 +272,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		a.record(act, result, r.err)
 		return
 	case act.Kind == KindRollback:
-		rec := a.mem.records[r.unit]
-		rec.Applied, rec.Good, rec.Previous = act.Record.Effective, act.Record.Effective, nil
-		a.noteStarted(&rec, act.Steps.Job)
-		a.mem.records[r.unit] = rec
+		rec := a.ledger.rolledBack(act, act.Steps.Job, a.mem.manager)
 		a.cfg.Observer.Rollback(r.unit)
 		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Record.Effective)) + " (the version that ran before)"
 		if r.err != nil {
@@ -291,14 +286,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		a.record(act, result, r.err)
 		return
 	}
-	rec := a.mem.records[r.unit]
-	if KeyOf(rec.Applied) != act.ContentKey {
-		rec.Previous = rec.Applied // what ran before, verified or not: what a rollback restores
-	}
-	rec.Applied = act.Record.Effective
-	rec.Own = act.Own
-	a.noteStarted(&rec, act.Steps.Job)
-	a.mem.records[r.unit] = rec
+	a.ledger.applied(act, act.Steps.Job, a.mem.manager)
 	if outcome == JobDone {
 		a.record(act, "done", nil)
 	} else {
@@ -308,15 +296,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	if r.err != nil {
 		errText = r.err.Error()
 	}
-	a.begin(ctx, act, outcome, errText, r.base, r.ended)
-}
-
-// noteStarted records on rec the manager instance a start or restart of
-// the agent's ran under (UnitRecord.StartedIn).
-func (a *Agent) noteStarted(rec *UnitRecord, job Job) {
-	if job == JobStart || job == JobRestart {
-		rec.StartedIn = a.mem.manager
-	}
+	a.ledger.begin(act, outcome, errText, r.base, r.ended)
 }
 
 // resultOf maps a job error to the status "result" word.

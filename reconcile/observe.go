@@ -62,7 +62,6 @@ func (a *Agent) observe(ctx context.Context) (desired map[string]*DesiredUnit, u
 	if err != nil {
 		return nil, nil, nil, Current{}, err
 	}
-	a.checkSlots(ctx)
 	desired = a.desired.units
 	if units != nil {
 		desired = map[string]*DesiredUnit{}
@@ -137,7 +136,7 @@ func (a *Agent) readManager(ctx context.Context) {
 		return
 	}
 	a.mem.manager = m
-	if !a.mem.intent.Reload {
+	if !a.ledger.intent.Reload {
 		// Only while no daemon-reload is owed: after one of the agent's
 		// own, a unit started before it could pass for one started after.
 		if a.mem.loaded, err = a.cfg.Systemd.UnitsLoaded(ctx); err != nil {
@@ -191,13 +190,13 @@ func (a *Agent) current(ctx context.Context, units map[string]bool) (Current, er
 func (a *Agent) remember(cur *Current, units map[string]bool) {
 	cur.Memory.Records = make(map[string]UnitRecord, len(units))
 	for u := range units {
-		if rec, ok := a.mem.records[u]; ok {
+		if rec, ok := a.ledger.records[u]; ok {
 			cur.Memory.Records[u] = rec
 		}
 	}
-	cur.Memory.Refused = a.mem.refused
-	cur.Memory.Started = a.mem.started
-	cur.Memory.Intent = Intent{Reload: a.mem.intent.Reload, Jobs: maps.Clone(a.mem.intent.Jobs)}
+	cur.Memory.Refused = a.ledger.refused
+	cur.Memory.Started = a.ledger.started
+	cur.Memory.Intent = Intent{Reload: a.ledger.intent.Reload, Jobs: maps.Clone(a.ledger.intent.Jobs)}
 	cur.Fleet.Slots = a.slots.held()
 	a.rememberInFlight(cur)
 	// Content of the versions units run and ran before, for classifying a
@@ -228,7 +227,7 @@ func (a *Agent) remember(cur *Current, units map[string]bool) {
 // pruneKept drops the kept versions no record refers to any more.
 func (a *Agent) pruneKept() {
 	refs := map[string]bool{}
-	for _, rec := range a.mem.records {
+	for _, rec := range a.ledger.records {
 		for _, h := range rec.Applied {
 			refs[h] = true
 		}
@@ -247,7 +246,7 @@ func (a *Agent) pruneKept() {
 // HealthySec: they change between the plan and the end of its execution.
 func (a *Agent) rememberInFlight(cur *Current) {
 	cur.Memory.Verifying = map[string]bool{}
-	for u := range a.verify {
+	for u := range a.ledger.verify {
 		cur.Memory.Verifying[u] = true
 	}
 	cur.Memory.Jobs = map[string]InFlight{}

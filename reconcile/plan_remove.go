@@ -144,7 +144,7 @@ func planRefused(a Action, rec UnitRecord, st UnitState, cur Current) Action {
 // false when there is nothing to do: Rollback=no, no earlier version, or
 // already rolled back.
 func planRollback(a Action, rec UnitRecord, managed []string, cur Current) (Action, bool) {
-	if !a.Policy.Rollback || len(rec.Previous) == 0 || KeyOf(rec.Applied) == KeyOf(rec.Previous) || KeyOf(rec.Previous) == rec.Failed {
+	if rollbackWhyNot(a.Policy, rec) != "" || KeyOf(rec.Applied) == KeyOf(rec.Previous) { // nothing to go back to, or back already
 		return a, false
 	}
 	r := a

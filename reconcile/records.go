@@ -1,26 +1,15 @@
 package reconcile
 
-import (
-	"fmt"
-	"maps"
-)
-
-// persist saves the records that changed, in one write. Only the records
-// of units this pass planned, or touched for the next, can have changed;
-// after a pass over every unit all are compared, and blobs nothing refers
-// to any more are dropped. A failed save changes nothing in memory (a later
-// pass that looks at those units saves them) and skips the clean-up.
+// persist saves the records that changed, in one write (ledger.save).
+// Only the records of units this pass planned, or touched for the next,
+// can have changed; after a pass over every unit all are compared, and
+// blobs nothing refers to any more are dropped. A failed save skips the
+// clean-up.
 func (a *Agent) persist() error {
+	var units map[string]bool // nil: all
 	full := a.focus.reported == nil
-	units := map[string]bool{}
-	if full {
-		for u := range a.mem.saved {
-			units[u] = true
-		}
-		for u := range a.mem.records {
-			units[u] = true
-		}
-	} else {
+	if !full {
+		units = map[string]bool{}
 		for u := range a.focus.reported {
 			units[u] = true
 		}
@@ -28,40 +17,18 @@ func (a *Agent) persist() error {
 			units[u] = true
 		}
 	}
-	changed := map[string]UnitRecord{}
-	for u := range units {
-		rec, ok := a.mem.records[u]
-		saved, wasSaved := a.mem.saved[u]
-		if !recordEqual(saved, rec) || (wasSaved && !ok) {
-			changed[u] = rec // an empty record deletes
-		}
+	if err := a.ledger.save(units); err != nil {
+		return err
 	}
-	if len(changed) > 0 || !intentEqual(a.cfg.Manifest.Intent(), a.mem.intent) {
-		if err := a.cfg.Manifest.SetUnits(changed, a.mem.intent); err != nil {
-			return fmt.Errorf("save unit records: %w", err)
-		}
-		for u, rec := range changed {
-			if _, ok := a.mem.records[u]; ok {
-				a.mem.saved[u] = rec
-			} else {
-				delete(a.mem.saved, u)
-			}
-		}
+	if !full {
+		return nil
 	}
-	if full {
-		a.pruneKept()
-		if err := a.cfg.Manifest.GC(); err != nil {
-			return fmt.Errorf("clean state directory: %w", err)
-		}
-	}
-	return nil
+	a.pruneKept()
+	return a.ledger.gc()
 }
 
-func recordEqual(x, y UnitRecord) bool {
-	return maps.Equal(x.Applied, y.Applied) && maps.Equal(x.Good, y.Good) && maps.Equal(x.Previous, y.Previous) &&
-		x.Failed == y.Failed && x.FailReason == y.FailReason && x.FailedOp == y.FailedOp && x.Own == y.Own && x.StartedIn == y.StartedIn
-}
-
+// record notes act's outcome in the ledger, tells the Observer and logs
+// it; recordAs under another action word than act's kind.
 func (a *Agent) record(act Action, result string, err error) {
 	a.recordAs(act, act.Kind.Word(), result, err)
 }
@@ -71,7 +38,7 @@ func (a *Agent) recordAs(act Action, action ActionWord, result string, err error
 	if err != nil {
 		o.err = err.Error()
 	}
-	a.mem.last[act.Unit] = o
+	a.ledger.setOutcome(act.Unit, o)
 	a.cfg.Observer.Action(act.Unit, act.Kind, result)
 	log := a.log.With("unit", act.Unit, "action", action, "result", result)
 	if act.Reason != "" {

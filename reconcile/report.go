@@ -28,7 +28,7 @@ func (a *Agent) report(ctx context.Context) error {
 			if had {
 				changed[name] = nil
 			}
-			delete(a.mem.last, name)
+			a.ledger.forgetOutcome(name)
 			continue
 		}
 		s, err := a.status(ctx, name)
@@ -44,7 +44,7 @@ func (a *Agent) report(ctx context.Context) error {
 		for name := range a.focus.index {
 			if !units[name] {
 				changed[name] = nil
-				delete(a.mem.last, name)
+				a.ledger.forgetOutcome(name)
 			}
 		}
 	}
@@ -161,7 +161,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		}
 		s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
 		s.UnitResult, s.MainPID = st.Result, st.MainPID
-		_, verifying := a.verify[name]
+		_, verifying := a.ledger.verify[name]
 		_, running := a.jobs.inflight[name]
 		if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" && !verifying && !running {
 			// While a job runs or the unit is verifying, the verdict
@@ -170,9 +170,9 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 			s.Error = fmt.Sprintf("unit failed (%s)", ExitDetail(st))
 		}
 		s.Health = a.healthWord(name, st, act.ContentKey)
-		_, s.Verifying = a.verify[name]
+		_, s.Verifying = a.ledger.verify[name]
 		if d != nil && act.Policy.OnChange == "none" && st.Active() {
-			rec := a.mem.records[name]
+			rec := a.ledger.records[name]
 			s.PendingRestart = len(rec.Applied) > 0 && KeyOf(rec.Applied) != act.ContentKey
 		}
 	}
@@ -180,12 +180,12 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		s.Job = j.act.Steps.Job.String()
 	}
 	if IsInstance(name) {
-		s.RunsHash = a.mem.records[name].Applied[TemplateOf(name)]
+		s.RunsHash = a.ledger.records[name].Applied[TemplateOf(name)]
 	}
-	if e := a.mem.enableErr[name]; e != "" && s.Error == "" {
+	if e := a.ledger.enableErr[name]; e != "" && s.Error == "" {
 		s.Error = e
 	}
-	if o, ok := a.mem.last[name]; ok {
+	if o, ok := a.ledger.last[name]; ok {
 		s.Action, s.Result = o.action, o.result
 		if o.err != "" && (d == nil || o.contentKey == act.ContentKey || o.contentKey == ContentKey(d)) && o.result != "done" {
 			s.Error = o.err
@@ -209,7 +209,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		}
 	}
 	if act.Kind == KindBlocked {
-		if o, ok := a.mem.last[name]; !ok || o.action != ActionRolledBack {
+		if o, ok := a.ledger.last[name]; !ok || o.action != ActionRolledBack {
 			s.Action, s.Result = ActionBlocked, "blocked"
 		}
 		s.Error = act.Err
@@ -219,10 +219,10 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 
 // healthWord is the agent's verdict on the version a unit runs, for status.
 func (a *Agent) healthWord(name string, st UnitState, want string) string {
-	if _, ok := a.verify[name]; ok {
+	if _, ok := a.ledger.verify[name]; ok {
 		return "verifying"
 	}
-	rec := a.mem.records[name]
+	rec := a.ledger.records[name]
 	if len(rec.Applied) == 0 || IsTemplate(name) {
 		return "" // no verdict on the version it should run yet
 	}

@@ -3,15 +3,21 @@ package reconcile
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
 )
 
-// slotTable is this host's MaxUnavailable slots. Acquire blocks, so slots
-// are acquired by goroutines the agent owns (wg) and handed to the loop
-// under mu.
+// slotTable is this host's MaxUnavailable slots, and its halts, through
+// the Coordinator (nil: this agent alone, slots are always free). Acquire
+// blocks, so slots are acquired by goroutines the agent owns (wg) and
+// handed to the loop under mu; poke wakes the loop when one is.
 type slotTable struct {
+	coord Coordinator
+	host  string // for halt records
+	log   *slog.Logger
+	poke  func()
 	mu    sync.Mutex
 	slots map[string]*slot
 	wg    sync.WaitGroup
@@ -49,7 +55,7 @@ func scopeOf(d *DesiredUnit, desired map[string]*DesiredUnit) string {
 	return ""
 }
 
-// slotsHeld maps each unit whose slot this host holds to the hash it holds it for.
+// held maps each unit whose slot this host holds to the hash it holds it for.
 func (t *slotTable) held() map[string]string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -62,16 +68,36 @@ func (t *slotTable) held() map[string]string {
 	return held
 }
 
-// ensureSlot queues this host for unit's slot unless it already holds or
+// gate is the step after planning that the fleet has a say in. It checks
+// with the Coordinator that every slot this host holds is still held: a
+// slot whose lease was lost is no slot, and the plan must not take a
+// disruptive step on it, so plan is made again without it (from desired
+// and cur, what it was made from). Then it halts the rollouts of the
+// changes judged failed (before their slots are given back, at the end of
+// the pass: SlotsNeeded). It returns the plan to execute and what it was
+// made from.
+func (a *Agent) gate(ctx context.Context, failures []judged, desired map[string]*DesiredUnit, cur Current, plan []Action) ([]Action, Current) {
+	if a.slots.check(ctx) {
+		cur.Fleet.Slots = a.slots.held()
+		plan = Plan(desired, cur)
+	}
+	for _, j := range failures {
+		w := j.w
+		a.slots.halt(ctx, SlotKey(w.act.Unit), w.act.Scope, w.act.Hash, j.why)
+	}
+	return plan, cur
+}
+
+// ensure queues this host for unit's slot unless it already holds or
 // waits for it. Acquire blocks, so it runs in a goroutine the agent owns;
 // when it returns the loop is poked and the next pass acts.
-func (a *Agent) ensureSlot(ctx context.Context, unit, scope, hash string, limit int) {
-	if a.cfg.Coordinator == nil {
+func (t *slotTable) ensure(ctx context.Context, unit, scope, hash string, limit int) {
+	if t.coord == nil {
 		return
 	}
-	a.slots.mu.Lock()
-	defer a.slots.mu.Unlock()
-	if s := a.slots.slots[unit]; s != nil {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s := t.slots[unit]; s != nil {
 		if s.scope == scope && (s.held || s.waiting) {
 			return
 		}
@@ -81,13 +107,13 @@ func (a *Agent) ensureSlot(ctx context.Context, unit, scope, hash string, limit 
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	s := &slot{scope: scope, hash: hash, limit: limit, waiting: true, cancel: cancel}
-	a.slots.slots[unit] = s
-	a.log.Info("waiting for a rollout slot", "unit", unit, "scope", scope, "max_unavailable", limit, "action", "wait")
-	a.slots.wg.Go(func() {
+	t.slots[unit] = s
+	t.log.Info("waiting for a rollout slot", "unit", unit, "scope", scope, "max_unavailable", limit, "action", "wait")
+	t.wg.Go(func() {
 		defer cancel()
-		release, err := a.cfg.Coordinator.Acquire(wctx, scope, unit, hash, limit)
-		a.slots.mu.Lock()
-		current := a.slots.slots[unit] == s
+		release, err := t.coord.Acquire(wctx, scope, unit, hash, limit)
+		t.mu.Lock()
+		current := t.slots[unit] == s
 		if current {
 			s.waiting = false
 			if err != nil {
@@ -97,75 +123,76 @@ func (a *Agent) ensureSlot(ctx context.Context, unit, scope, hash string, limit 
 				s.held, s.release, s.err = true, release, nil
 			}
 		}
-		a.slots.mu.Unlock()
+		t.mu.Unlock()
 		if err == nil && !current {
 			_ = release(context.WithoutCancel(ctx))
 		}
 		if ctx.Err() == nil {
 			if err != nil {
-				time.AfterFunc(2*time.Second, a.trigger)
+				time.AfterFunc(2*time.Second, t.poke)
 			}
-			a.trigger()
+			t.poke()
 		}
 	})
 }
 
-// checkSlots re-checks with etcd that every slot this host holds is still
-// held: a slot whose lease was lost is no slot, and the plan must not take
-// a disruptive step on it.
-func (a *Agent) checkSlots(ctx context.Context) {
-	if a.cfg.Coordinator == nil {
-		return
+// check re-checks with etcd that every slot this host holds is still
+// held, and drops the ones that are not; lost says some were.
+func (t *slotTable) check(ctx context.Context) (lost bool) {
+	if t.coord == nil {
+		return false
 	}
-	a.slots.mu.Lock()
+	t.mu.Lock()
 	held := map[string]string{}
-	for u, s := range a.slots.slots {
+	for u, s := range t.slots {
 		if s.held {
 			held[u] = s.scope
 		}
 	}
-	a.slots.mu.Unlock()
+	t.mu.Unlock()
 	for unit, scope := range held {
-		ok, err := a.cfg.Coordinator.Holding(ctx, scope, unit)
+		ok, err := t.coord.Holding(ctx, scope, unit)
 		if err != nil || !ok {
-			a.dropSlot(ctx, unit)
-			a.log.Warn("rollout slot lost; waiting again before any disruptive step", "unit", unit, "scope", scope, "err", err)
+			lost = true
+			t.drop(ctx, unit)
+			t.log.Warn("rollout slot lost; waiting again before any disruptive step", "unit", unit, "scope", scope, "err", err)
 		}
 	}
+	return lost
 }
 
-// syncSlots makes the slots this host holds or queues for exactly need:
+// sync makes the slots this host holds or queues for exactly need:
 // missing ones are queued for, the rest given back — a slot granted after
 // the operator reverted a change is released at once, and a revert while
 // queued gives the queue position back.
-func (a *Agent) syncSlots(ctx context.Context, need map[string]SlotNeed) {
-	if a.cfg.Coordinator == nil {
+func (t *slotTable) sync(ctx context.Context, need map[string]SlotNeed) {
+	if t.coord == nil {
 		return
 	}
-	a.slots.mu.Lock()
+	t.mu.Lock()
 	var drop []string
-	for key, s := range a.slots.slots {
+	for key, s := range t.slots {
 		if n, ok := need[key]; !ok || n.Scope != s.scope {
 			drop = append(drop, key)
 		}
 	}
-	a.slots.mu.Unlock()
+	t.mu.Unlock()
 	for _, key := range drop {
-		a.dropSlot(ctx, key)
+		t.drop(ctx, key)
 	}
 	for key, n := range need {
-		a.ensureSlot(ctx, key, n.Scope, n.Hash, n.Limit)
+		t.ensure(ctx, key, n.Scope, n.Hash, n.Limit)
 	}
 }
 
-// dropSlot gives a slot back, or leaves its queue. The release runs in the
+// drop gives a slot back, or leaves its queue. The release runs in the
 // background: etcd being slow must not stall the loop; a slot not released
 // in time goes with the lease.
-func (a *Agent) dropSlot(ctx context.Context, unit string) {
-	a.slots.mu.Lock()
-	s := a.slots.slots[unit]
-	delete(a.slots.slots, unit)
-	a.slots.mu.Unlock()
+func (t *slotTable) drop(ctx context.Context, unit string) {
+	t.mu.Lock()
+	s := t.slots[unit]
+	delete(t.slots, unit)
+	t.mu.Unlock()
 	if s == nil {
 		return
 	}
@@ -175,28 +202,28 @@ func (a *Agent) dropSlot(ctx context.Context, unit string) {
 	if !s.held {
 		return
 	}
-	a.slots.wg.Go(func() {
+	t.wg.Go(func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := s.release(rctx); err != nil {
-			a.log.Warn("releasing rollout slot", "unit", unit, "err", err)
+			t.log.Warn("releasing rollout slot", "unit", unit, "err", err)
 		}
 	})
-	a.log.Info("released rollout slot", "unit", unit, "scope", s.scope)
+	t.log.Info("released rollout slot", "unit", unit, "scope", s.scope)
 }
 
 // halt records in the registry that this host failed a group's version of
 // unit, so the rest of the group holds off.
-func (a *Agent) halt(ctx context.Context, unit, scope, hash, reason string) {
-	if a.cfg.Coordinator == nil || scope == "" || hash == "" {
+func (t *slotTable) halt(ctx context.Context, unit, scope, hash, reason string) {
+	if t.coord == nil || scope == "" || hash == "" {
 		return
 	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	h := Halt{Scope: scope, Unit: unit, Hash: hash, Host: a.cfg.Host, Reason: reason, At: time.Now().UTC()}
-	if err := a.cfg.Coordinator.Halt(hctx, h); err != nil {
-		a.log.Error("could not halt the rollout in the registry", "unit", unit, "scope", scope, "err", err)
+	h := Halt{Scope: scope, Unit: unit, Hash: hash, Host: t.host, Reason: reason, At: time.Now().UTC()}
+	if err := t.coord.Halt(hctx, h); err != nil {
+		t.log.Error("could not halt the rollout in the registry", "unit", unit, "scope", scope, "err", err)
 		return
 	}
-	a.log.Warn("rollout halted for the group", "unit", unit, "scope", scope, "hash", short(hash), "action", "halt")
+	t.log.Warn("rollout halted for the group", "unit", unit, "scope", scope, "hash", short(hash), "action", "halt")
 }

@@ -16,14 +16,14 @@ import (
 // the loop). A status keeps its UpdatedAt until it changes; when none
 // changed the set handed out before is handed out again.
 func (a *Agent) report(ctx context.Context) error {
-	units := a.focus.reported
+	units := a.view.focus.reported
 	full := units == nil
 	if full {
-		units = a.everyUnit()
+		units = a.view.everyUnit()
 	}
 	changed := map[string]*Status{} // nil: the unit has no status any more
 	for name := range units {
-		_, had := a.focus.index[name]
+		_, had := a.view.focus.index[name]
 		if !a.hasStatus(name) {
 			if had {
 				changed[name] = nil
@@ -35,13 +35,13 @@ func (a *Agent) report(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if had && sameStatus(a.focus.list[a.focus.index[name]], s) {
+		if had && sameStatus(a.view.focus.list[a.view.focus.index[name]], s) {
 			continue
 		}
 		changed[name] = &s
 	}
 	if full {
-		for name := range a.focus.index {
+		for name := range a.view.focus.index {
 			if !units[name] {
 				changed[name] = nil
 				a.ledger.forgetOutcome(name)
@@ -55,22 +55,22 @@ func (a *Agent) report(ctx context.Context) error {
 	}
 	// The pass acted on the snapshot it planned from (a newer one may
 	// have come in since: the next pass acts on that).
-	acted := a.desired.snap.Revision
-	if len(changed) > 0 || a.focus.list == nil || acted != a.acted {
-		a.focus.update(changed)
+	acted := a.view.desired.snap.Revision
+	if len(changed) > 0 || a.view.focus.list == nil || acted != a.acted {
+		a.view.focus.update(changed)
 		if a.pub != nil {
-			a.gen = a.pub.offer(acted, a.focus.list)
+			a.gen = a.pub.offer(acted, a.view.focus.list)
 		}
 		a.acted = acted
 	}
 	a.hand.mu.Lock()
-	a.hand.statuses = a.focus.list
+	a.hand.statuses = a.view.focus.list
 	if a.hand.snap != nil {
 		a.hand.revision = a.hand.snap.Revision
 	}
 	rev := a.hand.revision
 	a.hand.mu.Unlock()
-	a.cfg.Observer.Reported(rev, a.focus.list)
+	a.cfg.Observer.Reported(rev, a.view.focus.list)
 	return nil
 }
 
@@ -78,7 +78,7 @@ func (a *Agent) report(ctx context.Context) error {
 // agent manages files of it (what is remembered of a unit neither wanted
 // nor managed goes with its record).
 func (a *Agent) hasStatus(unit string) bool {
-	return a.desired.units[unit] != nil || len(a.managed.byUnit[unit]) > 0
+	return a.view.desired.units[unit] != nil || len(a.managed.byUnit[unit]) > 0
 }
 
 // update makes a new list of statuses with changed applied (the old one
@@ -126,8 +126,8 @@ func sameStatus(x, y Status) bool {
 
 // status builds one unit's status from what the loop knows of it.
 func (a *Agent) status(ctx context.Context, name string) (Status, error) {
-	d := a.desired.units[name]
-	act := a.focus.actions[name]
+	d := a.view.desired.units[name]
+	act := a.view.focus.actions[name]
 	s := Status{Unit: name, UpdatedAt: time.Now().UTC()}
 	if d != nil {
 		s.DesiredHash = d.Hash()
@@ -136,7 +136,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		}
 	}
 	if !a.managed.paths[name].Instance {
-		if lf := a.file(name); lf.Exists {
+		if lf := a.view.file(name); lf.Exists {
 			s.Hash = lf.Hash
 		}
 	}
@@ -147,7 +147,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		if p == name || e.Instance {
 			continue
 		}
-		if lf := a.file(p); lf.Exists {
+		if lf := a.view.file(p); lf.Exists {
 			if s.DropIns == nil {
 				s.DropIns = map[string]string{}
 			}
@@ -155,7 +155,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		}
 	}
 	if ValidateUnitName(name) == nil {
-		st, err := a.state(ctx, name)
+		st, err := a.view.state(ctx, name)
 		if err != nil {
 			return Status{}, err
 		}
@@ -238,4 +238,27 @@ func (a *Agent) healthWord(name string, st UnitState, want string) string {
 		return "healthy"
 	}
 	return ""
+}
+
+// checkStatuses (Config.CheckFocus) builds the status of every unit the
+// pass did not report on and panics if it differs from the one kept.
+func (a *Agent) checkStatuses(ctx context.Context, changed map[string]*Status) error {
+	for u := range a.view.everyUnit() {
+		if a.view.focus.reported[u] || !a.hasStatus(u) {
+			continue
+		}
+		now, err := a.status(ctx, u)
+		if err != nil {
+			return err
+		}
+		i, ok := a.view.focus.index[u]
+		if _, c := changed[u]; c || !ok || !sameStatus(a.view.focus.list[i], now) {
+			var kept Status
+			if ok {
+				kept = a.view.focus.list[i]
+			}
+			panic(fmt.Sprintf("focus check: %s was left out of the report but its status is another now:\n kept %+v\n  now %+v", u, kept, now))
+		}
+	}
+	return nil
 }

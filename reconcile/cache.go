@@ -294,6 +294,29 @@ func (v *view) file(p string) LocalFile {
 	return lf
 }
 
+// onDisk is what the disk holds of unit's managed files: its unit file's
+// hash ("" when there is none, or the unit is an instance the agent only
+// started) and its drop-ins' hashes by path (nil when none).
+func (v *view) onDisk(unit string) (hash string, dropIns map[string]string) {
+	if !v.managed.paths[unit].Instance {
+		if lf := v.file(unit); lf.Exists {
+			hash = lf.Hash
+		}
+	}
+	for p, e := range v.managed.of(unit) {
+		if p == unit || e.Instance {
+			continue
+		}
+		if lf := v.file(p); lf.Exists {
+			if dropIns == nil {
+				dropIns = map[string]string{}
+			}
+			dropIns[p] = lf.Hash
+		}
+	}
+	return hash, dropIns
+}
+
 // resyncCache is the periodic safety net: every file is read again, every
 // unit whose summary differs from what the cache holds is forgotten (all of
 // them when systemd cannot summarize), and every unit is planned again.

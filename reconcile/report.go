@@ -3,7 +3,6 @@ package reconcile
 import (
 	"context"
 	"fmt"
-	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -124,120 +123,32 @@ func sameStatus(x, y Status) bool {
 	return reflect.DeepEqual(x, y)
 }
 
-// status builds one unit's status from what the loop knows of it.
+// status builds one unit's status from what the loop knows of it: the
+// pass's action for it, what is on disk and what systemd says of it (the
+// view), its job in flight and what the ledger remembers (unitStatus).
 func (a *Agent) status(ctx context.Context, name string) (Status, error) {
-	d := a.view.desired.units[name]
-	act := a.view.focus.actions[name]
-	s := Status{Unit: name, UpdatedAt: time.Now().UTC()}
-	if d != nil {
-		s.DesiredHash = d.Hash()
-		if d.File != nil {
-			s.Source = d.File.Source
-		}
+	in := statusInput{
+		Unit:    name,
+		Desired: a.view.desired.units[name],
+		Action:  a.view.focus.actions[name],
+		Now:     time.Now().UTC(),
 	}
-	if !a.managed.paths[name].Instance {
-		if lf := a.view.file(name); lf.Exists {
-			s.Hash = lf.Hash
-		}
-	}
-	if d != nil && d.File != nil && s.Hash == s.DesiredHash {
-		s.Revision = d.File.Revision
-	}
-	for p, e := range a.managed.of(name) {
-		if p == name || e.Instance {
-			continue
-		}
-		if lf := a.view.file(p); lf.Exists {
-			if s.DropIns == nil {
-				s.DropIns = map[string]string{}
-			}
-			s.DropIns[p] = lf.Hash
-		}
-	}
+	in.Hash, in.DropIns = a.view.onDisk(name)
 	if ValidateUnitName(name) == nil {
 		st, err := a.view.state(ctx, name)
 		if err != nil {
 			return Status{}, err
 		}
-		s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
-		s.UnitResult, s.MainPID = st.Result, st.MainPID
-		_, verifying := a.ledger.verify[name]
-		_, running := a.jobs.inflight[name]
-		if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" && !verifying && !running {
-			// While a job runs or the unit is verifying, the verdict
-			// comes when the loop takes the job's result: a job that
-			// failed a moment ago is not yet rolled back.
-			s.Error = fmt.Sprintf("unit failed (%s)", ExitDetail(st))
-		}
-		s.Health = a.healthWord(name, st, act.ContentKey)
-		_, s.Verifying = a.ledger.verify[name]
-		if d != nil && act.Policy.OnChange == "none" && st.Active() {
-			rec := a.ledger.records[name]
-			s.PendingRestart = len(rec.Applied) > 0 && KeyOf(rec.Applied) != act.ContentKey
-		}
+		in.State = &st
 	}
 	if j, ok := a.jobs.inflight[name]; ok {
-		s.Job = j.act.Steps.Job.String()
-	}
-	if IsInstance(name) {
-		s.RunsHash = a.ledger.records[name].Applied[TemplateOf(name)]
-	}
-	if e := a.ledger.enableErr[name]; e != "" && s.Error == "" {
-		s.Error = e
+		in.Job = &j.act
 	}
 	if o, ok := a.ledger.last[name]; ok {
-		s.Action, s.Result = o.action, o.result
-		if o.err != "" && (d == nil || o.contentKey == act.ContentKey || o.contentKey == ContentKey(d)) && o.result != "done" {
-			s.Error = o.err
-		}
-		if o.action == ActionRolledBack && o.contentKey == act.ContentKey {
-			s.Error = o.err
-		}
+		in.Last = &o
 	}
-	if j, ok := a.jobs.inflight[name]; ok {
-		s.Action, s.Result = j.act.Kind.Word(), "running"
-		if j.act.Kind == KindRollback {
-			s.Action = ActionRollingBack // rolled back once the job is done
-		}
-	} else if act.Kind == KindWait {
-		s.Action, s.Result = ActionWait, "waiting"
-		switch act.Gate.On {
-		case WaitSlot:
-			s.Action = ActionWaitSlot
-		case WaitHeld:
-			s.Action, s.Error = ActionHeld, act.Err
-		}
-	}
-	if act.Kind == KindBlocked {
-		if o, ok := a.ledger.last[name]; !ok || o.action != ActionRolledBack {
-			s.Action, s.Result = ActionBlocked, "blocked"
-		}
-		s.Error = act.Err
-	}
-	return s, nil
-}
-
-// healthWord is the agent's verdict on the version a unit runs, for status.
-func (a *Agent) healthWord(name string, st UnitState, want string) string {
-	if _, ok := a.ledger.verify[name]; ok {
-		return "verifying"
-	}
-	rec := a.ledger.records[name]
-	if len(rec.Applied) == 0 || IsTemplate(name) {
-		return "" // no verdict on the version it should run yet
-	}
-	applied := KeyOf(rec.Applied)
-	if want != "" && applied != want {
-		return ""
-	}
-	if rec.Failed != "" && rec.Failed == applied {
-		return "unhealthy"
-	}
-	ranToCompletion := st.Type == "oneshot" && st.ActiveState == "inactive" && st.Result == "success"
-	if maps.Equal(rec.Good, rec.Applied) && (st.Active() || ranToCompletion) {
-		return "healthy"
-	}
-	return ""
+	in.Record, in.Verifying, in.EnableErr = a.ledger.records[name], a.ledger.verifying(name), a.ledger.enableErr[name]
+	return unitStatus(in), nil
 }
 
 // checkStatuses (Config.CheckFocus) builds the status of every unit the

@@ -250,7 +250,9 @@ type Agent struct {
 	managed managedIndex
 	written []DesiredFile // files written this pass, kept by hash at its end
 	pub     *publisher    // statuses out to the Reporter; nil without one
-	gen     uint64        // the publisher's generation of the last pass's statuses
+	// statuses are every unit's last status, as last handed out (report).
+	statuses statusList
+	gen      uint64 // the publisher's generation of the last pass's statuses
 	// acted is the registry revision of the statuses last offered to the
 	// publisher: a pass that changed no status but acted on a newer
 	// revision is published too (its pass record moves).
@@ -300,18 +302,19 @@ func New(cfg Config) *Agent {
 		pub = newPublisher(cfg.Reporter, cfg.Log)
 	}
 	a := &Agent{
-		pub:     pub,
-		cfg:     cfg,
-		log:     cfg.Log,
-		poke:    make(chan struct{}, 1),
-		reqs:    make(chan func(context.Context)),
-		hand:    handoff{relevant: map[string]bool{}},
-		ledger:  newLedger(cfg.Manifest),
-		exec:    executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
-		jobs:    newJobs(),
-		slots:   slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
-		managed: newManagedIndex(cfg.Manifest.Managed()),
-		facts:   newFactsState(cfg.Facts),
+		pub:      pub,
+		cfg:      cfg,
+		log:      cfg.Log,
+		poke:     make(chan struct{}, 1),
+		reqs:     make(chan func(context.Context)),
+		hand:     handoff{relevant: map[string]bool{}},
+		ledger:   newLedger(cfg.Manifest),
+		exec:     executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
+		jobs:     newJobs(),
+		slots:    slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
+		managed:  newManagedIndex(cfg.Manifest.Managed()),
+		statuses: statusList{index: map[string]int{}},
+		facts:    newFactsState(cfg.Facts),
 	}
 	a.slots.poke = a.trigger
 	a.view = newView(cfg, &a.ledger, &a.jobs, &a.managed, &a.slots, &a.hand, &a.facts)

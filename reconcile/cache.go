@@ -317,6 +317,20 @@ func (v *view) onDisk(unit string) (hash string, dropIns map[string]string) {
 	return hash, dropIns
 }
 
+// replaced are the files plan writes as last read from disk (the cache):
+// what each write replaces, kept for a rollback (executor.write).
+func (v *view) replaced(plan []Action) map[string]LocalFile {
+	files := map[string]LocalFile{}
+	for _, act := range plan {
+		for _, w := range act.Steps.Writes {
+			if lf, ok := v.cache.files[w.Path]; ok {
+				files[w.Path] = lf
+			}
+		}
+	}
+	return files
+}
+
 // resyncCache is the periodic safety net: every file is read again, every
 // unit whose summary differs from what the cache holds is forgotten (all of
 // them when systemd cannot summarize), and every unit is planned again.

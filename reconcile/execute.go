@@ -152,7 +152,7 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 		}
 	}
 	a.exec.resetFailed(ctx, plan, failed) // a removed unit's failed state is forgotten before its files go
-	w := a.exec.write(plan, failed, a.replaced(plan))
+	w := a.exec.write(plan, failed, a.view.replaced(plan))
 	a.written = append(a.written, w.written...)
 	for _, p := range w.forgotten {
 		a.managed.forget(p)
@@ -181,20 +181,6 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 		}
 	}
 	return failed, nil
-}
-
-// replaced are the files plan writes as last read from disk (the cache):
-// what each write replaces, kept for a rollback (executor.write).
-func (a *Agent) replaced(plan []Action) map[string]LocalFile {
-	files := map[string]LocalFile{}
-	for _, act := range plan {
-		for _, w := range act.Steps.Writes {
-			if lf, ok := a.view.cache.files[w.Path]; ok {
-				files[w.Path] = lf
-			}
-		}
-	}
-	return files
 }
 
 // startJobs starts the plan's jobs in the background (launch); their

@@ -13,8 +13,8 @@ import (
 // a function of each unit's own inputs (its desired value, files, state,
 // record, jobs, window, slot, halt) and of its template's and instances',
 // so a unit none of those changed for would be planned as before. The loop
-// therefore keeps each unit's last status, and which units' last action was
-// not idle, and looks at:
+// therefore keeps each unit's last status (Agent.statuses), and which units'
+// last action was not idle, and looks at:
 //
 //   - every unit, at start, after everything was forgotten (a reconnect to
 //     systemd, a failed pass, `agentd sync`) and at the periodic resync;
@@ -40,11 +40,7 @@ type focus struct {
 	// every unit planned since start under Config.CheckFocus, which
 	// compares them).
 	actions map[string]Action
-	// list holds every unit's last status, sorted by unit, as last handed
-	// out (never written to once handed out); index says where each unit's is.
-	list  []Status
-	index map[string]int
-	halts map[string]Halt
+	halts   map[string]Halt
 	// instances maps a template to its instances among the units known,
 	// rebuilt with them (a new instance comes only with a new snapshot).
 	instances map[string][]string
@@ -55,7 +51,7 @@ type focus struct {
 
 func newFocus() focus {
 	return focus{all: true, touched: map[string]bool{}, busy: map[string]bool{}, actions: map[string]Action{},
-		index: map[string]int{}, halts: map[string]Halt{}, instances: map[string][]string{}, reported: map[string]bool{}}
+		halts: map[string]Halt{}, instances: map[string][]string{}, reported: map[string]bool{}}
 }
 
 // touch makes the next round plan unit again.

@@ -22,7 +22,7 @@ func (a *Agent) report(ctx context.Context) error {
 	}
 	changed := map[string]*Status{} // nil: the unit has no status any more
 	for name := range units {
-		_, had := a.view.focus.index[name]
+		_, had := a.statuses.index[name]
 		if !a.hasStatus(name) {
 			if had {
 				changed[name] = nil
@@ -34,13 +34,13 @@ func (a *Agent) report(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if had && sameStatus(a.view.focus.list[a.view.focus.index[name]], s) {
+		if had && sameStatus(a.statuses.list[a.statuses.index[name]], s) {
 			continue
 		}
 		changed[name] = &s
 	}
 	if full {
-		for name := range a.view.focus.index {
+		for name := range a.statuses.index {
 			if !units[name] {
 				changed[name] = nil
 				a.ledger.forgetOutcome(name)
@@ -55,21 +55,21 @@ func (a *Agent) report(ctx context.Context) error {
 	// The pass acted on the snapshot it planned from (a newer one may
 	// have come in since: the next pass acts on that).
 	acted := a.view.desired.snap.Revision
-	if len(changed) > 0 || a.view.focus.list == nil || acted != a.acted {
-		a.view.focus.update(changed)
+	if len(changed) > 0 || a.statuses.list == nil || acted != a.acted {
+		a.statuses.update(changed)
 		if a.pub != nil {
-			a.gen = a.pub.offer(acted, a.view.focus.list)
+			a.gen = a.pub.offer(acted, a.statuses.list)
 		}
 		a.acted = acted
 	}
 	a.hand.mu.Lock()
-	a.hand.statuses = a.view.focus.list
+	a.hand.statuses = a.statuses.list
 	if a.hand.snap != nil {
 		a.hand.revision = a.hand.snap.Revision
 	}
 	rev := a.hand.revision
 	a.hand.mu.Unlock()
-	a.cfg.Observer.Reported(rev, a.view.focus.list)
+	a.cfg.Observer.Reported(rev, a.statuses.list)
 	return nil
 }
 
@@ -80,9 +80,16 @@ func (a *Agent) hasStatus(unit string) bool {
 	return a.view.desired.units[unit] != nil || len(a.managed.byUnit[unit]) > 0
 }
 
+// statusList is every unit's last status, sorted by unit, as last handed
+// out (never written to once handed out); index says where each unit's is.
+type statusList struct {
+	list  []Status
+	index map[string]int
+}
+
 // update makes a new list of statuses with changed applied (the old one
 // may still be published or read: it is never written to).
-func (f *focus) update(changed map[string]*Status) {
+func (f *statusList) update(changed map[string]*Status) {
 	replace := true
 	for name, s := range changed {
 		if _, ok := f.index[name]; !ok || s == nil {
@@ -162,11 +169,11 @@ func (a *Agent) checkStatuses(ctx context.Context, changed map[string]*Status) e
 		if err != nil {
 			return err
 		}
-		i, ok := a.view.focus.index[u]
-		if _, c := changed[u]; c || !ok || !sameStatus(a.view.focus.list[i], now) {
+		i, ok := a.statuses.index[u]
+		if _, c := changed[u]; c || !ok || !sameStatus(a.statuses.list[i], now) {
 			var kept Status
 			if ok {
-				kept = a.view.focus.list[i]
+				kept = a.statuses.list[i]
 			}
 			panic(fmt.Sprintf("focus check: %s was left out of the report but its status is another now:\n kept %+v\n  now %+v", u, kept, now))
 		}

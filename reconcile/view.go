@@ -23,7 +23,7 @@ type view struct {
 	check bool     // Config.CheckFocus
 
 	cache cache // systemd's and the disk's state, re-read on change
-	focus focus // which units a round looks at, and their last actions and statuses
+	focus focus // which units a round looks at, and their last actions
 	// desired is Desire of the last snapshot, brought up to date when the
 	// snapshot changes, for the units whose keys changed.
 	desired struct {

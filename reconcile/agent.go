@@ -241,27 +241,18 @@ type Agent struct {
 	reqs chan func(context.Context)
 
 	hand   handoff   // the snapshot in, statuses out
+	view   view      // what the loop sees: systemd's and the disk's state, the desired units, which units a pass looks at
 	ledger ledger    // the records, intent and HealthySec windows: its only writer
 	exec   executor  // does the steps of a plan
-	mem    memory    // what else the loop remembers
 	jobs   jobs      // jobs in flight
 	slots  slotTable // MaxUnavailable slots
-	cache  cache     // systemd's and the disk's view, re-read on change
-	focus  focus     // which units a pass looks at, and their last actions and statuses
 	// managed is the loop's copy of the manifest's owned paths.
 	managed managedIndex
-	blobs   struct {
-		written []DesiredFile     // files written this pass, kept by hash at its end
-		kept    map[string][]byte // versions read back from the state directory, by hash
-	}
-	pub *publisher // statuses out to the Reporter; nil without one
-	// desired is Desire of the last snapshot, brought up to date when the
-	// snapshot changes, for the units whose keys changed.
-	desired struct {
-		snap *Snapshot
-		desiredState
-	}
-	gen uint64 // the publisher's generation of the last pass's statuses
+	written []DesiredFile // files written this pass, kept by hash at its end
+	pub     *publisher    // statuses out to the Reporter; nil without one
+	// statuses are every unit's last status, as last handed out (report).
+	statuses statusList
+	gen      uint64 // the publisher's generation of the last pass's statuses
 	// acted is the registry revision of the statuses last offered to the
 	// publisher: a pass that changed no status but acted on a newer
 	// revision is published too (its pass record moves).
@@ -289,14 +280,6 @@ type handoff struct {
 	revision int64
 }
 
-// memory is what the loop knows of the host beyond what a pass reads, for
-// as long as the process lives (what it remembers of units: ledger).
-type memory struct {
-	manager string            // the service manager instance (Current.Manager)
-	loaded  uint64            // Current.Loaded
-	drifted map[string]string // path -> on-disk hash already reported as drift
-}
-
 // New returns an agent; call Run to start it.
 func New(cfg Config) *Agent {
 	if cfg.Log == nil {
@@ -319,23 +302,22 @@ func New(cfg Config) *Agent {
 		pub = newPublisher(cfg.Reporter, cfg.Log)
 	}
 	a := &Agent{
-		pub:     pub,
-		cfg:     cfg,
-		log:     cfg.Log,
-		poke:    make(chan struct{}, 1),
-		reqs:    make(chan func(context.Context)),
-		hand:    handoff{relevant: map[string]bool{}},
-		ledger:  newLedger(cfg.Manifest),
-		exec:    executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
-		mem:     memory{drifted: map[string]string{}},
-		jobs:    newJobs(),
-		slots:   slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
-		cache:   newCache(),
-		focus:   newFocus(),
-		managed: newManagedIndex(cfg.Manifest.Managed()),
-		facts:   newFactsState(cfg.Facts),
+		pub:      pub,
+		cfg:      cfg,
+		log:      cfg.Log,
+		poke:     make(chan struct{}, 1),
+		reqs:     make(chan func(context.Context)),
+		hand:     handoff{relevant: map[string]bool{}},
+		ledger:   newLedger(cfg.Manifest),
+		exec:     executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
+		jobs:     newJobs(),
+		slots:    slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
+		managed:  newManagedIndex(cfg.Manifest.Managed()),
+		statuses: statusList{index: map[string]int{}},
+		facts:    newFactsState(cfg.Facts),
 	}
 	a.slots.poke = a.trigger
+	a.view = newView(cfg, &a.ledger, &a.jobs, &a.managed, &a.slots, &a.hand, &a.facts)
 	return a
 }
 
@@ -411,13 +393,13 @@ func (a *Agent) Statuses() (revision int64, st []Status) {
 func (a *Agent) DryRun(ctx context.Context) ([]Action, error) {
 	var plan []Action
 	err := a.do(ctx, func(ctx context.Context) error {
-		a.forgetAll()
-		desired, _, _, cur, err := a.observe(ctx)
+		a.view.forgetAll()
+		desired, _, _, cur, err := a.view.observe(ctx)
 		if err != nil {
 			return err
 		}
 		plan, _ = a.gate(ctx, nil, desired, cur, Plan(desired, cur))
-		a.focus.all = true // nothing was kept of this plan: the next pass plans every unit
+		a.view.focus.all = true // nothing was kept of this plan: the next pass plans every unit
 		return nil
 	})
 	return plan, err
@@ -429,7 +411,7 @@ func (a *Agent) Sync(ctx context.Context) ([]Action, error) {
 	var plan []Action
 	var gen uint64
 	err := a.do(ctx, func(ctx context.Context) error {
-		a.forgetAll()
+		a.view.forgetAll()
 		var err error
 		plan, err = a.observedPass(ctx)
 		gen = a.gen
@@ -510,7 +492,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			case <-a.poke:
 				a.settleAfter(ctx, lastEnd)
 			case <-resync.C:
-				a.resyncCache(ctx)
+				a.view.resyncCache(ctx)
 			case <-retry.C:
 			case <-wake.C:
 			}
@@ -529,7 +511,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		default:
 		}
 		if err != nil && ctx.Err() == nil {
-			a.forgetAll() // the retry reads everything again
+			a.view.forgetAll() // the retry reads everything again
 			backoff = min(max(2*backoff, 250*time.Millisecond), 30*time.Second)
 			a.log.Warn("pass failed; retrying", "err", err, "retry_in", backoff)
 			retry.Reset(jitter(backoff))

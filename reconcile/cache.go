@@ -90,9 +90,9 @@ func needsFileState(unit string, d *DesiredUnit, last string) bool {
 // stateReader returns how to read unit's state now: in full, or without
 // UnitFileState (the last one read stands in for it). It runs on the loop's
 // goroutine; what it returns may run on any.
-func (a *Agent) stateReader(unit string) func(context.Context) (UnitState, error) {
-	sd, last := a.cfg.Systemd, a.cache.fileStates[unit]
-	if needsFileState(unit, a.desired.units[unit], last) {
+func (v *view) stateReader(unit string) func(context.Context) (UnitState, error) {
+	sd, last := v.sd, v.cache.fileStates[unit]
+	if needsFileState(unit, v.desired.units[unit], last) {
 		return func(ctx context.Context) (UnitState, error) { return sd.State(ctx, unit) }
 	}
 	return func(ctx context.Context) (UnitState, error) {
@@ -103,25 +103,25 @@ func (a *Agent) stateReader(unit string) func(context.Context) (UnitState, error
 }
 
 // keepState caches a unit's state read from systemd.
-func (a *Agent) keepState(unit string, st UnitState) {
-	a.cache.states[unit] = st
+func (v *view) keepState(unit string, st UnitState) {
+	v.cache.states[unit] = st
 	if st.Light {
-		a.cache.light[unit] = true
+		v.cache.light[unit] = true
 	}
-	a.cache.fileStates[unit] = st.UnitFileState
+	v.cache.fileStates[unit] = st.UnitFileState
 	if st.LoadState == "not-found" {
-		a.cache.unknown[unit] = true
+		v.cache.unknown[unit] = true
 	} else {
-		delete(a.cache.unknown, unit)
+		delete(v.cache.unknown, unit)
 	}
 }
 
 // dropState forgets a unit's state: it is read again, and the unit planned
 // again, at the next round.
-func (a *Agent) dropState(unit string) {
-	delete(a.cache.states, unit)
-	delete(a.cache.reloaded, unit)
-	a.touch(unit)
+func (v *view) dropState(unit string) {
+	delete(v.cache.states, unit)
+	delete(v.cache.reloaded, unit)
+	v.touch(unit)
 }
 
 // dirty is what other goroutines learned may have changed, handed to the
@@ -147,21 +147,21 @@ func (d *dirty) path(p string) {
 }
 
 // takeDirty applies what changed since the last observation to the cache.
-func (a *Agent) takeDirty() {
-	a.hand.mu.Lock()
-	d := a.hand.dirty
-	a.hand.dirty = dirty{}
-	a.hand.mu.Unlock()
-	a.facts.notePaths(d.paths)
+func (v *view) takeDirty() {
+	v.hand.mu.Lock()
+	d := v.hand.dirty
+	v.hand.dirty = dirty{}
+	v.hand.mu.Unlock()
+	v.facts.notePaths(d.paths)
 	if d.all {
-		a.forgetAll()
+		v.forgetAll()
 		return
 	}
 	for u := range d.units {
-		a.forgetUnit(u)
+		v.forgetUnit(u)
 	}
 	for p := range d.paths {
-		a.forgetPath(p)
+		v.forgetPath(p)
 	}
 	// A unit inside HealthySec is read again when its window ends: the
 	// verdict rests on what systemd says then. Before that its signals say
@@ -170,28 +170,28 @@ func (a *Agent) takeDirty() {
 	// forgets its unit (finish). Reading every judged unit on every pass
 	// made the first sync of 1,000 units cost seconds of D-Bus decoding.
 	now := time.Now()
-	for u, w := range a.ledger.verify {
+	for u, w := range v.ledger.verify {
 		if !now.Before(w.deadline()) {
-			a.dropState(u)
+			v.dropState(u)
 		}
 	}
 }
 
 // forgetAll forgets everything read, and makes the next round look at
 // every unit.
-func (a *Agent) forgetAll() {
-	a.cache = newCache()
-	a.focus.all = true
-	a.facts.relist = true
+func (v *view) forgetAll() {
+	v.cache = newCache()
+	v.focus.all = true
+	v.facts.relist = true
 }
 
 // forgetUnit drops a unit's state; for a template (its file or a drop-in of
 // it changed) every instance's too.
-func (a *Agent) forgetUnit(u string) {
-	a.dropState(u)
+func (v *view) forgetUnit(u string) {
+	v.dropState(u)
 	if IsTemplate(u) {
-		for _, n := range a.focus.instances[u] {
-			a.dropState(n)
+		for _, n := range v.focus.instances[u] {
+			v.dropState(n)
 		}
 	}
 }
@@ -211,16 +211,16 @@ func isLinkDir(p string) bool {
 // forgetPath drops a file (or, for a drop-in directory, every file in it)
 // and the state of the unit it belongs to: systemd's NeedDaemonReload
 // changes with it.
-func (a *Agent) forgetPath(p string) {
+func (v *view) forgetPath(p string) {
 	if p == "" {
-		a.forgetAll()
+		v.forgetAll()
 		return
 	}
-	delete(a.cache.files, p)
+	delete(v.cache.files, p)
 	dir := p + "/"
-	for q := range a.cache.files {
+	for q := range v.cache.files {
 		if strings.HasPrefix(q, dir) {
-			delete(a.cache.files, q)
+			delete(v.cache.files, q)
 		}
 	}
 	if isLinkDir(p) {
@@ -231,9 +231,9 @@ func (a *Agent) forgetPath(p string) {
 		// gives no unit a file, and without it the first sync of 1,000
 		// units with [Install] read each unit in full before its job
 		// (1.8 s) instead of planning them from one listing.
-		unknown := a.cache.unknown
-		a.forgetAll()
-		a.cache.unknown = unknown
+		unknown := v.cache.unknown
+		v.forgetAll()
+		v.cache.unknown = unknown
 		return
 	}
 	u := UnitOfPath(p)
@@ -244,28 +244,28 @@ func (a *Agent) forgetPath(p string) {
 		// A drop-in directory for a whole type (service.d/) or a prefix
 		// (foo-.service.d/), or a name we do not know: anything may have
 		// changed.
-		a.forgetAll()
+		v.forgetAll()
 		return
 	}
-	if _, ok := a.cache.reloaded[u]; ok {
+	if _, ok := v.cache.reloaded[u]; ok {
 		// Most likely the loop's own write, seen after its daemon-reload:
 		// refreshReloaded trusts the unit's state only if the disk holds
 		// what the loop wrote.
 		return
 	}
-	a.forgetUnit(u)
+	v.forgetUnit(u)
 }
 
 // asWritten says whether every file the agent manages for unit (and, for
 // an instance, for its template) holds on disk what the agent wrote.
-func (a *Agent) asWritten(unit string) bool {
+func (v *view) asWritten(unit string) bool {
 	units := []string{unit}
 	if IsInstance(unit) {
 		units = append(units, TemplateOf(unit))
 	}
 	for _, u := range units {
-		for p, e := range a.managed.of(u) {
-			if !e.Instance && a.file(p).Hash != e.Hash {
+		for p, e := range v.managed.of(u) {
+			if !e.Instance && v.file(p).Hash != e.Hash {
 				return false
 			}
 		}
@@ -275,11 +275,11 @@ func (a *Agent) asWritten(unit string) bool {
 
 // file reads a file in the unit directory, from the cache when nothing said
 // it changed.
-func (a *Agent) file(p string) LocalFile {
-	if lf, ok := a.cache.files[p]; ok {
+func (v *view) file(p string) LocalFile {
+	if lf, ok := v.cache.files[p]; ok {
 		return lf
 	}
-	b, exists, err := a.cfg.Files.Read(p)
+	b, exists, err := v.files.Read(p)
 	lf := LocalFile{Exists: exists}
 	switch {
 	case err != nil:
@@ -290,64 +290,105 @@ func (a *Agent) file(p string) LocalFile {
 		// twice or thrice a typical unit file, kept for every managed file.
 		lf.Hash, lf.Content = Hash(b), bytes.Clone(b)
 	}
-	a.cache.files[p] = lf
+	v.cache.files[p] = lf
 	return lf
+}
+
+// onDisk is what the disk holds of unit's managed files: its unit file's
+// hash ("" when there is none, or the unit is an instance the agent only
+// started) and its drop-ins' hashes by path (nil when none).
+func (v *view) onDisk(unit string) (hash string, dropIns map[string]string) {
+	if !v.managed.paths[unit].Instance {
+		if lf := v.file(unit); lf.Exists {
+			hash = lf.Hash
+		}
+	}
+	for p, e := range v.managed.of(unit) {
+		if p == unit || e.Instance {
+			continue
+		}
+		if lf := v.file(p); lf.Exists {
+			if dropIns == nil {
+				dropIns = map[string]string{}
+			}
+			dropIns[p] = lf.Hash
+		}
+	}
+	return hash, dropIns
+}
+
+// replaced are the files plan writes as last read from disk (the cache):
+// what each write replaces, kept for a rollback (executor.write).
+func (v *view) replaced(plan []Action) map[string]LocalFile {
+	files := map[string]LocalFile{}
+	for _, act := range plan {
+		for _, w := range act.Steps.Writes {
+			if lf, ok := v.cache.files[w.Path]; ok {
+				files[w.Path] = lf
+			}
+		}
+	}
+	return files
 }
 
 // resyncCache is the periodic safety net: every file is read again, every
 // unit whose summary differs from what the cache holds is forgotten (all of
 // them when systemd cannot summarize), and every unit is planned again.
-func (a *Agent) resyncCache(ctx context.Context) {
-	a.focus.all = true
-	a.facts.relist = true
-	a.cache.files = map[string]LocalFile{}
-	a.cache.fileStates = map[string]string{}
-	if len(a.cache.states) == 0 {
-		a.cache.states = map[string]UnitState{}
+func (v *view) resyncCache(ctx context.Context) {
+	v.focus.all = true
+	v.facts.relist = true
+	v.cache.files = map[string]LocalFile{}
+	v.cache.fileStates = map[string]string{}
+	if len(v.cache.states) == 0 {
+		v.cache.states = map[string]UnitState{}
 		return
 	}
-	names := make([]string, 0, len(a.cache.states))
-	for u := range a.cache.states {
+	names := make([]string, 0, len(v.cache.states))
+	for u := range v.cache.states {
 		if !IsTemplate(u) {
 			names = append(names, u)
 		}
 	}
-	got, err := a.cfg.Systemd.Summaries(ctx, names)
+	got, err := v.sd.Summaries(ctx, names)
 	if err != nil {
-		a.log.Debug("resync: unit summaries unavailable; reading every unit", "err", err)
-		a.cache.states = map[string]UnitState{}
+		v.log.Debug("resync: unit summaries unavailable; reading every unit", "err", err)
+		v.cache.states = map[string]UnitState{}
 		return
 	}
 	stale := 0
 	for _, u := range names {
-		st := a.cache.states[u]
+		st := v.cache.states[u]
 		s, ok := got[u]
 		if !ok || s.LoadState != st.LoadState || s.ActiveState != st.ActiveState || s.SubState != st.SubState {
-			a.dropState(u)
+			v.dropState(u)
 			stale++
 		}
 	}
 	if stale > 0 {
-		a.log.Debug("resync: unit states changed without a signal", "units", stale)
+		v.log.Debug("resync: unit states changed without a signal", "units", stale)
 	}
 }
 
 // afterExecute forgets what the loop's own actions changed: the files it
 // wrote or removed and the units they belong to, and the units it enabled,
-// disabled, reset or reloaded.
-func (a *Agent) afterExecute(plan []Action, reloaded bool) {
+// disabled, reset or reloaded; and, after a daemon-reload, when systemd
+// last loaded the files (Current.Loaded).
+func (v *view) afterExecute(plan []Action, reloaded bool) {
+	if reloaded {
+		v.mem.loaded = 0 // no longer when systemd last loaded the files
+	}
 	// Kept before they are forgotten: the states of the units whose new
 	// files the reload loads, for refreshReloaded.
 	before := map[string]UnitState{}
 	keep := func(u string) {
-		if st, ok := a.cache.states[u]; ok && st.LoadState == "loaded" && !st.NeedDaemonReload {
+		if st, ok := v.cache.states[u]; ok && st.LoadState == "loaded" && !st.NeedDaemonReload {
 			before[u] = st
 		}
 	}
 	for _, act := range plan {
 		if reloaded && len(act.Steps.Writes) > 0 && !act.Steps.Enable && !act.Steps.Disable && !act.Steps.ResetFailed {
 			keep(act.Unit)
-			for _, n := range a.focus.instances[act.Unit] {
+			for _, n := range v.focus.instances[act.Unit] {
 				keep(n)
 			}
 		}
@@ -355,32 +396,32 @@ func (a *Agent) afterExecute(plan []Action, reloaded bool) {
 	for _, act := range plan {
 		touched := act.Steps.Enable || act.Steps.Disable || act.Steps.ResetFailed
 		if act.Steps.Enable || act.Steps.Disable {
-			delete(a.cache.fileStates, act.Unit)
+			delete(v.cache.fileStates, act.Unit)
 		}
 		for _, w := range act.Steps.Writes {
-			a.forgetPath(w.Path)
+			v.forgetPath(w.Path)
 			touched = true
 		}
 		for _, p := range act.Steps.Removes {
-			a.forgetPath(p)
+			v.forgetPath(p)
 			touched = true
 		}
 		if touched || (reloaded && act.Changes()) {
-			a.forgetUnit(act.Unit)
+			v.forgetUnit(act.Unit)
 		}
 	}
 	if reloaded {
 		// A file edited behind the agent's back is loaded by this reload
 		// too: its NeedDaemonReload flips.
-		for u, st := range a.cache.states {
+		for u, st := range v.cache.states {
 			if st.NeedDaemonReload {
-				a.dropState(u)
+				v.dropState(u)
 			}
 		}
 	}
 	for u, st := range before {
-		if _, read := a.cache.states[u]; !read {
-			a.cache.reloaded[u] = st
+		if _, read := v.cache.states[u]; !read {
+			v.cache.reloaded[u] = st
 		}
 	}
 }
@@ -399,35 +440,35 @@ func (a *Agent) afterExecute(plan []Action, reloaded bool) {
 // (an edit since: NeedDaemonReload may be set). It returns the units still
 // to read. Measured, bursts of 100 changed units: the reads after the
 // reload held their jobs back 86–162 ms; the listing takes 4 ms.
-func (a *Agent) refreshReloaded(ctx context.Context, need []string) []string {
-	if len(a.cache.reloaded) == 0 {
+func (v *view) refreshReloaded(ctx context.Context, need []string) []string {
+	if len(v.cache.reloaded) == 0 {
 		return need
 	}
-	defer clear(a.cache.reloaded) // good for the round after the reload only
+	defer clear(v.cache.reloaded) // good for the round after the reload only
 	var names []string
 	for _, u := range need {
-		if _, ok := a.cache.reloaded[u]; ok {
+		if _, ok := v.cache.reloaded[u]; ok {
 			names = append(names, u)
 		}
 	}
 	if len(names) == 0 {
 		return need
 	}
-	got, err := a.cfg.Systemd.Summaries(ctx, names)
+	got, err := v.sd.Summaries(ctx, names)
 	if err != nil {
 		return need
 	}
 	rest := need[:0]
 	for _, u := range need {
-		old, ok := a.cache.reloaded[u]
+		old, ok := v.cache.reloaded[u]
 		s, listed := got[u]
 		if !ok || !listed || s.LoadState != "loaded" || s.ActiveState != old.ActiveState || s.SubState != old.SubState ||
-			needsFileState(u, a.desired.units[u], a.cache.fileStates[u]) || !a.asWritten(u) {
+			needsFileState(u, v.desired.units[u], v.cache.fileStates[u]) || !v.asWritten(u) {
 			rest = append(rest, u)
 			continue
 		}
 		old.NeedDaemonReload, old.Light = false, true
-		a.keepState(u, old)
+		v.keepState(u, old)
 	}
 	return rest
 }
@@ -436,13 +477,13 @@ func (a *Agent) refreshReloaded(ctx context.Context, need []string) []string {
 // (refreshReloaded, prefetch) served to plan this pass only: a unit it
 // planned no job for is read in full at the next round (a job's unit is
 // read in full when the job ends).
-func (a *Agent) afterJobs() {
-	for u := range a.cache.light {
-		if _, inflight := a.jobs.inflight[u]; !inflight && a.cache.states[u].Light {
-			a.dropState(u)
+func (v *view) afterJobs() {
+	for u := range v.cache.light {
+		if _, inflight := v.jobs.inflight[u]; !inflight && v.cache.states[u].Light {
+			v.dropState(u)
 		}
 	}
-	clear(a.cache.light)
+	clear(v.cache.light)
 }
 
 // readWorkers bounds the state reads prefetch has in flight at once.
@@ -454,31 +495,31 @@ const readWorkers = 8
 // read: when many are missing, one listing (Systemd.Summaries) finds those. At the
 // first sync of 1,000 new units the states were read one by one, twice
 // (before and after the daemon-reload): seconds of waiting.
-func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
+func (v *view) prefetch(ctx context.Context, units map[string]bool) error {
 	var need []string
 	for u := range units {
 		if IsTemplate(u) || ValidateUnitName(u) != nil {
 			continue
 		}
-		if _, ok := a.cache.states[u]; !ok {
+		if _, ok := v.cache.states[u]; !ok {
 			need = append(need, u)
 		}
 	}
-	need = a.refreshReloaded(ctx, need)
+	need = v.refreshReloaded(ctx, need)
 	if len(need) < 2 {
 		return nil // observe reads it
 	}
 	if len(need) > readWorkers {
-		if got, err := a.cfg.Systemd.Summaries(ctx, need); err == nil {
+		if got, err := v.sd.Summaries(ctx, need); err == nil {
 			rest := need[:0]
 			for _, u := range need {
 				s, ok := got[u]
 				switch {
 				case ok && s.LoadState == "not-found":
-					a.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState,
+					v.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState,
 						LoadError: "Unit " + u + " not found."})
-				case ok && a.cache.unknown[u] && s.LoadState == "loaded" && s.ActiveState == "inactive" && s.SubState == "dead":
-					a.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Light: true})
+				case ok && v.cache.unknown[u] && s.LoadState == "loaded" && s.ActiveState == "inactive" && s.SubState == "dead":
+					v.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Light: true})
 				default:
 					rest = append(rest, u)
 				}
@@ -490,7 +531,7 @@ func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
 	errs := make([]error, len(need))
 	readers := make([]func(context.Context) (UnitState, error), len(need))
 	for i, u := range need {
-		readers[i] = a.stateReader(u)
+		readers[i] = v.stateReader(u)
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -506,7 +547,7 @@ func (a *Agent) prefetch(ctx context.Context, units map[string]bool) error {
 		if errs[i] != nil {
 			return errs[i] // names the unit already (Systemd's contract)
 		}
-		a.keepState(u, states[i])
+		v.keepState(u, states[i])
 	}
 	return nil
 }

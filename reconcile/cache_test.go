@@ -40,24 +40,24 @@ func TestNeedsFileState(t *testing.T) {
 // read each of them in full before its job. A drop-in directory for a whole
 // type forgets everything.
 func TestForgetPathOfLinks(t *testing.T) {
-	a := &Agent{}
+	v := &view{facts: &factsState{}}
 	setUp := func() {
-		a.forgetAll()
-		a.focus.touched, a.focus.all = map[string]bool{}, false
-		a.keepState("new.service", UnitState{LoadState: "not-found", ActiveState: "inactive", SubState: "dead"})
-		a.keepState("run.service", UnitState{LoadState: "loaded", ActiveState: "active", SubState: "running", UnitFileState: "enabled"})
+		v.forgetAll()
+		v.focus.touched, v.focus.all = map[string]bool{}, false
+		v.keepState("new.service", UnitState{LoadState: "not-found", ActiveState: "inactive", SubState: "dead"})
+		v.keepState("run.service", UnitState{LoadState: "loaded", ActiveState: "active", SubState: "running", UnitFileState: "enabled"})
 	}
 	for _, p := range []string{"default.target.wants", "default.target.wants/run.service", "default.target.requires"} {
 		setUp()
-		a.forgetPath(p)
-		if len(a.cache.states) != 0 || len(a.cache.fileStates) != 0 || !a.cache.unknown["new.service"] || !a.focus.all {
+		v.forgetPath(p)
+		if len(v.cache.states) != 0 || len(v.cache.fileStates) != 0 || !v.cache.unknown["new.service"] || !v.focus.all {
 			t.Errorf("after %s: states %v, file states %v (want none), new.service unknown %v (want), every unit planned %v (want)",
-				p, a.cache.states, a.cache.fileStates, a.cache.unknown["new.service"], a.focus.all)
+				p, v.cache.states, v.cache.fileStates, v.cache.unknown["new.service"], v.focus.all)
 		}
 	}
 	setUp()
-	a.forgetPath("service.d")
-	if len(a.cache.states) != 0 || len(a.cache.unknown) != 0 {
-		t.Errorf("a drop-in directory for every service: states %v, unknown %v; want everything forgotten", a.cache.states, a.cache.unknown)
+	v.forgetPath("service.d")
+	if len(v.cache.states) != 0 || len(v.cache.unknown) != 0 {
+		t.Errorf("a drop-in directory for every service: states %v, unknown %v; want everything forgotten", v.cache.states, v.cache.unknown)
 	}
 }

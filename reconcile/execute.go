@@ -19,31 +19,31 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	t0 := time.Now()
 	var first []Action
 	var applyErr error
-	a.focus.reported = map[string]bool{}
+	a.view.focus.reported = map[string]bool{}
 	for round := 0; round < maxRounds; round++ {
 		a.drainResults(ctx)
 		tr := time.Now()
-		desired, units, look, cur, err := a.observe(ctx)
+		desired, units, look, cur, err := a.view.observe(ctx)
 		tObserved := time.Now()
 		if errors.Is(err, ErrNoRegistry) {
 			return nil, nil // nothing known yet: touch nothing
 		}
 		if err != nil {
-			a.focus.all = true // what this round took to look at was not looked at
+			a.view.focus.all = true // what this round took to look at was not looked at
 			return nil, err
 		}
 		failures := a.judge(cur)
-		a.remember(&cur, look)
+		a.view.remember(&cur, look)
 		plan := Plan(desired, cur)
 		plan, cur = a.gate(ctx, failures, desired, cur, plan)
-		a.planned(units, plan)
+		a.view.planned(units, plan)
 		if a.cfg.CheckFocus && units != nil {
-			all := a.everyUnit()
-			full, err := a.current(ctx, all)
+			all := a.view.everyUnit()
+			full, err := a.view.current(ctx, all)
 			if err != nil {
 				return nil, err
 			}
-			a.checkFocus(a.desired.units, units, full)
+			a.view.checkFocus(a.view.desired.units, units, full)
 		}
 		if round == 0 {
 			first = plan
@@ -69,12 +69,12 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	if !a.cfg.CheckFocus {
 		// Only report looks at this pass's actions again (the check
 		// compares them with the next passes' plans).
-		a.focus.actions = map[string]Action{}
+		a.view.focus.actions = map[string]Action{}
 	}
 	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
 	err := errors.Join(applyErr, reportErr)
 	if err != nil {
-		a.focus.all = true // the next pass looks at every unit again
+		a.view.focus.all = true // the next pass looks at every unit again
 	}
 	return first, err
 }
@@ -123,9 +123,8 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 		// pass's records: a crash before that costs one more
 		// daemon-reload at the next start, nothing else.
 		a.ledger.reloaded()
-		a.mem.loaded = 0 // Current.Loaded: no longer when systemd last loaded the files
 	}
-	a.afterExecute(plan, reload)
+	a.view.afterExecute(plan, reload)
 	a.bookkeep(plan, cur, failed)
 	if reload && !last {
 		return true, nil
@@ -153,8 +152,8 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 		}
 	}
 	a.exec.resetFailed(ctx, plan, failed) // a removed unit's failed state is forgotten before its files go
-	w := a.exec.write(plan, failed, a.replaced(plan))
-	a.blobs.written = append(a.blobs.written, w.written...)
+	w := a.exec.write(plan, failed, a.view.replaced(plan))
+	a.written = append(a.written, w.written...)
 	for _, p := range w.forgotten {
 		a.managed.forget(p)
 	}
@@ -182,20 +181,6 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 		}
 	}
 	return failed, nil
-}
-
-// replaced are the files plan writes as last read from disk (the cache):
-// what each write replaces, kept for a rollback (executor.write).
-func (a *Agent) replaced(plan []Action) map[string]LocalFile {
-	files := map[string]LocalFile{}
-	for _, act := range plan {
-		for _, w := range act.Steps.Writes {
-			if lf, ok := a.cache.files[w.Path]; ok {
-				files[w.Path] = lf
-			}
-		}
-	}
-	return files
 }
 
 // startJobs starts the plan's jobs in the background (launch); their
@@ -244,11 +229,11 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 	for _, g := range gates {
 		close(g) // a job not launched after all: nothing to wait for
 	}
-	a.afterJobs()
+	a.view.afterJobs()
 	if jobs {
 		a.pause(ctx, "jobs-started") // crash tests: jobs under way, the pass's records not written
 	}
-	a.rememberInFlight(&cur)
+	a.view.rememberInFlight(&cur)
 	a.slots.sync(ctx, SlotsNeeded(plan, cur))
 	return nil
 }
@@ -269,7 +254,7 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 			if act.Record.Ran {
 				job = JobRestart // the owed job was the agent's start or restart
 			}
-			a.ledger.applied(act, job, a.mem.manager)
+			a.ledger.applied(act, job, a.view.mem.manager)
 			if act.Record.Ran {
 				// The owed job ran before the agent died: judged as if it
 				// had just ended (HealthySec from now).
@@ -316,11 +301,11 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 // its blob exists first (executor.writeFiles). Before, two more fsyncs
 // stood between every put and its restart.
 func (a *Agent) keepBlobs() {
-	if len(a.blobs.written) == 0 {
+	if len(a.written) == 0 {
 		return
 	}
-	err := a.exec.keep(a.blobs.written)
-	a.blobs.written = a.blobs.written[:0]
+	err := a.exec.keep(a.written)
+	a.written = a.written[:0]
 	if err != nil {
 		// Only a rollback of a later change needs them; writeFiles
 		// tries again from the file itself before it overwrites it.

@@ -1,7 +1,6 @@
 package reconcile
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"reflect"
@@ -14,8 +13,8 @@ import (
 // a function of each unit's own inputs (its desired value, files, state,
 // record, jobs, window, slot, halt) and of its template's and instances',
 // so a unit none of those changed for would be planned as before. The loop
-// therefore keeps each unit's last status, and which units' last action was
-// not idle, and looks at:
+// therefore keeps each unit's last status (Agent.statuses), and which units'
+// last action was not idle, and looks at:
 //
 //   - every unit, at start, after everything was forgotten (a reconnect to
 //     systemd, a failed pass, `agentd sync`) and at the periodic resync;
@@ -41,11 +40,7 @@ type focus struct {
 	// every unit planned since start under Config.CheckFocus, which
 	// compares them).
 	actions map[string]Action
-	// list holds every unit's last status, sorted by unit, as last handed
-	// out (never written to once handed out); index says where each unit's is.
-	list  []Status
-	index map[string]int
-	halts map[string]Halt
+	halts   map[string]Halt
 	// instances maps a template to its instances among the units known,
 	// rebuilt with them (a new instance comes only with a new snapshot).
 	instances map[string][]string
@@ -56,11 +51,11 @@ type focus struct {
 
 func newFocus() focus {
 	return focus{all: true, touched: map[string]bool{}, busy: map[string]bool{}, actions: map[string]Action{},
-		index: map[string]int{}, halts: map[string]Halt{}, instances: map[string][]string{}, reported: map[string]bool{}}
+		halts: map[string]Halt{}, instances: map[string][]string{}, reported: map[string]bool{}}
 }
 
 // touch makes the next round plan unit again.
-func (a *Agent) touch(unit string) { a.focus.touched[unit] = true }
+func (v *view) touch(unit string) { v.focus.touched[unit] = true }
 
 // idle says an action does nothing and waits for nothing: planned again
 // from the same inputs it would be the same idle action, so the unit can be
@@ -72,24 +67,24 @@ func idle(act Action) bool {
 
 // focusUnits returns the units this round looks at, nil for all of them.
 // It takes what was touched: a later touch is for the next round.
-func (a *Agent) focusUnits() map[string]bool {
-	if a.focus.all {
-		a.focus.all = false
-		clear(a.focus.touched)
+func (v *view) focusUnits() map[string]bool {
+	if v.focus.all {
+		v.focus.all = false
+		clear(v.focus.touched)
 		return nil
 	}
-	units := a.focus.touched
-	a.focus.touched = map[string]bool{}
-	for u := range a.focus.busy {
+	units := v.focus.touched
+	v.focus.touched = map[string]bool{}
+	for u := range v.focus.busy {
 		units[u] = true
 	}
-	for u := range a.ledger.verify {
+	for u := range v.ledger.verify {
 		units[u] = true
 	}
-	for u := range a.jobs.inflight {
+	for u := range v.jobs.inflight {
 		units[u] = true
 	}
-	for u := range a.ledger.intent.Jobs {
+	for u := range v.ledger.intent.Jobs {
 		units[u] = true
 	}
 	for u := range units {
@@ -99,7 +94,7 @@ func (a *Agent) focusUnits() map[string]bool {
 	}
 	for u := range units {
 		if IsTemplate(u) {
-			for _, i := range a.focus.instances[u] {
+			for _, i := range v.focus.instances[u] {
 				units[i] = true
 			}
 		}
@@ -109,63 +104,63 @@ func (a *Agent) focusUnits() map[string]bool {
 
 // known says whether the agent has anything to do with unit: the registry
 // wants it, or it manages files of it, remembers it or runs a job on it.
-func (a *Agent) known(unit string) bool {
-	_, rec := a.ledger.records[unit]
-	_, job := a.jobs.inflight[unit]
-	return a.desired.units[unit] != nil || len(a.managed.byUnit[unit]) > 0 || rec || job
+func (v *view) known(unit string) bool {
+	_, rec := v.ledger.records[unit]
+	_, job := v.jobs.inflight[unit]
+	return v.desired.units[unit] != nil || len(v.managed.byUnit[unit]) > 0 || rec || job
 }
 
 // everyUnit is every unit the agent knows (see known).
-func (a *Agent) everyUnit() map[string]bool {
+func (v *view) everyUnit() map[string]bool {
 	units := map[string]bool{}
-	for name := range a.desired.units {
+	for name := range v.desired.units {
 		units[name] = true
 	}
-	for u := range a.managed.byUnit {
+	for u := range v.managed.byUnit {
 		units[u] = true
 	}
-	for u := range a.ledger.records {
+	for u := range v.ledger.records {
 		units[u] = true
 	}
-	for u := range a.jobs.inflight {
+	for u := range v.jobs.inflight {
 		units[u] = true
 	}
 	return units
 }
 
 // indexInstances rebuilds the template → instances index from units.
-func (a *Agent) indexInstances(units map[string]bool) {
-	a.focus.instances = map[string][]string{}
+func (v *view) indexInstances(units map[string]bool) {
+	v.focus.instances = map[string][]string{}
 	for u := range units {
 		if IsInstance(u) {
 			t := TemplateOf(u)
-			a.focus.instances[t] = append(a.focus.instances[t], u)
+			v.focus.instances[t] = append(v.focus.instances[t], u)
 		}
 	}
 }
 
 // newSnapshot touches the units whose desired value or halt differs
 // between two desires of the registry. It says whether a unit came or went.
-func (a *Agent) newSnapshot(changes []desiredChange, halts map[string]Halt) (unitsChanged bool) {
+func (v *view) newSnapshot(changes []desiredChange, halts map[string]Halt) (unitsChanged bool) {
 	for _, c := range changes {
 		if (c.old == nil) != (c.now == nil) {
 			unitsChanged = true
 		}
 		if !sameDesired(c.old, c.now) {
-			a.touch(c.name)
+			v.touch(c.name)
 		}
 	}
 	for u, h := range halts {
-		if o, ok := a.focus.halts[u]; !ok || !sameHalt(o, h) {
-			a.touch(u)
+		if o, ok := v.focus.halts[u]; !ok || !sameHalt(o, h) {
+			v.touch(u)
 		}
 	}
-	for u := range a.focus.halts {
+	for u := range v.focus.halts {
 		if _, ok := halts[u]; !ok {
-			a.touch(u)
+			v.touch(u)
 		}
 	}
-	a.focus.halts = halts
+	v.focus.halts = halts
 	return unitsChanged
 }
 
@@ -198,24 +193,24 @@ func sameHalt(x, y Halt) bool {
 
 // planned keeps a round's plan: units (nil: all) were planned, and those
 // of them without an action in plan have none any more.
-func (a *Agent) planned(units map[string]bool, plan []Action) {
+func (v *view) planned(units map[string]bool, plan []Action) {
 	if units == nil {
-		clear(a.focus.actions)
-		clear(a.focus.busy)
-		a.focus.reported = nil // every unit's status is built
+		clear(v.focus.actions)
+		clear(v.focus.busy)
+		v.focus.reported = nil // every unit's status is built
 	} else {
 		for u := range units {
-			delete(a.focus.actions, u)
-			delete(a.focus.busy, u)
-			if a.focus.reported != nil {
-				a.focus.reported[u] = true
+			delete(v.focus.actions, u)
+			delete(v.focus.busy, u)
+			if v.focus.reported != nil {
+				v.focus.reported[u] = true
 			}
 		}
 	}
 	for _, act := range plan {
-		a.focus.actions[act.Unit] = act
+		v.focus.actions[act.Unit] = act
 		if !idle(act) {
-			a.focus.busy[act.Unit] = true
+			v.focus.busy[act.Unit] = true
 		}
 	}
 }
@@ -223,9 +218,9 @@ func (a *Agent) planned(units map[string]bool, plan []Action) {
 // checkFocus (Config.CheckFocus) plans every unit from everything the loop
 // knows and panics if a unit outside the focus would get another action
 // than the one kept for it.
-func (a *Agent) checkFocus(desired map[string]*DesiredUnit, units map[string]bool, full Current) {
-	if got := a.cfg.Manifest.Managed(); !maps.Equal(got, a.managed.paths) {
-		panic(fmt.Sprintf("focus check: the agent's copy of the manifest differs from it:\n kept %v\n file %v", a.managed.paths, got))
+func (v *view) checkFocus(desired map[string]*DesiredUnit, units map[string]bool, full Current) {
+	if got := v.man.Managed(); !maps.Equal(got, v.managed.paths) {
+		panic(fmt.Sprintf("focus check: the agent's copy of the manifest differs from it:\n kept %v\n file %v", v.managed.paths, got))
 	}
 	plan := Plan(desired, full)
 	want := map[string]Action{}
@@ -236,11 +231,11 @@ func (a *Agent) checkFocus(desired map[string]*DesiredUnit, units map[string]boo
 		if units[u] {
 			continue
 		}
-		if kept, ok := a.focus.actions[u]; !ok || !reflect.DeepEqual(kept, want[u]) {
+		if kept, ok := v.focus.actions[u]; !ok || !reflect.DeepEqual(kept, want[u]) {
 			panic(fmt.Sprintf("focus check: %s was left out of the pass but is planned differently now:\n kept %+v\n  now %+v", u, kept, want[u]))
 		}
 	}
-	for u := range a.focus.actions {
+	for u := range v.focus.actions {
 		if _, ok := want[u]; !ok && !units[u] {
 			panic(fmt.Sprintf("focus check: %s was left out of the pass with an action kept, but has none now", u))
 		}
@@ -253,27 +248,4 @@ func checkDesired(kept map[string]*DesiredUnit, s Snapshot) {
 	if want := Desire(s); !reflect.DeepEqual(kept, want) {
 		panic(fmt.Sprintf("focus check: the desired units kept differ from those of revision %d:\n kept %+v\n want %+v", s.Revision, kept, want))
 	}
-}
-
-// checkStatuses (Config.CheckFocus) builds the status of every unit the
-// pass did not report on and panics if it differs from the one kept.
-func (a *Agent) checkStatuses(ctx context.Context, changed map[string]*Status) error {
-	for u := range a.everyUnit() {
-		if a.focus.reported[u] || !a.hasStatus(u) {
-			continue
-		}
-		now, err := a.status(ctx, u)
-		if err != nil {
-			return err
-		}
-		i, ok := a.focus.index[u]
-		if _, c := changed[u]; c || !ok || !sameStatus(a.focus.list[i], now) {
-			var kept Status
-			if ok {
-				kept = a.focus.list[i]
-			}
-			panic(fmt.Sprintf("focus check: %s was left out of the report but its status is another now:\n kept %+v\n  now %+v", u, kept, now))
-		}
-	}
-	return nil
 }

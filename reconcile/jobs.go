@@ -121,7 +121,7 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[
 	a.ledger.supersede(act.Unit)
 	deadline := JobDeadline(act.Steps.Job, st)
 	a.log.Debug("job started", "unit", act.Unit, "job", act.Steps.Job.String(), "deadline", deadline, "light", st.Light)
-	read := a.stateReader(act.Unit)
+	read := a.view.stateReader(act.Unit)
 	a.jobs.wg.Go(func() {
 		if wait != nil {
 			select {
@@ -248,7 +248,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		return
 	}
 	delete(a.jobs.inflight, r.unit)
-	a.touch(r.unit)
+	a.view.touch(r.unit)
 	defer a.pause(ctx, "job-done") // crash tests: the job ended, its outcome not yet recorded
 	a.hand.mu.Lock()
 	fresh := r.fresh && a.hand.muted[r.unit] == r.muted // no signal since the read
@@ -259,9 +259,9 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	// was read right after the job ended is the state to plan from, unless
 	// a signal came after that read.
 	if fresh {
-		a.keepState(r.unit, r.base)
+		a.view.keepState(r.unit, r.base)
 	} else {
-		a.dropState(r.unit)
+		a.view.dropState(r.unit)
 	}
 	act := run.act
 	a.ledger.jobEnded(r.unit, act.ContentKey)
@@ -272,7 +272,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		a.record(act, result, r.err)
 		return
 	case act.Kind == KindRollback:
-		rec := a.ledger.rolledBack(act, act.Steps.Job, a.mem.manager)
+		rec := a.ledger.rolledBack(act, act.Steps.Job, a.view.mem.manager)
 		a.cfg.Observer.Rollback(r.unit)
 		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Record.Effective)) + " (the version that ran before)"
 		if r.err != nil {
@@ -286,7 +286,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		a.record(act, result, r.err)
 		return
 	}
-	a.ledger.applied(act, act.Steps.Job, a.mem.manager)
+	a.ledger.applied(act, act.Steps.Job, a.view.mem.manager)
 	if outcome == JobDone {
 		a.record(act, "done", nil)
 	} else {

@@ -11,62 +11,62 @@ import (
 // those of them the agent knows. desired and cur hold the units of look.
 // Disk and D-Bus are read only where something changed since the last look
 // (cache.go).
-func (a *Agent) observe(ctx context.Context) (desired map[string]*DesiredUnit, units, look map[string]bool, cur Current, err error) {
-	a.takeDirty()
-	a.hand.mu.Lock()
-	snap := a.hand.snap
-	a.hand.mu.Unlock()
+func (v *view) observe(ctx context.Context) (desired map[string]*DesiredUnit, units, look map[string]bool, cur Current, err error) {
+	v.takeDirty()
+	v.hand.mu.Lock()
+	snap := v.hand.snap
+	v.hand.mu.Unlock()
 	if snap == nil {
 		return nil, nil, nil, Current{}, ErrNoRegistry
 	}
 	rescan := false
-	if snap != a.desired.snap {
-		changes := a.desired.update(*snap)
-		a.desired.snap = snap
-		if a.cfg.CheckFocus {
-			checkDesired(a.desired.units, *snap)
+	if snap != v.desired.snap {
+		changes := v.desired.update(*snap)
+		v.desired.snap = snap
+		if v.check {
+			checkDesired(v.desired.units, *snap)
 		}
 		halts := map[string]Halt{}
 		for _, h := range snap.Halts {
 			halts[h.Unit] = h
 		}
-		rescan = a.newSnapshot(changes, halts)
+		rescan = v.newSnapshot(changes, halts)
 		// Something new may be wanted of a unit whose job is in flight (a
 		// removal stops a hung start): plan it from what it is now.
-		a.hand.mu.Lock()
-		for u, n := range a.hand.muted {
+		v.hand.mu.Lock()
+		for u, n := range v.hand.muted {
 			if n > 0 {
-				a.dropState(u)
+				v.dropState(u)
 			}
 		}
-		a.hand.mu.Unlock()
+		v.hand.mu.Unlock()
 	}
-	units = a.focusUnits()
+	units = v.focusUnits()
 	look = units
 	if units == nil {
-		look = a.everyUnit()
+		look = v.everyUnit()
 		rescan = true
-		a.readManager(ctx)
+		v.readManager(ctx)
 	} else {
 		look = map[string]bool{}
 		for u := range units {
-			if a.known(u) {
+			if v.known(u) {
 				look[u] = true
 			}
 		}
 	}
 	if rescan {
-		a.rescan()
+		v.rescan()
 	}
-	cur, err = a.current(ctx, look)
+	cur, err = v.current(ctx, look)
 	if err != nil {
 		return nil, nil, nil, Current{}, err
 	}
-	desired = a.desired.units
+	desired = v.desired.units
 	if units != nil {
 		desired = map[string]*DesiredUnit{}
 		for u := range look {
-			if d := a.desired.units[u]; d != nil {
+			if d := v.desired.units[u]; d != nil {
 				desired[u] = d
 			}
 		}
@@ -80,44 +80,44 @@ func (a *Agent) observe(ctx context.Context) (desired map[string]*DesiredUnit, u
 // files and states of units and paths no longer known. A new value for a
 // unit known before changes none of these — a path it no longer has stays
 // cached until the next rescan, kept fresh by fsnotify like any other.
-func (a *Agent) rescan() {
-	all := a.everyUnit()
-	a.indexInstances(all)
+func (v *view) rescan() {
+	all := v.everyUnit()
+	v.indexInstances(all)
 	rel := make(map[string]bool, len(all))
 	paths := map[string]bool{}
 	for u := range all {
 		rel[u] = true
-		a.addPaths(paths, u)
+		v.addPaths(paths, u)
 	}
-	a.hand.mu.Lock()
-	a.hand.relevant = rel
-	a.hand.mu.Unlock()
-	for p := range a.cache.files {
+	v.hand.mu.Lock()
+	v.hand.relevant = rel
+	v.hand.mu.Unlock()
+	for p := range v.cache.files {
 		if !paths[p] {
-			delete(a.cache.files, p)
+			delete(v.cache.files, p)
 		}
 	}
-	for u := range a.cache.states {
+	for u := range v.cache.states {
 		if !all[u] {
-			delete(a.cache.states, u) // signals are not forwarded for it any more
+			delete(v.cache.states, u) // signals are not forwarded for it any more
 		}
 	}
-	for u := range a.cache.fileStates {
+	for u := range v.cache.fileStates {
 		if !all[u] {
-			delete(a.cache.fileStates, u)
+			delete(v.cache.fileStates, u)
 		}
 	}
 }
 
 // addPaths adds to paths the files of unit the agent looks at: the ones
 // the registry wants and the ones it manages (an instance's entry is none).
-func (a *Agent) addPaths(paths map[string]bool, unit string) {
-	if d := a.desired.units[unit]; d != nil {
+func (v *view) addPaths(paths map[string]bool, unit string) {
+	if d := v.desired.units[unit]; d != nil {
 		for _, f := range d.Files() {
 			paths[f.Path] = true
 		}
 	}
-	for p, e := range a.managed.of(unit) {
+	for p, e := range v.managed.of(unit) {
 		if !e.Instance {
 			paths[p] = true
 		}
@@ -129,42 +129,42 @@ func (a *Agent) addPaths(paths map[string]bool, unit string) {
 // (Current.Loaded): unknown ("", 0) until systemd said; a failed read of
 // the instance keeps the last answer (a new manager comes with a
 // reconnect, and the pass after it reads again).
-func (a *Agent) readManager(ctx context.Context) {
-	m, err := a.cfg.Systemd.ManagerID(ctx)
+func (v *view) readManager(ctx context.Context) {
+	m, err := v.sd.ManagerID(ctx)
 	if err != nil {
-		a.log.Debug("service manager instance unknown", "err", err)
+		v.log.Debug("service manager instance unknown", "err", err)
 		return
 	}
-	a.mem.manager = m
-	if !a.ledger.intent.Reload {
+	v.mem.manager = m
+	if !v.ledger.intent.Reload {
 		// Only while no daemon-reload is owed: after one of the agent's
 		// own, a unit started before it could pass for one started after.
-		if a.mem.loaded, err = a.cfg.Systemd.UnitsLoaded(ctx); err != nil {
-			a.mem.loaded = 0
+		if v.mem.loaded, err = v.sd.UnitsLoaded(ctx); err != nil {
+			v.mem.loaded = 0
 		}
 	}
 }
 
 // current reads the current state of units (all of them known).
-func (a *Agent) current(ctx context.Context, units map[string]bool) (Current, error) {
+func (v *view) current(ctx context.Context, units map[string]bool) (Current, error) {
 	cur := Current{
 		Host:   HostFacts{Files: map[string]LocalFile{}, Units: map[string]UnitState{}},
 		Memory: Memory{Managed: map[string]Owned{}, Blobs: map[string][]byte{}},
-		Fleet:  Fleet{Halts: a.focus.halts},
+		Fleet:  Fleet{Halts: v.focus.halts},
 	}
 	paths := map[string]bool{}
 	for u := range units {
-		a.addPaths(paths, u)
-		for p, e := range a.managed.of(u) {
+		v.addPaths(paths, u)
+		for p, e := range v.managed.of(u) {
 			cur.Memory.Managed[p] = e
 		}
 	}
 	for p := range paths {
-		lf := a.file(p)
+		lf := v.file(p)
 		cur.Host.Files[p] = lf
-		a.noteDrift(p, cur.Memory.Managed[p].Hash, lf)
+		v.noteDrift(p, cur.Memory.Managed[p].Hash, lf)
 	}
-	if err := a.prefetch(ctx, units); err != nil {
+	if err := v.prefetch(ctx, units); err != nil {
 		return Current{}, err
 	}
 	for u := range units {
@@ -173,38 +173,38 @@ func (a *Agent) current(ctx context.Context, units map[string]bool) (Current, er
 		}
 		// A unit whose registry value is rejected is still observed: its
 		// running version may be inside HealthySec, judged as usual.
-		st, err := a.state(ctx, u)
+		st, err := v.state(ctx, u)
 		if err != nil {
 			return Current{}, err
 		}
 		cur.Host.Units[u] = st
 	}
-	cur.Host.Manager, cur.Host.Loaded = a.mem.manager, a.mem.loaded // read by readManager
-	a.remember(&cur, units)
+	cur.Host.Manager, cur.Host.Loaded = v.mem.manager, v.mem.loaded // read by readManager
+	v.remember(&cur, units)
 	return cur, nil
 }
 
 // remember fills in what the loop knows beyond disk and D-Bus about units
 // (cur.Memory, and the slots it holds). It runs again after health
 // verdicts changed the records.
-func (a *Agent) remember(cur *Current, units map[string]bool) {
+func (v *view) remember(cur *Current, units map[string]bool) {
 	cur.Memory.Records = make(map[string]UnitRecord, len(units))
 	for u := range units {
-		if rec, ok := a.ledger.records[u]; ok {
+		if rec, ok := v.ledger.records[u]; ok {
 			cur.Memory.Records[u] = rec
 		}
 	}
-	cur.Memory.Refused = a.ledger.refused
-	cur.Memory.Started = a.ledger.started
-	cur.Memory.Intent = Intent{Reload: a.ledger.intent.Reload, Jobs: maps.Clone(a.ledger.intent.Jobs)}
-	cur.Fleet.Slots = a.slots.held()
-	a.rememberInFlight(cur)
+	cur.Memory.Refused = v.ledger.refused
+	cur.Memory.Started = v.ledger.started
+	cur.Memory.Intent = Intent{Reload: v.ledger.intent.Reload, Jobs: maps.Clone(v.ledger.intent.Jobs)}
+	cur.Fleet.Slots = v.slots.held()
+	v.rememberInFlight(cur)
 	// Content of the versions units run and ran before, for classifying a
 	// change and for rolling back: from the file when it still holds it,
 	// else from the state directory — read once and kept while a record
 	// refers to it (every pass re-read every unit's previous version).
-	if a.blobs.kept == nil {
-		a.blobs.kept = map[string][]byte{}
+	if v.kept == nil {
+		v.kept = map[string][]byte{}
 	}
 	for _, rec := range cur.Memory.Records {
 		for _, m := range []map[string]string{rec.Applied, rec.Previous} {
@@ -214,10 +214,10 @@ func (a *Agent) remember(cur *Current, units map[string]bool) {
 				}
 				if lf := cur.Host.Files[p]; lf.Hash == h {
 					cur.Memory.Blobs[h] = lf.Content
-				} else if b, ok := a.blobs.kept[h]; ok {
+				} else if b, ok := v.kept[h]; ok {
 					cur.Memory.Blobs[h] = b
-				} else if b, ok := a.cfg.Manifest.Blob(h); ok {
-					cur.Memory.Blobs[h], a.blobs.kept[h] = b, b
+				} else if b, ok := v.man.Blob(h); ok {
+					cur.Memory.Blobs[h], v.kept[h] = b, b
 				}
 			}
 		}
@@ -225,9 +225,9 @@ func (a *Agent) remember(cur *Current, units map[string]bool) {
 }
 
 // pruneKept drops the kept versions no record refers to any more.
-func (a *Agent) pruneKept() {
+func (v *view) pruneKept() {
 	refs := map[string]bool{}
-	for _, rec := range a.ledger.records {
+	for _, rec := range v.ledger.records {
 		for _, h := range rec.Applied {
 			refs[h] = true
 		}
@@ -235,46 +235,46 @@ func (a *Agent) pruneKept() {
 			refs[h] = true
 		}
 	}
-	for h := range a.blobs.kept {
+	for h := range v.kept {
 		if !refs[h] {
-			delete(a.blobs.kept, h)
+			delete(v.kept, h)
 		}
 	}
 }
 
 // rememberInFlight fills in the jobs in flight and the units inside
 // HealthySec: they change between the plan and the end of its execution.
-func (a *Agent) rememberInFlight(cur *Current) {
+func (v *view) rememberInFlight(cur *Current) {
 	cur.Memory.Verifying = map[string]bool{}
-	for u := range a.ledger.verify {
+	for u := range v.ledger.verify {
 		cur.Memory.Verifying[u] = true
 	}
 	cur.Memory.Jobs = map[string]InFlight{}
-	for u, j := range a.jobs.inflight {
+	for u, j := range v.jobs.inflight {
 		cur.Memory.Jobs[u] = InFlight{Job: j.act.Steps.Job, ContentKey: j.act.ContentKey, Rollback: j.act.Kind == KindRollback}
 	}
 }
 
 // state asks systemd about a unit; a template has no state of its own
 // (systemd refuses the name), only its instances do.
-func (a *Agent) state(ctx context.Context, unit string) (UnitState, error) {
+func (v *view) state(ctx context.Context, unit string) (UnitState, error) {
 	if IsTemplate(unit) {
 		return UnitState{LoadState: "template", ActiveState: "inactive", SubState: "template"}, nil
 	}
-	if st, ok := a.cache.states[unit]; ok {
+	if st, ok := v.cache.states[unit]; ok {
 		return st, nil
 	}
-	st, err := a.stateReader(unit)(ctx)
+	st, err := v.stateReader(unit)(ctx)
 	if err != nil {
 		return st, err // names the unit already (Systemd's contract)
 	}
-	a.keepState(unit, st)
+	v.keepState(unit, st)
 	return st, nil
 }
 
 // noteDrift logs, once per distinct content, a managed file changed behind
 // the agent's back. The pass then restores it like any other difference.
-func (a *Agent) noteDrift(path, want string, lf LocalFile) {
+func (v *view) noteDrift(path, want string, lf LocalFile) {
 	if want == "" || lf.Err != "" {
 		return
 	}
@@ -283,14 +283,14 @@ func (a *Agent) noteDrift(path, want string, lf LocalFile) {
 		found = "deleted"
 	}
 	if found == want {
-		delete(a.mem.drifted, path)
+		delete(v.mem.drifted, path)
 		return
 	}
-	if a.mem.drifted[path] == found {
+	if v.mem.drifted[path] == found {
 		return
 	}
-	a.mem.drifted[path] = found
-	a.log.Warn("drift: managed file changed on disk; restoring the registry version",
+	v.mem.drifted[path] = found
+	v.log.Warn("drift: managed file changed on disk; restoring the registry version",
 		"unit", UnitOfPath(path), "path", path, "hash", short(want), "found_hash", short(found), "action", "drift")
-	a.cfg.Observer.Drift(path)
+	v.obs.Drift(path)
 }

@@ -275,10 +275,24 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 	if facts != nil {
 		unowned = facts.Unowned
 	}
-	notMine := map[string]bool{}
-	for p := range unowned {
-		notMine[UnitOfPath(p)] = true
+	previewFiles(&cur, old, statuses, unowned)
+	previewRecords(&cur, old, statuses, unowned)
+	if facts != nil {
+		maps.Copy(cur.Memory.Refused, facts.Refused)
+		for u, f := range facts.Failed {
+			rec := cur.Memory.Records[u]
+			rec.Failed, rec.FailReason = f.ContentKey, f.Reason
+			cur.Memory.Records[u] = rec
+		}
 	}
+	previewUnits(&cur, old, next, statuses)
+	return cur
+}
+
+// previewFiles fills in the files the host has and owns: the registry's
+// current content, or what its status says a file holds when the host has
+// not written that (a held rollout); and the files it does not own.
+func previewFiles(cur *Current, old map[string]*DesiredUnit, statuses map[string]Status, unowned map[string]UnownedFile) {
 	for name, d := range old {
 		if d.Err != nil {
 			continue // blocked now: what the host has of it is unknown
@@ -306,38 +320,24 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 	for p, uf := range unowned {
 		cur.Host.Files[p] = LocalFile{Exists: true, Hash: uf.Hash, Err: uf.Err}
 	}
+}
+
+// previewRecords fills in what the host remembers of the units it reports
+// on and owns: the content each runs (its record and start), whether it is
+// verifying, and its job in flight.
+func previewRecords(cur *Current, old map[string]*DesiredUnit, statuses map[string]Status, unowned map[string]UnownedFile) {
+	notMine := map[string]bool{}
+	for p := range unowned {
+		notMine[UnitOfPath(p)] = true
+	}
 	for name, d := range old {
 		st, ok := statuses[name]
 		if d.Err != nil || !ok || notMine[name] {
 			continue
 		}
-		// Runs other content than its files hold: the status says the
-		// change waits (held), was not applied to the running unit (it
-		// cannot reload, OnChange=none), or the file is another.
-		active := st.ActiveState == "active" || st.ActiveState == "reloading" || st.ActiveState == "activating"
-		other := st.PendingRestart || active && (st.Action == ActionHeld || st.Action == KindUpdate.Word() && st.Result == "failed")
-		differs := false
-		for _, f := range d.Files() {
-			if h := diskHash(st, f.Path); h != "" && h != f.Hash {
-				differs = true
-			}
-		}
-		if st.Error != "" && !other && !differs {
+		eff, ok := previewRuns(name, d, old, st)
+		if !ok {
 			continue
-		}
-		eff := map[string]string{}
-		for _, f := range d.Files() {
-			eff[f.Path] = f.Hash
-			if h := diskHash(st, f.Path); h != "" && h != f.Hash {
-				eff[f.Path] = h
-			} else if other {
-				eff[f.Path] = "unknown" // no file holds it: classified against nothing
-			}
-		}
-		if t := old[TemplateOf(name)]; IsInstance(name) && t != nil && t.Err == nil {
-			for _, f := range t.Files() {
-				eff[f.Path] = f.Hash
-			}
 		}
 		own := OwnDropIns
 		switch {
@@ -359,14 +359,47 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 			cur.Memory.Jobs[name] = InFlight{Job: j, ContentKey: key}
 		}
 	}
-	if facts != nil {
-		maps.Copy(cur.Memory.Refused, facts.Refused)
-		for u, f := range facts.Failed {
-			rec := cur.Memory.Records[u]
-			rec.Failed, rec.FailReason = f.ContentKey, f.Reason
-			cur.Memory.Records[u] = rec
+}
+
+// previewRuns is the content (path -> hash) a unit runs as its status st
+// tells it, against d, its registry value; ok is false for a unit in error
+// whose status says nothing more of what it runs.
+func previewRuns(name string, d *DesiredUnit, old map[string]*DesiredUnit, st Status) (eff map[string]string, ok bool) {
+	// Runs other content than its files hold: the status says the
+	// change waits (held), was not applied to the running unit (it
+	// cannot reload, OnChange=none), or the file is another.
+	active := st.ActiveState == "active" || st.ActiveState == "reloading" || st.ActiveState == "activating"
+	other := st.PendingRestart || active && (st.Action == ActionHeld || st.Action == KindUpdate.Word() && st.Result == "failed")
+	differs := false
+	for _, f := range d.Files() {
+		if h := diskHash(st, f.Path); h != "" && h != f.Hash {
+			differs = true
 		}
 	}
+	if st.Error != "" && !other && !differs {
+		return nil, false
+	}
+	eff = map[string]string{}
+	for _, f := range d.Files() {
+		eff[f.Path] = f.Hash
+		if h := diskHash(st, f.Path); h != "" && h != f.Hash {
+			eff[f.Path] = h
+		} else if other {
+			eff[f.Path] = "unknown" // no file holds it: classified against nothing
+		}
+	}
+	if t := old[TemplateOf(name)]; IsInstance(name) && t != nil && t.Err == nil {
+		for _, f := range t.Files() {
+			eff[f.Path] = f.Hash
+		}
+	}
+	return eff, true
+}
+
+// previewUnits fills in the state of every unit before or after the put,
+// as its status says (not found without one), and gives every unit after
+// it its slot.
+func previewUnits(cur *Current, old, next map[string]*DesiredUnit, statuses map[string]Status) {
 	names := map[string]bool{}
 	for n := range old {
 		names[n] = true
@@ -391,7 +424,6 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 			cur.Host.Units[n] = UnitState{LoadState: "not-found", ActiveState: "inactive", SubState: "dead"}
 		}
 	}
-	return cur
 }
 
 // diskHash is the hash of the file at path as a unit's status reports it

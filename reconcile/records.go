@@ -7,13 +7,13 @@ package reconcile
 // clean-up.
 func (a *Agent) persist() error {
 	var units map[string]bool // nil: all
-	full := a.focus.reported == nil
+	full := a.view.focus.reported == nil
 	if !full {
 		units = map[string]bool{}
-		for u := range a.focus.reported {
+		for u := range a.view.focus.reported {
 			units[u] = true
 		}
-		for u := range a.focus.touched {
+		for u := range a.view.focus.touched {
 			units[u] = true
 		}
 	}
@@ -23,7 +23,7 @@ func (a *Agent) persist() error {
 	if !full {
 		return nil
 	}
-	a.pruneKept()
+	a.view.pruneKept()
 	return a.ledger.gc()
 }
 

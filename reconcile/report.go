@@ -3,7 +3,6 @@ package reconcile
 import (
 	"context"
 	"fmt"
-	"maps"
 	"reflect"
 	"slices"
 	"strings"
@@ -16,14 +15,14 @@ import (
 // the loop). A status keeps its UpdatedAt until it changes; when none
 // changed the set handed out before is handed out again.
 func (a *Agent) report(ctx context.Context) error {
-	units := a.focus.reported
+	units := a.view.focus.reported
 	full := units == nil
 	if full {
-		units = a.everyUnit()
+		units = a.view.everyUnit()
 	}
 	changed := map[string]*Status{} // nil: the unit has no status any more
 	for name := range units {
-		_, had := a.focus.index[name]
+		_, had := a.statuses.index[name]
 		if !a.hasStatus(name) {
 			if had {
 				changed[name] = nil
@@ -35,13 +34,13 @@ func (a *Agent) report(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if had && sameStatus(a.focus.list[a.focus.index[name]], s) {
+		if had && sameStatus(a.statuses.list[a.statuses.index[name]], s) {
 			continue
 		}
 		changed[name] = &s
 	}
 	if full {
-		for name := range a.focus.index {
+		for name := range a.statuses.index {
 			if !units[name] {
 				changed[name] = nil
 				a.ledger.forgetOutcome(name)
@@ -55,22 +54,22 @@ func (a *Agent) report(ctx context.Context) error {
 	}
 	// The pass acted on the snapshot it planned from (a newer one may
 	// have come in since: the next pass acts on that).
-	acted := a.desired.snap.Revision
-	if len(changed) > 0 || a.focus.list == nil || acted != a.acted {
-		a.focus.update(changed)
+	acted := a.view.desired.snap.Revision
+	if len(changed) > 0 || a.statuses.list == nil || acted != a.acted {
+		a.statuses.update(changed)
 		if a.pub != nil {
-			a.gen = a.pub.offer(acted, a.focus.list)
+			a.gen = a.pub.offer(acted, a.statuses.list)
 		}
 		a.acted = acted
 	}
 	a.hand.mu.Lock()
-	a.hand.statuses = a.focus.list
+	a.hand.statuses = a.statuses.list
 	if a.hand.snap != nil {
 		a.hand.revision = a.hand.snap.Revision
 	}
 	rev := a.hand.revision
 	a.hand.mu.Unlock()
-	a.cfg.Observer.Reported(rev, a.focus.list)
+	a.cfg.Observer.Reported(rev, a.statuses.list)
 	return nil
 }
 
@@ -78,12 +77,19 @@ func (a *Agent) report(ctx context.Context) error {
 // agent manages files of it (what is remembered of a unit neither wanted
 // nor managed goes with its record).
 func (a *Agent) hasStatus(unit string) bool {
-	return a.desired.units[unit] != nil || len(a.managed.byUnit[unit]) > 0
+	return a.view.desired.units[unit] != nil || len(a.managed.byUnit[unit]) > 0
+}
+
+// statusList is every unit's last status, sorted by unit, as last handed
+// out (never written to once handed out); index says where each unit's is.
+type statusList struct {
+	list  []Status
+	index map[string]int
 }
 
 // update makes a new list of statuses with changed applied (the old one
 // may still be published or read: it is never written to).
-func (f *focus) update(changed map[string]*Status) {
+func (f *statusList) update(changed map[string]*Status) {
 	replace := true
 	for name, s := range changed {
 		if _, ok := f.index[name]; !ok || s == nil {
@@ -124,118 +130,53 @@ func sameStatus(x, y Status) bool {
 	return reflect.DeepEqual(x, y)
 }
 
-// status builds one unit's status from what the loop knows of it.
+// status builds one unit's status from what the loop knows of it: the
+// pass's action for it, what is on disk and what systemd says of it (the
+// view), its job in flight and what the ledger remembers (unitStatus).
 func (a *Agent) status(ctx context.Context, name string) (Status, error) {
-	d := a.desired.units[name]
-	act := a.focus.actions[name]
-	s := Status{Unit: name, UpdatedAt: time.Now().UTC()}
-	if d != nil {
-		s.DesiredHash = d.Hash()
-		if d.File != nil {
-			s.Source = d.File.Source
-		}
+	in := statusInput{
+		Unit:    name,
+		Desired: a.view.desired.units[name],
+		Action:  a.view.focus.actions[name],
+		Now:     time.Now().UTC(),
 	}
-	if !a.managed.paths[name].Instance {
-		if lf := a.file(name); lf.Exists {
-			s.Hash = lf.Hash
-		}
-	}
-	if d != nil && d.File != nil && s.Hash == s.DesiredHash {
-		s.Revision = d.File.Revision
-	}
-	for p, e := range a.managed.of(name) {
-		if p == name || e.Instance {
-			continue
-		}
-		if lf := a.file(p); lf.Exists {
-			if s.DropIns == nil {
-				s.DropIns = map[string]string{}
-			}
-			s.DropIns[p] = lf.Hash
-		}
-	}
+	in.Hash, in.DropIns = a.view.onDisk(name)
 	if ValidateUnitName(name) == nil {
-		st, err := a.state(ctx, name)
+		st, err := a.view.state(ctx, name)
 		if err != nil {
 			return Status{}, err
 		}
-		s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
-		s.UnitResult, s.MainPID = st.Result, st.MainPID
-		_, verifying := a.ledger.verify[name]
-		_, running := a.jobs.inflight[name]
-		if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" && !verifying && !running {
-			// While a job runs or the unit is verifying, the verdict
-			// comes when the loop takes the job's result: a job that
-			// failed a moment ago is not yet rolled back.
-			s.Error = fmt.Sprintf("unit failed (%s)", ExitDetail(st))
-		}
-		s.Health = a.healthWord(name, st, act.ContentKey)
-		_, s.Verifying = a.ledger.verify[name]
-		if d != nil && act.Policy.OnChange == "none" && st.Active() {
-			rec := a.ledger.records[name]
-			s.PendingRestart = len(rec.Applied) > 0 && KeyOf(rec.Applied) != act.ContentKey
-		}
+		in.State = &st
 	}
 	if j, ok := a.jobs.inflight[name]; ok {
-		s.Job = j.act.Steps.Job.String()
-	}
-	if IsInstance(name) {
-		s.RunsHash = a.ledger.records[name].Applied[TemplateOf(name)]
-	}
-	if e := a.ledger.enableErr[name]; e != "" && s.Error == "" {
-		s.Error = e
+		in.Job = &j.act
 	}
 	if o, ok := a.ledger.last[name]; ok {
-		s.Action, s.Result = o.action, o.result
-		if o.err != "" && (d == nil || o.contentKey == act.ContentKey || o.contentKey == ContentKey(d)) && o.result != "done" {
-			s.Error = o.err
-		}
-		if o.action == ActionRolledBack && o.contentKey == act.ContentKey {
-			s.Error = o.err
-		}
+		in.Last = &o
 	}
-	if j, ok := a.jobs.inflight[name]; ok {
-		s.Action, s.Result = j.act.Kind.Word(), "running"
-		if j.act.Kind == KindRollback {
-			s.Action = ActionRollingBack // rolled back once the job is done
-		}
-	} else if act.Kind == KindWait {
-		s.Action, s.Result = ActionWait, "waiting"
-		switch act.Gate.On {
-		case WaitSlot:
-			s.Action = ActionWaitSlot
-		case WaitHeld:
-			s.Action, s.Error = ActionHeld, act.Err
-		}
-	}
-	if act.Kind == KindBlocked {
-		if o, ok := a.ledger.last[name]; !ok || o.action != ActionRolledBack {
-			s.Action, s.Result = ActionBlocked, "blocked"
-		}
-		s.Error = act.Err
-	}
-	return s, nil
+	in.Record, in.Verifying, in.EnableErr = a.ledger.records[name], a.ledger.verifying(name), a.ledger.enableErr[name]
+	return unitStatus(in), nil
 }
 
-// healthWord is the agent's verdict on the version a unit runs, for status.
-func (a *Agent) healthWord(name string, st UnitState, want string) string {
-	if _, ok := a.ledger.verify[name]; ok {
-		return "verifying"
+// checkStatuses (Config.CheckFocus) builds the status of every unit the
+// pass did not report on and panics if it differs from the one kept.
+func (a *Agent) checkStatuses(ctx context.Context, changed map[string]*Status) error {
+	for u := range a.view.everyUnit() {
+		if a.view.focus.reported[u] || !a.hasStatus(u) {
+			continue
+		}
+		now, err := a.status(ctx, u)
+		if err != nil {
+			return err
+		}
+		i, ok := a.statuses.index[u]
+		if _, c := changed[u]; c || !ok || !sameStatus(a.statuses.list[i], now) {
+			var kept Status
+			if ok {
+				kept = a.statuses.list[i]
+			}
+			panic(fmt.Sprintf("focus check: %s was left out of the report but its status is another now:\n kept %+v\n  now %+v", u, kept, now))
+		}
 	}
-	rec := a.ledger.records[name]
-	if len(rec.Applied) == 0 || IsTemplate(name) {
-		return "" // no verdict on the version it should run yet
-	}
-	applied := KeyOf(rec.Applied)
-	if want != "" && applied != want {
-		return ""
-	}
-	if rec.Failed != "" && rec.Failed == applied {
-		return "unhealthy"
-	}
-	ranToCompletion := st.Type == "oneshot" && st.ActiveState == "inactive" && st.Result == "success"
-	if maps.Equal(rec.Good, rec.Applied) && (st.Active() || ranToCompletion) {
-		return "healthy"
-	}
-	return ""
+	return nil
 }

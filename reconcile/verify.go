@@ -20,7 +20,7 @@ func (a *Agent) judge(cur Current) (failures []judged) {
 		case VerdictUnhealthy:
 			failures = append(failures, j)
 			if j.template != "" {
-				a.touch(j.template)
+				a.view.touch(j.template)
 			}
 			if why := rollbackWhyNot(w.act.Policy, j.rec); why != "" {
 				a.recordAs(w.act, w.op.Word(), "failed", errors.New(j.why+"; "+why))

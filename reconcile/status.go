@@ -1,0 +1,127 @@
+package reconcile
+
+import (
+	"fmt"
+	"maps"
+	"time"
+)
+
+// statusInput is everything a unit's status is made of, gathered by the
+// loop (Agent.status): the plan's action for the unit, the results (its job
+// in flight, the last outcome), what the ledger remembers of it, and what
+// the disk and systemd say of it.
+type statusInput struct {
+	Unit    string
+	Desired *DesiredUnit // nil: the registry does not want it
+	Action  Action       // the pass's action for it (zero: none)
+
+	// Observed.
+	Hash    string            // of its unit file on disk ("" none, or an instance)
+	DropIns map[string]string // its managed drop-ins on disk: path -> hash
+	State   *UnitState        // what systemd says; nil for a name systemd does not know
+
+	// Results.
+	Job  *Action  // the action whose job is in flight, nil when none
+	Last *outcome // the last thing done to it, nil when nothing is remembered
+
+	// What the ledger remembers.
+	Record    UnitRecord
+	Verifying bool   // inside HealthySec
+	EnableErr string // the last failed enable/disable, until one succeeds
+
+	Now time.Time // UpdatedAt
+}
+
+// unitStatus is a unit's status. Pure: the one place that says what a
+// status reports of plan, results, ledger and observation.
+func unitStatus(in statusInput) Status {
+	name, d, act := in.Unit, in.Desired, in.Action
+	s := Status{Unit: name, UpdatedAt: in.Now, Hash: in.Hash, DropIns: in.DropIns}
+	if d != nil {
+		s.DesiredHash = d.Hash()
+		if d.File != nil {
+			s.Source = d.File.Source
+		}
+	}
+	if d != nil && d.File != nil && s.Hash == s.DesiredHash {
+		s.Revision = d.File.Revision
+	}
+	if in.State != nil {
+		st := *in.State
+		s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
+		s.UnitResult, s.MainPID = st.Result, st.MainPID
+		if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" && !in.Verifying && in.Job == nil {
+			// While a job runs or the unit is verifying, the verdict
+			// comes when the loop takes the job's result: a job that
+			// failed a moment ago is not yet rolled back.
+			s.Error = fmt.Sprintf("unit failed (%s)", ExitDetail(st))
+		}
+		s.Health = healthWord(name, in.Record, in.Verifying, st, act.ContentKey)
+		s.Verifying = in.Verifying
+		if d != nil && act.Policy.OnChange == "none" && st.Active() {
+			s.PendingRestart = len(in.Record.Applied) > 0 && KeyOf(in.Record.Applied) != act.ContentKey
+		}
+	}
+	if in.Job != nil {
+		s.Job = in.Job.Steps.Job.String()
+	}
+	if IsInstance(name) {
+		s.RunsHash = in.Record.Applied[TemplateOf(name)]
+	}
+	if in.EnableErr != "" && s.Error == "" {
+		s.Error = in.EnableErr
+	}
+	if o := in.Last; o != nil {
+		s.Action, s.Result = o.action, o.result
+		if o.err != "" && (d == nil || o.contentKey == act.ContentKey || o.contentKey == ContentKey(d)) && o.result != "done" {
+			s.Error = o.err
+		}
+		if o.action == ActionRolledBack && o.contentKey == act.ContentKey {
+			s.Error = o.err
+		}
+	}
+	if j := in.Job; j != nil {
+		s.Action, s.Result = j.Kind.Word(), "running"
+		if j.Kind == KindRollback {
+			s.Action = ActionRollingBack // rolled back once the job is done
+		}
+	} else if act.Kind == KindWait {
+		s.Action, s.Result = ActionWait, "waiting"
+		switch act.Gate.On {
+		case WaitSlot:
+			s.Action = ActionWaitSlot
+		case WaitHeld:
+			s.Action, s.Error = ActionHeld, act.Err
+		}
+	}
+	if act.Kind == KindBlocked {
+		if o := in.Last; o == nil || o.action != ActionRolledBack {
+			s.Action, s.Result = ActionBlocked, "blocked"
+		}
+		s.Error = act.Err
+	}
+	return s
+}
+
+// healthWord is the agent's verdict on the version a unit runs, for status:
+// rec is its record, want the content the plan wants it to run.
+func healthWord(name string, rec UnitRecord, verifying bool, st UnitState, want string) string {
+	if verifying {
+		return "verifying"
+	}
+	if len(rec.Applied) == 0 || IsTemplate(name) {
+		return "" // no verdict on the version it should run yet
+	}
+	applied := KeyOf(rec.Applied)
+	if want != "" && applied != want {
+		return ""
+	}
+	if rec.Failed != "" && rec.Failed == applied {
+		return "unhealthy"
+	}
+	ranToCompletion := st.Type == "oneshot" && st.ActiveState == "inactive" && st.Result == "success"
+	if maps.Equal(rec.Good, rec.Applied) && (st.Active() || ranToCompletion) {
+		return "healthy"
+	}
+	return ""
+}

@@ -1,0 +1,63 @@
+package reconcile
+
+import "log/slog"
+
+// view is what the loop sees of the host and the registry: the cache of
+// systemd's and the disk's state (cache.go), observing a pass's Current
+// (observe.go), and which units a pass looks at (focus.go), with the
+// desired units kept up to date from snapshot to snapshot. The loop asks it
+// for each round's units and Current, and tells it what the loop's own
+// steps changed (afterExecute, afterJobs) and what it planned (planned).
+//
+// It reads what the agent remembers (the ledger), the jobs in flight, the
+// managed paths and the slots held, to fill in Current.Memory and
+// Current.Fleet and to know which units there are; it writes none of them.
+// It does not plan and records nothing. Loop-owned, but for handoff (under
+// its lock).
+type view struct {
+	sd    Systemd
+	files Files
+	man   Manifest // for the kept versions' blobs (remember)
+	log   *slog.Logger
+	obs   Observer // told of drift
+	check bool     // Config.CheckFocus
+
+	cache cache // systemd's and the disk's state, re-read on change
+	focus focus // which units a round looks at, and their last actions
+	// desired is Desire of the last snapshot, brought up to date when the
+	// snapshot changes, for the units whose keys changed.
+	desired struct {
+		snap *Snapshot
+		desiredState
+	}
+	mem memory // what it knows of the service manager and of drift
+	// kept holds the versions read back from the state directory, by
+	// hash, while a record refers to them (remember, pruneKept).
+	kept map[string][]byte
+
+	// Read, never written, but for the parts named.
+	ledger  *ledger
+	jobs    *jobs
+	managed *managedIndex
+	slots   *slotTable
+	hand    *handoff    // the snapshot and what changed in; the units whose signals matter out (rescan)
+	facts   *factsState // told which paths changed and when to list the directory again
+}
+
+// memory is what the view knows of the host beyond what a pass reads, for
+// as long as the process lives (what the agent remembers of units: ledger).
+type memory struct {
+	manager string            // the service manager instance (Current.Manager)
+	loaded  uint64            // Current.Loaded
+	drifted map[string]string // path -> on-disk hash already reported as drift
+}
+
+// newView returns the view of an agent configured with cfg, reading the
+// agent's other parts named.
+func newView(cfg Config, l *ledger, j *jobs, m *managedIndex, s *slotTable, h *handoff, f *factsState) view {
+	return view{
+		sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log, obs: cfg.Observer, check: cfg.CheckFocus,
+		cache: newCache(), focus: newFocus(), mem: memory{drifted: map[string]string{}},
+		ledger: l, jobs: j, managed: m, slots: s, hand: h, facts: f,
+	}
+}

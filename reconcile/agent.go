@@ -399,7 +399,7 @@ func (a *Agent) DryRun(ctx context.Context) ([]Action, error) {
 			return err
 		}
 		plan, _ = a.gate(ctx, nil, desired, cur, Plan(desired, cur))
-		a.view.focus.all = true // nothing was kept of this plan: the next pass plans every unit
+		a.view.lookAtAll() // nothing was kept of this plan: the next pass plans every unit
 		return nil
 	})
 	return plan, err

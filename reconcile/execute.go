@@ -19,7 +19,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	t0 := time.Now()
 	var first []Action
 	var applyErr error
-	a.view.focus.reported = map[string]bool{}
+	a.view.beginPass()
 	for round := 0; round < maxRounds; round++ {
 		a.drainResults(ctx)
 		tr := time.Now()
@@ -29,7 +29,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 			return nil, nil // nothing known yet: touch nothing
 		}
 		if err != nil {
-			a.view.focus.all = true // what this round took to look at was not looked at
+			a.view.lookAtAll() // what this round took to look at was not looked at
 			return nil, err
 		}
 		failures := a.judge(cur)
@@ -43,7 +43,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 			if err != nil {
 				return nil, err
 			}
-			a.view.checkFocus(a.view.desired.units, units, full)
+			a.view.checkFocus(units, full)
 		}
 		if round == 0 {
 			first = plan
@@ -66,15 +66,11 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	t1 := time.Now()
 	reportErr := a.report(ctx)
 	a.updateFacts()
-	if !a.cfg.CheckFocus {
-		// Only report looks at this pass's actions again (the check
-		// compares them with the next passes' plans).
-		a.view.focus.actions = map[string]Action{}
-	}
+	a.view.endPass()
 	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
 	err := errors.Join(applyErr, reportErr)
 	if err != nil {
-		a.view.focus.all = true // the next pass looks at every unit again
+		a.view.lookAtAll() // the next pass looks at every unit again
 	}
 	return first, err
 }
@@ -254,7 +250,7 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 			if act.Record.Ran {
 				job = JobRestart // the owed job was the agent's start or restart
 			}
-			a.ledger.applied(act, job, a.view.mem.manager)
+			a.ledger.applied(act, job, a.view.manager())
 			if act.Record.Ran {
 				// The owed job ran before the agent died: judged as if it
 				// had just ended (HealthySec from now).

@@ -218,11 +218,11 @@ func (v *view) planned(units map[string]bool, plan []Action) {
 // checkFocus (Config.CheckFocus) plans every unit from everything the loop
 // knows and panics if a unit outside the focus would get another action
 // than the one kept for it.
-func (v *view) checkFocus(desired map[string]*DesiredUnit, units map[string]bool, full Current) {
+func (v *view) checkFocus(units map[string]bool, full Current) {
 	if got := v.man.Managed(); !maps.Equal(got, v.managed.paths) {
 		panic(fmt.Sprintf("focus check: the agent's copy of the manifest differs from it:\n kept %v\n file %v", v.managed.paths, got))
 	}
-	plan := Plan(desired, full)
+	plan := Plan(v.desired.units, full)
 	want := map[string]Action{}
 	for _, act := range plan {
 		want[act.Unit] = act

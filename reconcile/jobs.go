@@ -272,7 +272,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		a.record(act, result, r.err)
 		return
 	case act.Kind == KindRollback:
-		rec := a.ledger.rolledBack(act, act.Steps.Job, a.view.mem.manager)
+		rec := a.ledger.rolledBack(act, act.Steps.Job, a.view.manager())
 		a.cfg.Observer.Rollback(r.unit)
 		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Record.Effective)) + " (the version that ran before)"
 		if r.err != nil {
@@ -286,7 +286,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		a.record(act, result, r.err)
 		return
 	}
-	a.ledger.applied(act, act.Steps.Job, a.view.mem.manager)
+	a.ledger.applied(act, act.Steps.Job, a.view.manager())
 	if outcome == JobDone {
 		a.record(act, "done", nil)
 	} else {

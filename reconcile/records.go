@@ -6,17 +6,8 @@ package reconcile
 // blobs nothing refers to any more are dropped. A failed save skips the
 // clean-up.
 func (a *Agent) persist() error {
-	var units map[string]bool // nil: all
-	full := a.view.focus.reported == nil
-	if !full {
-		units = map[string]bool{}
-		for u := range a.view.focus.reported {
-			units[u] = true
-		}
-		for u := range a.view.focus.touched {
-			units[u] = true
-		}
-	}
+	units := a.view.changedUnits() // nil: all
+	full := units == nil
 	if err := a.ledger.save(units); err != nil {
 		return err
 	}

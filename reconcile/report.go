@@ -15,7 +15,7 @@ import (
 // the loop). A status keeps its UpdatedAt until it changes; when none
 // changed the set handed out before is handed out again.
 func (a *Agent) report(ctx context.Context) error {
-	units := a.view.focus.reported
+	units := a.view.reported()
 	full := units == nil
 	if full {
 		units = a.view.everyUnit()
@@ -54,7 +54,7 @@ func (a *Agent) report(ctx context.Context) error {
 	}
 	// The pass acted on the snapshot it planned from (a newer one may
 	// have come in since: the next pass acts on that).
-	acted := a.view.desired.snap.Revision
+	acted := a.view.revision()
 	if len(changed) > 0 || a.statuses.list == nil || acted != a.acted {
 		a.statuses.update(changed)
 		if a.pub != nil {
@@ -77,7 +77,7 @@ func (a *Agent) report(ctx context.Context) error {
 // agent manages files of it (what is remembered of a unit neither wanted
 // nor managed goes with its record).
 func (a *Agent) hasStatus(unit string) bool {
-	return a.view.desired.units[unit] != nil || len(a.managed.byUnit[unit]) > 0
+	return a.view.desiredUnit(unit) != nil || len(a.managed.byUnit[unit]) > 0
 }
 
 // statusList is every unit's last status, sorted by unit, as last handed
@@ -136,8 +136,8 @@ func sameStatus(x, y Status) bool {
 func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 	in := statusInput{
 		Unit:    name,
-		Desired: a.view.desired.units[name],
-		Action:  a.view.focus.actions[name],
+		Desired: a.view.desiredUnit(name),
+		Action:  a.view.action(name),
 		Now:     time.Now().UTC(),
 	}
 	in.Hash, in.DropIns = a.view.onDisk(name)
@@ -161,8 +161,9 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 // checkStatuses (Config.CheckFocus) builds the status of every unit the
 // pass did not report on and panics if it differs from the one kept.
 func (a *Agent) checkStatuses(ctx context.Context, changed map[string]*Status) error {
+	reported := a.view.reported()
 	for u := range a.view.everyUnit() {
-		if a.view.focus.reported[u] || !a.hasStatus(u) {
+		if reported[u] || !a.hasStatus(u) {
 			continue
 		}
 		now, err := a.status(ctx, u)

@@ -61,3 +61,52 @@ func newView(cfg Config, l *ledger, j *jobs, m *managedIndex, s *slotTable, h *h
 		ledger: l, jobs: j, managed: m, slots: s, hand: h, facts: f,
 	}
 }
+
+// What the loop asks of the view about a pass, beyond observe.
+
+// lookAtAll makes the next round look at every unit: what this one looked
+// at was not (fully) looked at, or nothing was kept of its plan.
+func (v *view) lookAtAll() { v.focus.all = true }
+
+// beginPass starts collecting the units the pass's rounds plan (reported).
+func (v *view) beginPass() { v.focus.reported = map[string]bool{} }
+
+// endPass drops the pass's actions: only report looks at them again (but
+// under Config.CheckFocus, which compares them with the next passes' plans).
+func (v *view) endPass() {
+	if !v.check {
+		v.focus.actions = map[string]Action{}
+	}
+}
+
+// reported is the units the pass planned, whose statuses are built again;
+// nil: every unit.
+func (v *view) reported() map[string]bool { return v.focus.reported }
+
+// changedUnits is the units whose records this pass can have changed: the
+// ones it planned and the ones it touched for the next; nil: every unit.
+func (v *view) changedUnits() map[string]bool {
+	if v.focus.reported == nil {
+		return nil
+	}
+	units := map[string]bool{}
+	for u := range v.focus.reported {
+		units[u] = true
+	}
+	for u := range v.focus.touched {
+		units[u] = true
+	}
+	return units
+}
+
+// desiredUnit is what the registry wants of unit (nil: nothing).
+func (v *view) desiredUnit(unit string) *DesiredUnit { return v.desired.units[unit] }
+
+// action is the pass's action for unit.
+func (v *view) action(unit string) Action { return v.focus.actions[unit] }
+
+// revision is the registry revision of the snapshot the pass planned from.
+func (v *view) revision() int64 { return v.desired.snap.Revision }
+
+// manager is the service manager instance last read ("": unknown).
+func (v *view) manager() string { return v.mem.manager }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -261,6 +262,29 @@ type Agent struct {
 	facts factsState
 }
 
+// agentMemory is what the view reads of the agent's other parts
+// (remembered): the ledger, the jobs in flight, the managed paths and the
+// slots held.
+type agentMemory struct {
+	l *ledger
+	j *jobs
+	m *managedIndex
+	s *slotTable
+}
+
+func (r agentMemory) records() map[string]UnitRecord { return r.l.records }
+func (r agentMemory) verifying() map[string]*window  { return r.l.verify }
+func (r agentMemory) intent() Intent                 { return r.l.intent }
+func (r agentMemory) refused() map[string]Refusal    { return r.l.refused }
+func (r agentMemory) started() map[string]string     { return r.l.started }
+func (r agentMemory) inFlight() map[string]*jobRun   { return r.j.inflight }
+func (r agentMemory) managedOf(unit string) iter.Seq2[string, Owned] {
+	return r.m.of(unit)
+}
+func (r agentMemory) managedPaths() map[string]Owned    { return r.m.paths }
+func (r agentMemory) managedUnits() map[string][]string { return r.m.byUnit }
+func (r agentMemory) slotsHeld() map[string]string      { return r.s.held() }
+
 // handoff is where other goroutines meet the loop.
 type handoff struct {
 	mu       sync.Mutex
@@ -278,6 +302,36 @@ type handoff struct {
 	dirty    dirty // what signals and fsnotify said changed since the last look
 	statuses []Status
 	revision int64
+}
+
+func (h *handoff) snapshot() *Snapshot {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.snap
+}
+
+func (h *handoff) takeDirty() dirty {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d := h.dirty
+	h.dirty = dirty{}
+	return d
+}
+
+func (h *handoff) eachMuted(f func(unit string)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for u, n := range h.muted {
+		if n > 0 {
+			f(u)
+		}
+	}
+}
+
+func (h *handoff) setRelevant(units map[string]bool) {
+	h.mu.Lock()
+	h.relevant = units
+	h.mu.Unlock()
 }
 
 // New returns an agent; call Run to start it.
@@ -317,7 +371,7 @@ func New(cfg Config) *Agent {
 		facts:    newFactsState(cfg.Facts),
 	}
 	a.slots.poke = a.trigger
-	a.view = newView(cfg, &a.ledger, &a.jobs, &a.managed, &a.slots, &a.hand, &a.facts)
+	a.view = newView(cfg, agentMemory{&a.ledger, &a.jobs, &a.managed, &a.slots}, &a.hand, a.facts.notePaths)
 	return a
 }
 
@@ -589,9 +643,7 @@ type FileDiff struct {
 func (a *Agent) Diff(ctx context.Context, unit string) ([]FileDiff, error) {
 	var out []FileDiff
 	err := a.do(ctx, func(ctx context.Context) error {
-		a.hand.mu.Lock()
-		snap := a.hand.snap
-		a.hand.mu.Unlock()
+		snap := a.hand.snapshot()
 		if snap == nil {
 			return ErrNoRegistry
 		}

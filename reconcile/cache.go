@@ -148,11 +148,8 @@ func (d *dirty) path(p string) {
 
 // takeDirty applies what changed since the last observation to the cache.
 func (v *view) takeDirty() {
-	v.hand.mu.Lock()
-	d := v.hand.dirty
-	v.hand.dirty = dirty{}
-	v.hand.mu.Unlock()
-	v.facts.notePaths(d.paths)
+	d := v.hand.takeDirty()
+	v.pathsChanged(d.paths)
 	if d.all {
 		v.forgetAll()
 		return
@@ -170,7 +167,7 @@ func (v *view) takeDirty() {
 	// forgets its unit (finish). Reading every judged unit on every pass
 	// made the first sync of 1,000 units cost seconds of D-Bus decoding.
 	now := time.Now()
-	for u, w := range v.ledger.verify {
+	for u, w := range v.rem.verifying() {
 		if !now.Before(w.deadline()) {
 			v.dropState(u)
 		}
@@ -182,7 +179,7 @@ func (v *view) takeDirty() {
 func (v *view) forgetAll() {
 	v.cache = newCache()
 	v.focus.all = true
-	v.facts.relist = true
+	v.pathsChanged(everyPath)
 }
 
 // forgetUnit drops a unit's state; for a template (its file or a drop-in of
@@ -264,7 +261,7 @@ func (v *view) asWritten(unit string) bool {
 		units = append(units, TemplateOf(unit))
 	}
 	for _, u := range units {
-		for p, e := range v.managed.of(u) {
+		for p, e := range v.rem.managedOf(u) {
 			if !e.Instance && v.file(p).Hash != e.Hash {
 				return false
 			}
@@ -298,12 +295,12 @@ func (v *view) file(p string) LocalFile {
 // hash ("" when there is none, or the unit is an instance the agent only
 // started) and its drop-ins' hashes by path (nil when none).
 func (v *view) onDisk(unit string) (hash string, dropIns map[string]string) {
-	if !v.managed.paths[unit].Instance {
+	if !v.rem.managedPaths()[unit].Instance {
 		if lf := v.file(unit); lf.Exists {
 			hash = lf.Hash
 		}
 	}
-	for p, e := range v.managed.of(unit) {
+	for p, e := range v.rem.managedOf(unit) {
 		if p == unit || e.Instance {
 			continue
 		}
@@ -336,7 +333,7 @@ func (v *view) replaced(plan []Action) map[string]LocalFile {
 // them when systemd cannot summarize), and every unit is planned again.
 func (v *view) resyncCache(ctx context.Context) {
 	v.focus.all = true
-	v.facts.relist = true
+	v.pathsChanged(everyPath)
 	v.cache.files = map[string]LocalFile{}
 	v.cache.fileStates = map[string]string{}
 	if len(v.cache.states) == 0 {
@@ -479,7 +476,7 @@ func (v *view) refreshReloaded(ctx context.Context, need []string) []string {
 // read in full when the job ends).
 func (v *view) afterJobs() {
 	for u := range v.cache.light {
-		if _, inflight := v.jobs.inflight[u]; !inflight && v.cache.states[u].Light {
+		if _, inflight := v.rem.inFlight()[u]; !inflight && v.cache.states[u].Light {
 			v.dropState(u)
 		}
 	}

@@ -40,7 +40,7 @@ func TestNeedsFileState(t *testing.T) {
 // read each of them in full before its job. A drop-in directory for a whole
 // type forgets everything.
 func TestForgetPathOfLinks(t *testing.T) {
-	v := &view{facts: &factsState{}}
+	v := &view{pathsChanged: func(map[string]bool) {}}
 	setUp := func() {
 		v.forgetAll()
 		v.focus.touched, v.focus.all = map[string]bool{}, false

@@ -78,13 +78,13 @@ func (v *view) focusUnits() map[string]bool {
 	for u := range v.focus.busy {
 		units[u] = true
 	}
-	for u := range v.ledger.verify {
+	for u := range v.rem.verifying() {
 		units[u] = true
 	}
-	for u := range v.jobs.inflight {
+	for u := range v.rem.inFlight() {
 		units[u] = true
 	}
-	for u := range v.ledger.intent.Jobs {
+	for u := range v.rem.intent().Jobs {
 		units[u] = true
 	}
 	for u := range units {
@@ -105,9 +105,9 @@ func (v *view) focusUnits() map[string]bool {
 // known says whether the agent has anything to do with unit: the registry
 // wants it, or it manages files of it, remembers it or runs a job on it.
 func (v *view) known(unit string) bool {
-	_, rec := v.ledger.records[unit]
-	_, job := v.jobs.inflight[unit]
-	return v.desired.units[unit] != nil || len(v.managed.byUnit[unit]) > 0 || rec || job
+	_, rec := v.rem.records()[unit]
+	_, job := v.rem.inFlight()[unit]
+	return v.desired.units[unit] != nil || len(v.rem.managedUnits()[unit]) > 0 || rec || job
 }
 
 // everyUnit is every unit the agent knows (see known).
@@ -116,13 +116,13 @@ func (v *view) everyUnit() map[string]bool {
 	for name := range v.desired.units {
 		units[name] = true
 	}
-	for u := range v.managed.byUnit {
+	for u := range v.rem.managedUnits() {
 		units[u] = true
 	}
-	for u := range v.ledger.records {
+	for u := range v.rem.records() {
 		units[u] = true
 	}
-	for u := range v.jobs.inflight {
+	for u := range v.rem.inFlight() {
 		units[u] = true
 	}
 	return units
@@ -219,8 +219,8 @@ func (v *view) planned(units map[string]bool, plan []Action) {
 // knows and panics if a unit outside the focus would get another action
 // than the one kept for it.
 func (v *view) checkFocus(units map[string]bool, full Current) {
-	if got := v.man.Managed(); !maps.Equal(got, v.managed.paths) {
-		panic(fmt.Sprintf("focus check: the agent's copy of the manifest differs from it:\n kept %v\n file %v", v.managed.paths, got))
+	if got := v.man.Managed(); !maps.Equal(got, v.rem.managedPaths()) {
+		panic(fmt.Sprintf("focus check: the agent's copy of the manifest differs from it:\n kept %v\n file %v", v.rem.managedPaths(), got))
 	}
 	plan := Plan(v.desired.units, full)
 	want := map[string]Action{}

@@ -13,9 +13,7 @@ import (
 // (cache.go).
 func (v *view) observe(ctx context.Context) (desired map[string]*DesiredUnit, units, look map[string]bool, cur Current, err error) {
 	v.takeDirty()
-	v.hand.mu.Lock()
-	snap := v.hand.snap
-	v.hand.mu.Unlock()
+	snap := v.hand.snapshot()
 	if snap == nil {
 		return nil, nil, nil, Current{}, ErrNoRegistry
 	}
@@ -33,13 +31,7 @@ func (v *view) observe(ctx context.Context) (desired map[string]*DesiredUnit, un
 		rescan = v.newSnapshot(changes, halts)
 		// Something new may be wanted of a unit whose job is in flight (a
 		// removal stops a hung start): plan it from what it is now.
-		v.hand.mu.Lock()
-		for u, n := range v.hand.muted {
-			if n > 0 {
-				v.dropState(u)
-			}
-		}
-		v.hand.mu.Unlock()
+		v.hand.eachMuted(v.dropState)
 	}
 	units = v.focusUnits()
 	look = units
@@ -89,9 +81,7 @@ func (v *view) rescan() {
 		rel[u] = true
 		v.addPaths(paths, u)
 	}
-	v.hand.mu.Lock()
-	v.hand.relevant = rel
-	v.hand.mu.Unlock()
+	v.hand.setRelevant(rel)
 	for p := range v.cache.files {
 		if !paths[p] {
 			delete(v.cache.files, p)
@@ -117,7 +107,7 @@ func (v *view) addPaths(paths map[string]bool, unit string) {
 			paths[f.Path] = true
 		}
 	}
-	for p, e := range v.managed.of(unit) {
+	for p, e := range v.rem.managedOf(unit) {
 		if !e.Instance {
 			paths[p] = true
 		}
@@ -136,7 +126,7 @@ func (v *view) readManager(ctx context.Context) {
 		return
 	}
 	v.mem.manager = m
-	if !v.ledger.intent.Reload {
+	if !v.rem.intent().Reload {
 		// Only while no daemon-reload is owed: after one of the agent's
 		// own, a unit started before it could pass for one started after.
 		if v.mem.loaded, err = v.sd.UnitsLoaded(ctx); err != nil {
@@ -155,7 +145,7 @@ func (v *view) current(ctx context.Context, units map[string]bool) (Current, err
 	paths := map[string]bool{}
 	for u := range units {
 		v.addPaths(paths, u)
-		for p, e := range v.managed.of(u) {
+		for p, e := range v.rem.managedOf(u) {
 			cur.Memory.Managed[p] = e
 		}
 	}
@@ -190,14 +180,14 @@ func (v *view) current(ctx context.Context, units map[string]bool) (Current, err
 func (v *view) remember(cur *Current, units map[string]bool) {
 	cur.Memory.Records = make(map[string]UnitRecord, len(units))
 	for u := range units {
-		if rec, ok := v.ledger.records[u]; ok {
+		if rec, ok := v.rem.records()[u]; ok {
 			cur.Memory.Records[u] = rec
 		}
 	}
-	cur.Memory.Refused = v.ledger.refused
-	cur.Memory.Started = v.ledger.started
-	cur.Memory.Intent = Intent{Reload: v.ledger.intent.Reload, Jobs: maps.Clone(v.ledger.intent.Jobs)}
-	cur.Fleet.Slots = v.slots.held()
+	cur.Memory.Refused = v.rem.refused()
+	cur.Memory.Started = v.rem.started()
+	cur.Memory.Intent = Intent{Reload: v.rem.intent().Reload, Jobs: maps.Clone(v.rem.intent().Jobs)}
+	cur.Fleet.Slots = v.rem.slotsHeld()
 	v.rememberInFlight(cur)
 	// Content of the versions units run and ran before, for classifying a
 	// change and for rolling back: from the file when it still holds it,
@@ -227,7 +217,7 @@ func (v *view) remember(cur *Current, units map[string]bool) {
 // pruneKept drops the kept versions no record refers to any more.
 func (v *view) pruneKept() {
 	refs := map[string]bool{}
-	for _, rec := range v.ledger.records {
+	for _, rec := range v.rem.records() {
 		for _, h := range rec.Applied {
 			refs[h] = true
 		}
@@ -246,11 +236,11 @@ func (v *view) pruneKept() {
 // HealthySec: they change between the plan and the end of its execution.
 func (v *view) rememberInFlight(cur *Current) {
 	cur.Memory.Verifying = map[string]bool{}
-	for u := range v.ledger.verify {
+	for u := range v.rem.verifying() {
 		cur.Memory.Verifying[u] = true
 	}
 	cur.Memory.Jobs = map[string]InFlight{}
-	for u, j := range v.jobs.inflight {
+	for u, j := range v.rem.inFlight() {
 		cur.Memory.Jobs[u] = InFlight{Job: j.act.Steps.Job, ContentKey: j.act.ContentKey, Rollback: j.act.Kind == KindRollback}
 	}
 }

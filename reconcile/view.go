@@ -1,6 +1,9 @@
 package reconcile
 
-import "log/slog"
+import (
+	"iter"
+	"log/slog"
+)
 
 // view is what the loop sees of the host and the registry: the cache of
 // systemd's and the disk's state (cache.go), observing a pass's Current
@@ -9,11 +12,11 @@ import "log/slog"
 // for each round's units and Current, and tells it what the loop's own
 // steps changed (afterExecute, afterJobs) and what it planned (planned).
 //
-// It reads what the agent remembers (the ledger), the jobs in flight, the
-// managed paths and the slots held, to fill in Current.Memory and
-// Current.Fleet and to know which units there are; it writes none of them.
-// It does not plan and records nothing. Loop-owned, but for handoff (under
-// its lock).
+// It reads what the agent remembers, runs, manages and holds only through
+// remembered, to fill in Current.Memory and Current.Fleet and to know which
+// units there are, and meets the other goroutines only through inbox; it
+// knows none of the agent's other parts and writes none of their state. It
+// does not plan and records nothing. Loop-owned.
 type view struct {
 	sd    Systemd
 	files Files
@@ -35,13 +38,26 @@ type view struct {
 	// hash, while a record refers to them (remember, pruneKept).
 	kept map[string][]byte
 
-	// Read, never written, but for the parts named.
-	ledger  *ledger
-	jobs    *jobs
-	managed *managedIndex
-	slots   *slotTable
-	hand    *handoff    // the snapshot and what changed in; the units whose signals matter out (rescan)
-	facts   *factsState // told which paths changed and when to list the directory again
+	rem  remembered // what the agent remembers and runs: read, never written
+	hand inbox      // the snapshot and what changed in; the units whose signals matter out (rescan)
+	// pathsChanged is told which paths changed ("": any of them).
+	pathsChanged func(paths map[string]bool)
+}
+
+// remembered is what the view reads of the loop's other parts, to fill in
+// Current.Memory and Current.Fleet and to know which units there are. The
+// maps it hands out are read, never written.
+type remembered interface {
+	records() map[string]UnitRecord // the ledger's records
+	verifying() map[string]*window  // units inside HealthySec
+	intent() Intent                 // what the ledger says is owed
+	refused() map[string]Refusal
+	started() map[string]string
+	inFlight() map[string]*jobRun // jobs in flight, by unit
+	managedOf(unit string) iter.Seq2[string, Owned]
+	managedPaths() map[string]Owned
+	managedUnits() map[string][]string // unit -> its managed paths
+	slotsHeld() map[string]string
 }
 
 // memory is what the view knows of the host beyond what a pass reads, for
@@ -52,13 +68,13 @@ type memory struct {
 	drifted map[string]string // path -> on-disk hash already reported as drift
 }
 
-// newView returns the view of an agent configured with cfg, reading the
-// agent's other parts named.
-func newView(cfg Config, l *ledger, j *jobs, m *managedIndex, s *slotTable, h *handoff, f *factsState) view {
+// newView returns the view of an agent configured with cfg, reading mem
+// and h, and telling pathsChanged which paths changed.
+func newView(cfg Config, mem remembered, h inbox, pathsChanged func(map[string]bool)) view {
 	return view{
 		sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log, obs: cfg.Observer, check: cfg.CheckFocus,
 		cache: newCache(), focus: newFocus(), mem: memory{drifted: map[string]string{}},
-		ledger: l, jobs: j, managed: m, slots: s, hand: h, facts: f,
+		rem: mem, hand: h, pathsChanged: pathsChanged,
 	}
 }
 
@@ -110,3 +126,17 @@ func (v *view) revision() int64 { return v.desired.snap.Revision }
 
 // manager is the service manager instance last read ("": unknown).
 func (v *view) manager() string { return v.mem.manager }
+
+// inbox is where the view meets the goroutines that hand the loop its
+// snapshot and say what changed (handoff).
+type inbox interface {
+	snapshot() *Snapshot // the newest snapshot; nil: none yet
+	takeDirty() dirty    // what changed since the last call
+	// eachMuted calls f with every unit a signal came for while its job
+	// was in flight (not passed on).
+	eachMuted(f func(unit string))
+	setRelevant(units map[string]bool) // the units whose signals are passed on
+}
+
+// everyPath tells pathsChanged that any path may have changed.
+var everyPath = map[string]bool{"": true}

@@ -368,7 +368,7 @@ func New(cfg Config) *Agent {
 		slots:    slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
 		managed:  newManagedIndex(cfg.Manifest.Managed()),
 		statuses: statusList{index: map[string]int{}},
-		facts:    newFactsState(cfg.Facts),
+		facts:    newFactsState(cfg.Facts, cfg.Files, cfg.Log),
 	}
 	a.slots.poke = a.trigger
 	a.view = newView(cfg, agentMemory{&a.ledger, &a.jobs, &a.managed, &a.slots}, &a.hand, a.facts.notePaths)
@@ -508,7 +508,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer retry.Stop()
 	defer a.slots.wg.Wait()
 	defer a.jobs.wg.Wait()
-	defer a.startFacts(ctx)()
+	defer a.facts.start(ctx)()
 	if a.pub != nil {
 		var wg sync.WaitGroup
 		defer wg.Wait()

@@ -65,7 +65,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	}
 	t1 := time.Now()
 	reportErr := a.report(ctx)
-	a.updateFacts()
+	a.facts.update(a.managed.paths, a.ledger.refused, a.ledger.records)
 	a.view.endPass()
 	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
 	err := errors.Join(applyErr, reportErr)

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"log/slog"
 	"maps"
 	"strings"
 	"sync"
@@ -58,8 +59,12 @@ type Lister interface {
 
 // factsState is the loop's view of its facts: the unowned files, kept up to
 // date from the same fsnotify events that keep the file cache, and the
-// facts last handed to the publisher. Loop-owned, but for out.
+// facts last handed to the publisher. The loop tells it which paths changed
+// (notePaths) and, at the end of a pass, what the agent manages and
+// remembers (update). Loop-owned, but for out.
 type factsState struct {
+	files   Files
+	log     *slog.Logger
 	relist  bool            // list the whole directory at the end of the pass
 	dirty   map[string]bool // paths to look at again
 	unowned map[string]UnownedFile
@@ -83,40 +88,40 @@ func (f *factsState) notePaths(paths map[string]bool) {
 	}
 }
 
-// updateFacts brings the facts up to date at the end of a pass and hands
-// them to the publisher when they changed. The unit directory is listed
-// only at start and after everything was forgotten (a resync, a reconnect,
-// a failed pass); otherwise only the paths fsnotify named are read again.
-func (a *Agent) updateFacts() {
-	lister, ok := a.cfg.Files.(Lister)
-	if a.facts.out == nil || !ok {
+// update brings the facts up to date at the end of a pass, with the paths
+// the agent manages and the refusals and records it keeps, and hands them
+// to the publisher when they changed. The unit directory is listed only at
+// start and after everything was forgotten (a resync, a reconnect, a failed
+// pass); otherwise only the paths fsnotify named are read again.
+func (f *factsState) update(managed map[string]Owned, refused map[string]Refusal, records map[string]UnitRecord) {
+	lister, ok := f.files.(Lister)
+	if f.out == nil || !ok {
 		return
 	}
-	f := &a.facts
 	if f.relist || f.unowned == nil {
 		names, err := lister.List()
 		if err != nil {
-			a.log.Warn("facts: cannot list the unit directory; the unowned files published stay as they were", "err", err)
+			f.log.Warn("facts: cannot list the unit directory; the unowned files published stay as they were", "err", err)
 			return // relist stays set: the next pass tries again
 		}
 		f.unowned = map[string]UnownedFile{}
 		for _, p := range names {
-			a.lookUnowned(p)
+			f.lookUnowned(p, managed)
 		}
 		f.relist, f.dirty = false, nil
 	}
 	for p := range f.dirty {
-		a.lookUnowned(p)
+		f.lookUnowned(p, managed)
 	}
 	f.dirty = nil
 	for p := range f.unowned {
-		if _, mine := a.managed.paths[p]; mine {
+		if _, mine := managed[p]; mine {
 			delete(f.unowned, p) // moved away and written by the agent since
 		}
 	}
 	next := Facts{Unowned: maps.Clone(f.unowned), Refused: map[string]Refusal{}, Failed: map[string]Refusal{}}
-	maps.Copy(next.Refused, a.ledger.refused)
-	for u, rec := range a.ledger.records {
+	maps.Copy(next.Refused, refused)
+	for u, rec := range records {
 		if rec.Failed != "" {
 			next.Failed[u] = Refusal{ContentKey: rec.Failed, Reason: rec.FailReason}
 		}
@@ -130,20 +135,20 @@ func (a *Agent) updateFacts() {
 
 // lookUnowned reads what is at p, when it could be a registry key the agent
 // does not own, into the unowned files.
-func (a *Agent) lookUnowned(p string) {
-	delete(a.facts.unowned, p)
+func (f *factsState) lookUnowned(p string, managed map[string]Owned) {
+	delete(f.unowned, p)
 	if _, _, err := ParseKey(p); err != nil {
 		return // no key names it: nothing the planner would look at
 	}
-	if _, mine := a.managed.paths[p]; mine {
+	if _, mine := managed[p]; mine {
 		return
 	}
-	b, exists, err := a.cfg.Files.Read(p)
+	b, exists, err := f.files.Read(p)
 	switch {
 	case err != nil:
-		a.facts.unowned[p] = UnownedFile{Err: err.Error()}
+		f.unowned[p] = UnownedFile{Err: err.Error()}
 	case exists:
-		a.facts.unowned[p] = UnownedFile{Hash: Hash(b)}
+		f.unowned[p] = UnownedFile{Hash: Hash(b)}
 	}
 }
 
@@ -168,18 +173,18 @@ func (o *factsOut) offer(f Facts) {
 	}
 }
 
-// startFacts runs the facts publisher until ctx ends; the returned func
+// start runs the facts publisher until ctx ends; the returned func
 // waits for it.
-func (a *Agent) startFacts(ctx context.Context) (wait func()) {
-	if a.facts.out == nil {
+func (f *factsState) start(ctx context.Context) (wait func()) {
+	if f.out == nil {
 		return func() {}
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { a.facts.out.run(ctx, a) })
+	wg.Go(func() { f.out.run(ctx, f.log) })
 	return wg.Wait
 }
 
-func (o *factsOut) run(ctx context.Context, a *Agent) {
+func (o *factsOut) run(ctx context.Context, log *slog.Logger) {
 	var gone <-chan struct{} // closed when the published facts went with their lease
 	var done uint64          // generation published
 	var backoff time.Duration
@@ -207,7 +212,7 @@ func (o *factsOut) run(ctx context.Context, a *Agent) {
 				return
 			}
 			if backoff == 0 {
-				a.log.Debug("publishing facts failed; retrying", "err", err)
+				log.Debug("publishing facts failed; retrying", "err", err)
 			}
 			// At most a few seconds: before the agent has joined, and while
 			// its lease is re-created, trying costs no round trip.
@@ -220,8 +225,8 @@ func (o *factsOut) run(ctx context.Context, a *Agent) {
 	}
 }
 
-func newFactsState(p FactsPublisher) factsState {
-	f := factsState{relist: true}
+func newFactsState(p FactsPublisher, files Files, log *slog.Logger) factsState {
+	f := factsState{relist: true, files: files, log: log}
 	if p != nil {
 		f.out = &factsOut{p: p, wake: make(chan struct{}, 1)}
 	}

@@ -334,6 +334,23 @@ func (h *handoff) setRelevant(units map[string]bool) {
 	h.mu.Unlock()
 }
 
+// jobStarted stops passing on unit's signals while its job is in flight.
+func (h *handoff) jobStarted(unit string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.jobbing == nil {
+		h.jobbing = map[string]bool{}
+	}
+	h.jobbing[unit] = true
+}
+
+// mutedOf counts unit's signals not passed on while its job is in flight.
+func (h *handoff) mutedOf(unit string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.muted[unit]
+}
+
 // New returns an agent; call Run to start it.
 func New(cfg Config) *Agent {
 	if cfg.Log == nil {
@@ -364,7 +381,7 @@ func New(cfg Config) *Agent {
 		hand:     handoff{relevant: map[string]bool{}},
 		ledger:   newLedger(cfg.Manifest),
 		exec:     executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
-		jobs:     newJobs(),
+		jobs:     newJobs(cfg.Systemd, cfg.Log),
 		slots:    slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
 		managed:  newManagedIndex(cfg.Manifest.Managed()),
 		statuses: statusList{index: map[string]int{}},

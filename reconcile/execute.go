@@ -179,7 +179,7 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 	return failed, nil
 }
 
-// startJobs starts the plan's jobs in the background (launch); their
+// startJobs starts the plan's jobs in the background (jobs.launch); their
 // results come back to the loop. Then the slots, level-triggered: queue
 // for the ones needed now, give back the rest (after any halt this pass
 // wrote).
@@ -219,7 +219,11 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 		if act.Steps.Job == JobStart || act.Steps.Job == JobRestart {
 			a.ledger.startedWith(act.Unit, act.ContentKey)
 		}
-		a.launch(ctx, act, cur.Host.Units[act.Unit], gates)
+		a.hand.jobStarted(act.Unit)
+		// A new job supersedes the verification of what the unit ran: that
+		// version is not judged by what the new job does to the unit.
+		a.ledger.supersede(act.Unit)
+		a.jobs.launch(ctx, act, cur.Host.Units[act.Unit], gates, a.view.stateReader(act.Unit), a.hand.mutedOf)
 		delete(gates, act.Unit)
 	}
 	for _, g := range gates {

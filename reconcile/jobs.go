@@ -4,16 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"sync"
 	"time"
 )
 
-// jobs are the systemd jobs the agent started and has not heard back from.
-// Each runs in a goroutine the agent owns (wg) and hands its result to the
-// loop over done: the loop never waits for a job, so one unit's hung start
-// never holds up another unit's change, the status or the watchdog.
+// jobs are the systemd jobs the agent started and has not heard back from,
+// and what runs them. Each runs in a goroutine the agent owns (wg) and hands
+// its result to the loop over done: the loop never waits for a job, so one
+// unit's hung start never holds up another unit's change, the status or the
+// watchdog. It records nothing: the loop takes the results (Agent.finish).
 type jobs struct {
+	sd       Systemd
+	log      *slog.Logger
 	seq      uint64
 	inflight map[string]*jobRun // by unit; loop-owned
 	done     chan jobResult
@@ -27,8 +31,8 @@ type jobs struct {
 	reads chan struct{}
 }
 
-func newJobs() jobs {
-	return jobs{inflight: map[string]*jobRun{}, done: make(chan jobResult, 64), reads: make(chan struct{}, readWorkers)}
+func newJobs(sd Systemd, log *slog.Logger) jobs {
+	return jobs{sd: sd, log: log, inflight: map[string]*jobRun{}, done: make(chan jobResult, 64), reads: make(chan struct{}, readWorkers)}
 }
 
 // read runs f while holding one of the jobs' read slots.
@@ -104,25 +108,18 @@ func JobDeadline(job Job, st UnitState) time.Duration {
 
 // launch starts act's job in the background: at once, or once the job of
 // act.After has ended when gates has that unit's gate. It closes act's own
-// gate, if any, when its job has ended.
-func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[string]chan struct{}) {
+// gate, if any, when its job has ended. Then it reads the unit's state
+// (read) and hands the result to the loop with the count of the unit's
+// signals not passed on before that read (muted).
+func (j *jobs) launch(ctx context.Context, act Action, st UnitState, gates map[string]chan struct{},
+	read func(context.Context) (UnitState, error), muted func(unit string) int) {
 	wait, done := gates[act.Steps.After], gates[act.Unit]
-	a.jobs.seq++
-	run := &jobRun{id: a.jobs.seq, act: act}
-	a.jobs.inflight[act.Unit] = run
-	a.hand.mu.Lock()
-	if a.hand.jobbing == nil {
-		a.hand.jobbing = map[string]bool{}
-	}
-	a.hand.jobbing[act.Unit] = true
-	a.hand.mu.Unlock()
-	// A new job supersedes the verification of what the unit ran: that
-	// version is not judged by what the new job does to the unit.
-	a.ledger.supersede(act.Unit)
+	j.seq++
+	run := &jobRun{id: j.seq, act: act}
+	j.inflight[act.Unit] = run
 	deadline := JobDeadline(act.Steps.Job, st)
-	a.log.Debug("job started", "unit", act.Unit, "job", act.Steps.Job.String(), "deadline", deadline, "light", st.Light)
-	read := a.view.stateReader(act.Unit)
-	a.jobs.wg.Go(func() {
+	j.log.Debug("job started", "unit", act.Unit, "job", act.Steps.Job.String(), "deadline", deadline, "light", st.Light)
+	j.wg.Go(func() {
 		if wait != nil {
 			select {
 			case <-wait:
@@ -132,9 +129,9 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[
 		}
 		var err error
 		if st.Light {
-			err = a.runLightJob(ctx, act, st)
+			err = j.runLightJob(ctx, act, st)
 		} else {
-			err = underDeadline(ctx, deadline, func(jctx context.Context) error { return a.runJob(jctx, act) })
+			err = underDeadline(ctx, deadline, func(jctx context.Context) error { return j.runJob(jctx, act) })
 		}
 		if done != nil {
 			close(done)
@@ -143,18 +140,16 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[
 		if ctx.Err() != nil {
 			return // shutting down: judge nothing
 		}
-		a.hand.mu.Lock()
-		r.muted = a.hand.muted[act.Unit]
-		a.hand.mu.Unlock()
+		r.muted = muted(act.Unit)
 		var base UnitState
-		a.jobs.read(ctx, func() {
+		j.read(ctx, func() {
 			sctx, scancel := context.WithTimeout(ctx, 10*time.Second)
 			base, err = read(sctx)
 			scancel()
 		})
 		r.base, r.fresh = base, err == nil
 		select {
-		case a.jobs.done <- r:
+		case j.done <- r:
 		case <-ctx.Done():
 		}
 	})
@@ -166,23 +161,23 @@ func (a *Agent) launch(ctx context.Context, act Action, st UnitState, gates map[
 // (Systemd.Queue); until then the wait is bounded by systemd's defaults. A
 // restart that stops other units first (a socket's service) reads them
 // first: the whole of it runs under one deadline.
-func (a *Agent) runLightJob(ctx context.Context, act Action, st UnitState) error {
-	sd := a.cfg.Systemd
+func (j *jobs) runLightJob(ctx context.Context, act Action, st UnitState) error {
+	sd := j.sd
 	// withDeadline runs f under the job's deadline as far as it is known.
 	withDeadline := func(f func(context.Context) error) error {
 		return underDeadline(ctx, JobDeadline(act.Steps.Job, st), f)
 	}
 	timeouts := func(tctx context.Context) error {
 		var err error
-		a.jobs.read(tctx, func() { st.TimeoutStartUSec, st.TimeoutStopUSec, err = sd.Timeouts(tctx, act.Unit) })
+		j.read(tctx, func() { st.TimeoutStartUSec, st.TimeoutStopUSec, err = sd.Timeouts(tctx, act.Unit) })
 		if err != nil && ctx.Err() == nil {
-			a.log.Warn(act.Unit+": its job timeouts could not be read; waiting for systemd's default", "unit", act.Unit, "err", err)
+			j.log.Warn(act.Unit+": its job timeouts could not be read; waiting for systemd's default", "unit", act.Unit, "err", err)
 		}
 		return nil
 	}
 	if len(act.Steps.AlsoStop) > 0 {
 		withDeadline(timeouts)
-		return withDeadline(func(jctx context.Context) error { return a.runJob(jctx, act) })
+		return withDeadline(func(jctx context.Context) error { return j.runJob(jctx, act) })
 	}
 	var wait func(context.Context) error
 	if err := withDeadline(func(qctx context.Context) (err error) {
@@ -211,15 +206,15 @@ func underDeadline(ctx context.Context, deadline time.Duration, f func(context.C
 	return err
 }
 
-func (a *Agent) runJob(ctx context.Context, act Action) error {
+func (j *jobs) runJob(ctx context.Context, act Action) error {
 	if act.Steps.Job == JobRestart {
 		for _, other := range act.Steps.AlsoStop {
-			if err := a.cfg.Systemd.Stop(ctx, other); err != nil {
+			if err := j.sd.Stop(ctx, other); err != nil {
 				return err
 			}
 		}
 	}
-	return DoJob(ctx, a.cfg.Systemd, act.Steps.Job, act.Unit)
+	return DoJob(ctx, j.sd, act.Steps.Job, act.Unit)
 }
 
 // DoJob runs job on unit and waits for its end: the whole of a job, for a

@@ -245,7 +245,7 @@ type Agent struct {
 	view   view      // what the loop sees: systemd's and the disk's state, the desired units, which units a pass looks at
 	ledger ledger    // the records, intent and HealthySec windows: its only writer
 	exec   executor  // does the steps of a plan
-	jobs   jobs      // jobs in flight
+	jobs   jobs      // jobs in flight, and what runs them
 	slots  slotTable // MaxUnavailable slots
 	// managed is the loop's copy of the manifest's owned paths.
 	managed managedIndex

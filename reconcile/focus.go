@@ -110,6 +110,13 @@ func (v *view) known(unit string) bool {
 	return v.desired.units[unit] != nil || len(v.rem.managedUnits()[unit]) > 0 || rec || job
 }
 
+// hasStatus says whether unit is reported: the registry wants it or the
+// agent manages files of it (what is remembered of a unit neither wanted
+// nor managed goes with its record).
+func (v *view) hasStatus(unit string) bool {
+	return v.desired.units[unit] != nil || len(v.rem.managedUnits()[unit]) > 0
+}
+
 // everyUnit is every unit the agent knows (see known).
 func (v *view) everyUnit() map[string]bool {
 	units := map[string]bool{}

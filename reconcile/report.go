@@ -23,7 +23,7 @@ func (a *Agent) report(ctx context.Context) error {
 	changed := map[string]*Status{} // nil: the unit has no status any more
 	for name := range units {
 		_, had := a.statuses.index[name]
-		if !a.hasStatus(name) {
+		if !a.view.hasStatus(name) {
 			if had {
 				changed[name] = nil
 			}
@@ -71,13 +71,6 @@ func (a *Agent) report(ctx context.Context) error {
 	a.hand.mu.Unlock()
 	a.cfg.Observer.Reported(rev, a.statuses.list)
 	return nil
-}
-
-// hasStatus says whether unit is reported: the registry wants it or the
-// agent manages files of it (what is remembered of a unit neither wanted
-// nor managed goes with its record).
-func (a *Agent) hasStatus(unit string) bool {
-	return a.view.desiredUnit(unit) != nil || len(a.managed.byUnit[unit]) > 0
 }
 
 // statusList is every unit's last status, sorted by unit, as last handed
@@ -163,7 +156,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 func (a *Agent) checkStatuses(ctx context.Context, changed map[string]*Status) error {
 	reported := a.view.reported()
 	for u := range a.view.everyUnit() {
-		if reported[u] || !a.hasStatus(u) {
+		if reported[u] || !a.view.hasStatus(u) {
 			continue
 		}
 		now, err := a.status(ctx, u)

@@ -559,9 +559,9 @@ func (a *Agent) Run(ctx context.Context) error {
 				continue
 			case r := <-a.jobs.done:
 				a.finish(ctx, r)
-				a.settleAfter(ctx, lastEnd)
+				a.settle(ctx, lastEnd)
 			case <-a.poke:
-				a.settleAfter(ctx, lastEnd)
+				a.settle(ctx, lastEnd)
 			case <-resync.C:
 				a.view.resyncCache(ctx)
 			case <-retry.C:
@@ -601,20 +601,16 @@ func (a *Agent) observedPass(ctx context.Context) ([]Action, error) {
 	return plan, err
 }
 
-// settleAfter starts the pass at once when the loop was quiet for a
-// BatchWindow before this event: a lone change pays no batching delay (the
-// registry already let a transaction settle). Otherwise events are coming
-// in a stream, and it settles.
-func (a *Agent) settleAfter(ctx context.Context, lastEnd time.Time) {
+// settle waits until no poke or job result arrived for BatchWindow (at
+// most MaxBatchDelay), so changes that arrive together are applied
+// together. But it starts the pass at once when the loop was quiet for a
+// BatchWindow before this event (the last pass ended at lastEnd): a lone
+// change pays no batching delay (the registry already let a transaction
+// settle). Otherwise events are coming in a stream, and it settles.
+func (a *Agent) settle(ctx context.Context, lastEnd time.Time) {
 	if time.Since(lastEnd) >= a.cfg.BatchWindow {
 		return
 	}
-	a.settle(ctx)
-}
-
-// settle waits until no poke or job result arrived for BatchWindow (at
-// most MaxBatchDelay), so changes that arrive together are applied together.
-func (a *Agent) settle(ctx context.Context) {
 	deadline := time.Now().Add(a.cfg.MaxBatchDelay)
 	t := time.NewTimer(a.cfg.BatchWindow)
 	defer t.Stop()

@@ -235,6 +235,13 @@ type Config struct {
 // that publishes). Other goroutines only poke it (SetSnapshot,
 // UnitChanged), hand it job results over a channel, or ask it for work
 // through requests.
+//
+// Its parts keep their own state and know none of each other: the view
+// (what the loop sees; it reads the others only through remembered and
+// inbox), the ledger, the executor, the jobs, the slots, the facts and the
+// statuses' publisher. The loop alone calls them, in order: observe (view),
+// judge and plan, gate (slots, halts), execute (executor, jobs), record
+// (ledger, finish), publish (report, facts).
 type Agent struct {
 	cfg  Config
 	log  *slog.Logger

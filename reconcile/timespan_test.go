@@ -2,7 +2,6 @@ package reconcile
 
 import (
 	"errors"
-	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -115,15 +114,9 @@ func TestParseTimespan(t *testing.T) {
 // TestParseTimespanAgreesWithSystemd runs systemd-analyze timespan on every
 // case: the parser takes what systemd takes, with the same value in
 // microseconds, and refuses what systemd refuses. Without systemd-analyze
-// it skips, unless CI=true.
+// it skips, unless CI=true (systemdTool).
 func TestParseTimespanAgreesWithSystemd(t *testing.T) {
-	bin, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("systemd-analyze is not installed (CI=true): %v", err)
-		}
-		t.Skipf("systemd-analyze is not installed: %v", err)
-	}
+	bin := systemdTool(t, "systemd-analyze")
 	usecLine := regexp.MustCompile(`(?m)^\s*μs: (\d+)$`)
 	cases := append(timespanCases[:len(timespanCases):len(timespanCases)], struct {
 		in      string

@@ -10,8 +10,10 @@ import (
 	"testing"
 )
 
-// systemdTool finds a systemd binary; its absence skips the test, or
-// fails it with CI=true.
+// systemdTool finds a systemd binary the test runs; its absence fails the
+// test with CI=true (where .ci/run has installed systemd) and skips it
+// otherwise, as systemdtest.Start does for the harness (which this package
+// cannot import: it imports reconcile).
 func systemdTool(t *testing.T, name string) string {
 	t.Helper()
 	bin, err := exec.LookPath(name)

@@ -185,19 +185,24 @@ func (w waitSpec) judgeRows(all map[string]reconcile.HostReport, hosts []string,
 // agent: read from the registry the first time it is asked (a host that
 // has published no pass), at most once per update, refreshing *seen.
 func liveOnce(ctx context.Context, reg *registry.Client, seen *seenTimes) func(h string) func() bool {
-	var live map[string]bool
+	var (
+		live  map[string]bool
+		asked bool
+	)
 	return func(h string) func() bool {
 		return func() bool {
+			if !asked {
+				asked = true
+				if ks, err := reg.KnownHosts(ctx); err == nil {
+					live = map[string]bool{}
+					for _, k := range ks {
+						live[k.Host] = k.Live
+					}
+					*seen = lastSeen(ks)
+				}
+			}
 			if live == nil {
-				live = map[string]bool{}
-				ks, err := reg.KnownHosts(ctx)
-				if err != nil {
-					return true // not known: the host is waited for, not skipped
-				}
-				for _, k := range ks {
-					live[k.Host] = k.Live
-				}
-				*seen = lastSeen(ks)
+				return true // not known on this update: every host is waited for, none skipped
 			}
 			return live[h]
 		}

@@ -500,12 +500,9 @@ func (s *Session) notePublishedLocked(root string, kvs []*mvccpb.KeyValue) {
 	for _, kv := range kvs {
 		u := strings.TrimPrefix(string(kv.Key), root)
 		if u == reconcile.PassKey {
-			// Anyone else's write, or one of an earlier lease: put ours
-			// again with the next sync.
+			// Ours only at the revision we put it; anyone else's write,
+			// or one of an earlier lease, is put again (below).
 			passSeen = s.pubPass.rev != 0 && s.pubPass.rev == kv.ModRevision
-			if !passSeen {
-				s.pubPass = pubPass{}
-			}
 			continue
 		}
 		seen[u] = true

@@ -36,26 +36,16 @@ func (c *Client) WatchOverwrite(ctx context.Context, t Target, want map[string]s
 		return Overwrite{}, fmt.Errorf("watch writes: %w", err)
 	}
 	root := c.targetUnits(t)
-	for fails := 0; ; fails++ {
-		o, found, err := c.overwrite(ctx, root, want, rev)
-		if found {
-			c.whoWrote(ctx, t, &o)
-			return o, nil
-		}
-		if ctx.Err() != nil {
-			return Overwrite{}, ctx.Err()
-		}
-		if err != nil && !retryable(err) {
-			return Overwrite{}, err
-		}
-		if err == nil {
-			fails = -1 // compaction or a closed channel: read again at once
-			continue
-		}
-		if err := sleepCtx(ctx, backoffDelay(fails)); err != nil {
-			return Overwrite{}, err
-		}
+	var o Overwrite
+	err := c.keepWatching(ctx, "watch of "+root, func() (found bool, err error) {
+		o, found, err = c.overwrite(ctx, root, want, rev)
+		return found, err
+	})
+	if err != nil {
+		return Overwrite{}, err
 	}
+	c.whoWrote(ctx, t, &o)
+	return o, nil
 }
 
 // overwrite reads the keys, then watches them from the revision read;

@@ -134,23 +134,33 @@ func (c *Client) WatchReports(ctx context.Context, hosts []string, fn func(map[s
 			return fmt.Errorf("watch statuses: %w", err)
 		}
 	}
-	fails := 0
-	for {
+	return c.keepWatching(ctx, "status watch", func() (bool, error) {
 		state, rev, err := c.readStatuses(ctx, hs)
-		if err == nil {
-			if fn(cloneStatuses(state)) {
-				return nil
-			}
-			var done bool
-			done, err = c.followStatuses(ctx, hs, state, rev, fn)
-			if done {
-				return nil
-			}
+		if err != nil {
+			return false, err
+		}
+		if fn(cloneStatuses(state)) {
+			return true, nil
+		}
+		return c.followStatuses(ctx, hs, state, rev, fn)
+	})
+}
+
+// keepWatching runs attempt — a read, then a watch from the revision
+// read — until it says done: again at once when it ends without an error
+// (a compaction, a closed watch channel), after a backoff when it fails in
+// a way retrying can change. It returns ctx.Err() when ctx ends and any
+// other error as it is.
+func (c *Client) keepWatching(ctx context.Context, what string, attempt func() (done bool, err error)) error {
+	for fails := 0; ; {
+		done, err := attempt()
+		if done {
+			return nil
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err == nil { // compaction or a closed channel: re-read
+		if err == nil {
 			continue
 		}
 		if !retryable(err) {
@@ -158,7 +168,7 @@ func (c *Client) WatchReports(ctx context.Context, hosts []string, fn func(map[s
 		}
 		d := backoffDelay(fails)
 		fails++
-		c.log.Warn("status watch failed; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
+		c.log.Warn(what+" failed; retrying", "err", err, "retry_in", d.Round(time.Millisecond))
 		if err := sleepCtx(ctx, d); err != nil {
 			return err
 		}

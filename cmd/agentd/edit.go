@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -56,13 +55,12 @@ func runEditor(ctx context.Context, path string) error {
 
 // editOptions are the flags of `unit edit`.
 type editOptions struct {
-	ef              etcdFlags
-	tf              targetFlags
-	yes             bool
-	noWait          bool
-	timeout         time.Duration
-	skipUnreachable bool
-	asJSON          bool
+	ef     etcdFlags
+	tf     targetFlags
+	yes    bool
+	noWait bool
+	wf     waitFlags
+	asJSON bool
 }
 
 func newUnitEditCmd() *cobra.Command {
@@ -97,8 +95,7 @@ returns at once).`,
 	o.tf.bind(cmd)
 	cmd.Flags().BoolVarP(&o.yes, "yes", "y", false, "store without asking")
 	cmd.Flags().BoolVar(&o.noWait, "no-wait", false, "return once stored, without waiting for the hosts")
-	cmd.Flags().DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
-	bindSkipUnreachable(cmd, &o.skipUnreachable)
+	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	bindKeep(cmd)
 	return cmd
@@ -153,7 +150,7 @@ func (o *editOptions) edit(ctx context.Context, cmd *cobra.Command, reg *registr
 	if o.noWait {
 		return nil
 	}
-	return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: newRev, timeout: o.timeout, json: o.asJSON, skipUnreachable: o.skipUnreachable}, out)
+	return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: newRev, waitFlags: o.wf, json: o.asJSON}, out)
 }
 
 // readForEdit reads key's content and the revision it was read at. A key

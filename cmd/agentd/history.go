@@ -161,13 +161,12 @@ func printHistory(out io.Writer, key string, h registry.History) error {
 
 // revertOptions are the flags of `unit revert`.
 type revertOptions struct {
-	ef              etcdFlags
-	tf              targetFlags
-	to              int64
-	wait            bool
-	timeout         time.Duration
-	skipUnreachable bool
-	asJSON          bool
+	ef     etcdFlags
+	tf     targetFlags
+	to     int64
+	wait   bool
+	wf     waitFlags
+	asJSON bool
 }
 
 func newUnitRevertCmd() *cobra.Command {
@@ -184,7 +183,8 @@ changes the key meanwhile.
 
 Putting back the content the key already holds is a no-op: said so, nothing
 stored, exit 0. A revision that is not kept, or no history at all, is an
-error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout.`,
+error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout,
+5 when superseded, 6 when --skip-unreachable skipped members.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			unit := args[0]
@@ -208,8 +208,7 @@ error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout.`,
 	bindKeep(cmd)
 	cmd.Flags().Int64Var(&o.to, "to", 0, "the revision to put back (default: the version before the current)")
 	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host runs the reverted version")
-	cmd.Flags().DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
-	bindSkipUnreachable(cmd, &o.skipUnreachable)
+	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	return cmd
 }
@@ -248,7 +247,7 @@ func (o *revertOptions) revert(ctx context.Context, cmd *cobra.Command, reg *reg
 	if !o.wait {
 		return nil
 	}
-	return waitConverged(ctx, reg, waitSpec{target: tg, units: map[string][]byte{unit: v.Content}, removing: v.Removed, revision: rev, timeout: o.timeout, json: o.asJSON, skipUnreachable: o.skipUnreachable}, out)
+	return waitConverged(ctx, reg, waitSpec{target: tg, units: map[string][]byte{unit: v.Content}, removing: v.Removed, revision: rev, waitFlags: o.wf, json: o.asJSON}, out)
 }
 
 // storeVersion stores v as the newest version of unit (a removal is

@@ -308,7 +308,7 @@ func runScale(b *testing.B, bin string, n int, cfg scaleConfig) scaleResult {
 	if err != nil {
 		b.Fatal(err)
 	}
-	werr := waitConverged(ctx, reg, waitSpec{target: target, units: map[string][]byte{scaleUnitName: content}, revision: putRev, timeout: roundTimeout}, io.Discard)
+	werr := waitConverged(ctx, reg, waitSpec{target: target, units: map[string][]byte{scaleUnitName: content}, revision: putRev, waitFlags: waitFlags{timeout: roundTimeout}}, io.Discard)
 	res.wait = time.Since(start)
 	select {
 	case <-done:

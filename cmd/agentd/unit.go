@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -56,14 +55,13 @@ func keyForFile(path string) string {
 
 // putOptions are the flags of `unit put`.
 type putOptions struct {
-	ef              etcdFlags
-	tf              targetFlags
-	wait            bool
-	timeout         time.Duration
-	skipUnreachable bool
-	asJSON          bool
-	instances       []string
-	dryRun          bool
+	ef        etcdFlags
+	tf        targetFlags
+	wait      bool
+	wf        waitFlags
+	asJSON    bool
+	instances []string
+	dryRun    bool
 }
 
 func newUnitPutCmd() *cobra.Command {
@@ -76,8 +74,10 @@ base name; a file inside a directory named <unit>.d is stored as the drop-in
 <unit>.d/<name>.conf. --instance NAME stores an empty key that runs that
 instance of its template (e.g. --instance web@1.service).
 
-With --wait, block until every targeted live host reports the new hash and the
-unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
+With --wait, block until every targeted host (for a group, every member, live
+or not) has acted on this write and reports the new hash and the unit in its
+wanted state; exit 3 when a host fails, 4 on --timeout, 5 when a later write
+superseded this one, 6 when --skip-unreachable skipped members.`,
 		Args: usageArgs(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 && len(o.instances) == 0 {
@@ -102,8 +102,7 @@ unit in its wanted state; exit 3 when a host fails, 4 on --timeout.`,
 	o.ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+", the local agent's embedded etcd)")
 	o.tf.bind(cmd)
 	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host runs the new version")
-	cmd.Flags().DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
-	bindSkipUnreachable(cmd, &o.skipUnreachable)
+	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	cmd.Flags().StringArrayVar(&o.instances, "instance", nil, "run this template instance (empty key), e.g. web@1.service")
 	bindKeep(cmd)
@@ -183,18 +182,17 @@ func (o *putOptions) put(ctx context.Context, cmd *cobra.Command, reg *registry.
 		_, err := warnings.WriteTo(cmd.ErrOrStderr())
 		return err
 	}
-	return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: rev, timeout: o.timeout, json: o.asJSON, skipUnreachable: o.skipUnreachable}, out)
+	return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: rev, waitFlags: o.wf, json: o.asJSON}, out)
 }
 
 // rmOptions are the flags of `unit rm`.
 type rmOptions struct {
-	ef              etcdFlags
-	tf              targetFlags
-	wait            bool
-	timeout         time.Duration
-	skipUnreachable bool
-	asJSON          bool
-	recursive       bool
+	ef        etcdFlags
+	tf        targetFlags
+	wait      bool
+	wf        waitFlags
+	asJSON    bool
+	recursive bool
 }
 
 func newUnitRmCmd() *cobra.Command {
@@ -210,8 +208,10 @@ removed: the hosts would keep a drop-in for a unit they no longer have. Name
 the drop-ins too, or give --recursive to remove each unit with all its drop-ins
 for that target. Nothing is removed when one of the keys is missing.
 
-With --wait, block until every targeted live host has removed them; exit 3
-when a host fails, 4 on --timeout.`,
+With --wait, block until every targeted host (for a group, every member, live
+or not) has acted on this removal and removed them; exit 3 when a host fails,
+4 on --timeout, 5 when a later write superseded it, 6 when --skip-unreachable
+skipped members.`,
 		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tg, err := o.tf.target()
@@ -228,8 +228,7 @@ when a host fails, 4 on --timeout.`,
 	cmd.Flags().BoolVar(&o.recursive, "recursive", false, "also remove every drop-in of each UNIT in the registry for that target (one transaction)")
 	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host has removed the units")
 	bindKeep(cmd)
-	cmd.Flags().DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
-	bindSkipUnreachable(cmd, &o.skipUnreachable)
+	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	return cmd
 }
@@ -266,7 +265,7 @@ func (o *rmOptions) remove(ctx context.Context, cmd *cobra.Command, reg *registr
 	for _, k := range removed {
 		units[k] = nil
 	}
-	return waitConverged(ctx, reg, waitSpec{target: tg, units: units, removing: true, revision: rev, timeout: o.timeout, json: o.asJSON, skipUnreachable: o.skipUnreachable}, out)
+	return waitConverged(ctx, reg, waitSpec{target: tg, units: units, removing: true, revision: rev, waitFlags: o.wf, json: o.asJSON}, out)
 }
 
 func newUnitLsCmd() *cobra.Command {

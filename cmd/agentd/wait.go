@@ -27,11 +27,23 @@ type waitSpec struct {
 	units    map[string][]byte // unit key → content written (nil: an instance, or a removal)
 	removing bool
 	revision int64 // of the write: a host's answer counts once it has acted on it
-	timeout  time.Duration
 	json     bool
+	waitFlags
+}
+
+// waitFlags are the flags every command with --wait shares.
+type waitFlags struct {
+	timeout time.Duration
 	// skipUnreachable: a member without a live agent does not hold up
 	// the answer; it is named, and the exit code says so.
 	skipUnreachable bool
+}
+
+// bind adds --timeout and --skip-unreachable to a command with --wait.
+func (f *waitFlags) bind(cmd *cobra.Command) {
+	cmd.Flags().DurationVar(&f.timeout, "timeout", 2*time.Minute, "give up waiting after this long (exit 4)")
+	cmd.Flags().BoolVar(&f.skipUnreachable, "skip-unreachable", false,
+		"with --wait: do not wait for group members without a live agent; name them and exit 6 once the others converged")
 }
 
 // waitConverged blocks until every targeted host reports each key in a
@@ -245,12 +257,6 @@ func (w waitSpec) verdict(rows map[string]row, seen seenTimes, err error) error 
 		return withCode(exitSkipped, fmt.Errorf("every host with a live agent converged; skipped: %s", strings.Join(skipped, "; ")))
 	}
 	return nil
-}
-
-// bindSkipUnreachable adds --skip-unreachable to a command with --wait.
-func bindSkipUnreachable(cmd *cobra.Command, skip *bool) {
-	cmd.Flags().BoolVar(skip, "skip-unreachable", false,
-		"with --wait: do not wait for group members without a live agent; name them and exit 6 once the others converged")
 }
 
 type row struct {

@@ -257,14 +257,7 @@ type Agent struct {
 	// managed is the loop's copy of the manifest's owned paths.
 	managed managedIndex
 	written []DesiredFile // files written this pass, kept by hash at its end
-	pub     *publisher    // statuses out to the Reporter; nil without one
-	// statuses are every unit's last status, as last handed out (report).
-	statuses statusList
-	gen      uint64 // the publisher's generation of the last pass's statuses
-	// acted is the registry revision of the statuses last offered to the
-	// publisher: a pass that changed no status but acted on a newer
-	// revision is published too (its pass record moves).
-	acted int64
+	out     reports       // the statuses handed out, and their publisher
 	// facts are the host's facts for previews, and their publisher.
 	facts factsState
 }
@@ -375,12 +368,8 @@ func New(cfg Config) *Agent {
 	if cfg.Observer == nil {
 		cfg.Observer = NopObserver{}
 	}
-	var pub *publisher
-	if cfg.Reporter != nil {
-		pub = newPublisher(cfg.Reporter, cfg.Log)
-	}
 	a := &Agent{
-		pub:      pub,
+		out:      newReports(cfg.Reporter, cfg.Log),
 		cfg:      cfg,
 		log:      cfg.Log,
 		poke:     make(chan struct{}, 1),
@@ -391,7 +380,6 @@ func New(cfg Config) *Agent {
 		jobs:     newJobs(cfg.Systemd, cfg.Log),
 		slots:    slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
 		managed:  newManagedIndex(cfg.Manifest.Managed()),
-		statuses: statusList{index: map[string]int{}},
 		facts:    newFactsState(cfg.Facts, cfg.Files, cfg.Log),
 	}
 	a.slots.poke = a.trigger
@@ -492,11 +480,11 @@ func (a *Agent) Sync(ctx context.Context) ([]Action, error) {
 		a.view.forgetAll()
 		var err error
 		plan, err = a.observedPass(ctx)
-		gen = a.gen
+		gen = a.out.gen
 		return err
 	})
-	if err == nil && a.pub != nil {
-		err = a.pub.published(ctx, gen)
+	if err == nil && a.out.pub != nil {
+		err = a.out.pub.published(ctx, gen)
 	}
 	return plan, err
 }
@@ -533,10 +521,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.slots.wg.Wait()
 	defer a.jobs.wg.Wait()
 	defer a.facts.start(ctx)()
-	if a.pub != nil {
+	if a.out.pub != nil {
 		var wg sync.WaitGroup
 		defer wg.Wait()
-		wg.Go(func() { a.pub.run(ctx) })
+		wg.Go(func() { a.out.pub.run(ctx) })
 	}
 	var heartbeat <-chan time.Time // none: no watchdog to feed
 	if a.cfg.HeartbeatInterval > 0 {

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"slices"
 	"strings"
@@ -22,7 +23,7 @@ func (a *Agent) report(ctx context.Context) error {
 	}
 	changed := map[string]*Status{} // nil: the unit has no status any more
 	for name := range units {
-		_, had := a.statuses.index[name]
+		_, had := a.out.list.index[name]
 		if !a.view.hasStatus(name) {
 			if had {
 				changed[name] = nil
@@ -34,13 +35,13 @@ func (a *Agent) report(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if had && sameStatus(a.statuses.list[a.statuses.index[name]], s) {
+		if had && sameStatus(a.out.list.list[a.out.list.index[name]], s) {
 			continue
 		}
 		changed[name] = &s
 	}
 	if full {
-		for name := range a.statuses.index {
+		for name := range a.out.list.index {
 			if !units[name] {
 				changed[name] = nil
 				a.ledger.forgetOutcome(name)
@@ -54,23 +55,50 @@ func (a *Agent) report(ctx context.Context) error {
 	}
 	// The pass acted on the snapshot it planned from (a newer one may
 	// have come in since: the next pass acts on that).
-	acted := a.view.revision()
-	if len(changed) > 0 || a.statuses.list == nil || acted != a.acted {
-		a.statuses.update(changed)
-		if a.pub != nil {
-			a.gen = a.pub.offer(acted, a.statuses.list)
-		}
-		a.acted = acted
-	}
+	list := a.out.hand(a.view.revision(), changed)
 	a.hand.mu.Lock()
-	a.hand.statuses = a.statuses.list
+	a.hand.statuses = list
 	if a.hand.snap != nil {
 		a.hand.revision = a.hand.snap.Revision
 	}
 	rev := a.hand.revision
 	a.hand.mu.Unlock()
-	a.cfg.Observer.Reported(rev, a.statuses.list)
+	a.cfg.Observer.Reported(rev, list)
 	return nil
+}
+
+// reports is the publish part: every unit's status as last handed out, and
+// the publisher that writes them to the registry off the loop.
+type reports struct {
+	list statusList
+	pub  *publisher // nil without a Reporter: statuses are only served locally
+	gen  uint64     // the publisher's generation of the last statuses offered
+	// acted is the registry revision of the statuses last offered: a pass
+	// that changed no status but acted on a newer revision is published
+	// too (its pass record moves).
+	acted int64
+}
+
+func newReports(r Reporter, log *slog.Logger) reports {
+	out := reports{list: statusList{index: map[string]int{}}}
+	if r != nil {
+		out.pub = newPublisher(r, log)
+	}
+	return out
+}
+
+// hand applies changed (nil: the unit has no status any more) to the
+// statuses of a pass that acted on registry revision acted, offers them to
+// the publisher when they or acted moved, and returns the whole set.
+func (r *reports) hand(acted int64, changed map[string]*Status) []Status {
+	if len(changed) > 0 || r.list.list == nil || acted != r.acted {
+		r.list.update(changed)
+		if r.pub != nil {
+			r.gen = r.pub.offer(acted, r.list.list)
+		}
+		r.acted = acted
+	}
+	return r.list.list
 }
 
 // statusList is every unit's last status, sorted by unit, as last handed
@@ -163,11 +191,11 @@ func (a *Agent) checkStatuses(ctx context.Context, changed map[string]*Status) e
 		if err != nil {
 			return err
 		}
-		i, ok := a.statuses.index[u]
-		if _, c := changed[u]; c || !ok || !sameStatus(a.statuses.list[i], now) {
+		i, ok := a.out.list.index[u]
+		if _, c := changed[u]; c || !ok || !sameStatus(a.out.list.list[i], now) {
 			var kept Status
 			if ok {
-				kept = a.statuses.list[i]
+				kept = a.out.list.list[i]
 			}
 			panic(fmt.Sprintf("focus check: %s was left out of the report but its status is another now:\n kept %+v\n  now %+v", u, kept, now))
 		}

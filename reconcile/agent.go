@@ -369,18 +369,18 @@ func New(cfg Config) *Agent {
 		cfg.Observer = NopObserver{}
 	}
 	a := &Agent{
-		out:      newReports(cfg.Reporter, cfg.Log),
-		cfg:      cfg,
-		log:      cfg.Log,
-		poke:     make(chan struct{}, 1),
-		reqs:     make(chan func(context.Context)),
-		hand:     handoff{relevant: map[string]bool{}},
-		ledger:   newLedger(cfg.Manifest),
-		exec:     executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
-		jobs:     newJobs(cfg.Systemd, cfg.Log),
-		slots:    slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
-		managed:  newManagedIndex(cfg.Manifest.Managed()),
-		facts:    newFactsState(cfg.Facts, cfg.Files, cfg.Log),
+		out:     newReports(cfg.Reporter, cfg.Log),
+		cfg:     cfg,
+		log:     cfg.Log,
+		poke:    make(chan struct{}, 1),
+		reqs:    make(chan func(context.Context)),
+		hand:    handoff{relevant: map[string]bool{}},
+		ledger:  newLedger(cfg.Manifest),
+		exec:    executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
+		jobs:    newJobs(cfg.Systemd, cfg.Log),
+		slots:   slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
+		managed: newManagedIndex(cfg.Manifest.Managed()),
+		facts:   newFactsState(cfg.Facts, cfg.Files, cfg.Log),
 	}
 	a.slots.poke = a.trigger
 	a.view = newView(cfg, agentMemory{&a.ledger, &a.jobs, &a.managed, &a.slots}, &a.hand, a.facts.notePaths)

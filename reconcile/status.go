@@ -49,7 +49,7 @@ func unitStatus(in statusInput) Status {
 	if in.State != nil {
 		st := *in.State
 		s.LoadState, s.ActiveState, s.SubState = st.LoadState, st.ActiveState, st.SubState
-		s.UnitResult, s.MainPID = st.Result, st.MainPID
+		s.UnitResult, s.MainPID, s.NRestarts = st.Result, st.MainPID, st.NRestarts
 		if d != nil && d.Err == nil && d.Policy.State == StateStarted && !IsTemplate(name) && st.ActiveState == "failed" && !in.Verifying && in.Job == nil {
 			// While a job runs or the unit is verifying, the verdict
 			// comes when the loop takes the job's result: a job that

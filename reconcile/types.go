@@ -148,6 +148,9 @@ type Status struct {
 	SubState    string            `json:"subState"`
 	UnitResult  string            `json:"unitResult,omitempty"` // systemd's Result property
 	MainPID     uint32            `json:"mainPID,omitempty"`
+	// NRestarts is systemd's count of automatic restarts (Restart=) since
+	// the unit was last started by a job: a rollout's --max-restarts.
+	NRestarts uint32 `json:"nRestarts,omitempty"`
 	// Verifying is true while a (re)started unit has not yet been active
 	// for HealthySec; a failure in that window is rolled back.
 	Verifying bool `json:"verifying,omitempty"`

@@ -1,0 +1,323 @@
+package reconcile
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A rollout is one write to a group's unit keys, taken by the group's
+// hosts in stages instead of all at once. The put writes the keys as it
+// always did (history, revert and --dry-run see one write) and, in the same
+// transaction, a Rollout record that holds the content the keys had before.
+// A host that has not taken the change yet keeps that content (Overlay):
+// nothing central hands out the change. Each host's agent decides from the
+// record and the other hosts' progress (both in the registry) whether its
+// wave is open, takes the change, soaks it and records how it went
+// (RolloutStep); whoever first sees the rollout complete or failed writes
+// its end. So a rollout goes on while any agent of the group runs, with or
+// without the CLI that started it.
+
+// Count is a number of hosts: N, or N% of the rollout's hosts.
+type Count struct {
+	N       int  `json:"n"`
+	Percent bool `json:"percent,omitempty"`
+}
+
+func (c Count) String() string {
+	if c.Percent {
+		return strconv.Itoa(c.N) + "%"
+	}
+	return strconv.Itoa(c.N)
+}
+
+// IsZero says c was not given.
+func (c Count) IsZero() bool { return c.N == 0 }
+
+// ParseCount reads "N" or "N%": a whole number of hosts (at least 1) or a
+// percentage of them (1 to 100).
+func ParseCount(what, s string) (Count, error) {
+	t := strings.TrimSpace(s)
+	pct := strings.HasSuffix(t, "%")
+	n, err := strconv.Atoi(strings.TrimSuffix(t, "%"))
+	switch {
+	case err != nil:
+		return Count{}, fmt.Errorf("%s %q: want a number of hosts (3) or a percentage of them (10%%)", what, s)
+	case n < 1:
+		return Count{}, fmt.Errorf("%s %q: want at least 1 host (a stage of no host would never end)", what, s)
+	case pct && n > 100:
+		return Count{}, fmt.Errorf("%s %q: a percentage is at most 100%%", what, s)
+	}
+	return Count{N: n, Percent: pct}, nil
+}
+
+// Of is how many of total hosts c is: a percentage rounds up (10% of 5 is
+// 1, never 0), and never more than total.
+func (c Count) Of(total int) int {
+	n := c.N
+	if c.Percent {
+		n = (c.N*total + 99) / 100
+	}
+	return min(n, total)
+}
+
+// Strategy is how a rollout stages a change: a canary first, then waves
+// (cumulative, as Ansible's serial), each host healthy for Soak before it
+// counts. The zero Strategy is not a rollout (the change goes to every
+// host at once, bounded only by MaxUnavailable= in the unit).
+type Strategy struct {
+	Canary Count   `json:"canary,omitzero"`
+	Waves  []Count `json:"waves,omitempty"`
+	// MaxUnavailable bounds how many hosts take the change at once.
+	MaxUnavailable Count `json:"maxUnavailable,omitzero"`
+	// Soak is how long a host stays healthy before it counts as done
+	// (Nomad's min_healthy_time), beyond the unit's HealthySec=.
+	Soak time.Duration `json:"soak,omitempty"`
+	// ProgressDeadline fails the rollout when no host became healthy for
+	// this long (paused time does not count).
+	ProgressDeadline time.Duration `json:"progressDeadline,omitempty"`
+	PauseAfterCanary bool          `json:"pauseAfterCanary,omitempty"`
+	// AutoRevert puts the hosts that took the change back on the previous
+	// content when the rollout fails.
+	AutoRevert bool `json:"autoRevert,omitempty"`
+	// MaxRestarts pauses the rollout when a host's unit restarted more
+	// than this many times (Restart=) since it took the change; -1: off.
+	MaxRestarts int `json:"maxRestarts"`
+	// GateCmd is run by the CLI before each wave after the first; the
+	// wave opens when it exits 0 (Rollout.Gated).
+	GateCmd string `json:"gateCmd,omitempty"`
+}
+
+// IsRollout says the strategy stages the change (any option given).
+func (s Strategy) IsRollout() bool {
+	return !s.Canary.IsZero() || len(s.Waves) > 0 || !s.MaxUnavailable.IsZero() || s.Soak > 0 ||
+		s.ProgressDeadline > 0 || s.PauseAfterCanary || s.AutoRevert || s.MaxRestarts >= 0 || s.GateCmd != ""
+}
+
+// Validate refuses a strategy that could not be run as written.
+func (s Strategy) Validate() error {
+	var errs []error
+	for i := 1; i < len(s.Waves); i++ {
+		prev, w := s.Waves[i-1], s.Waves[i]
+		if prev.Percent == w.Percent && w.N <= prev.N {
+			errs = append(errs, fmt.Errorf("--waves %s: the waves are cumulative (how many hosts have the change after each), so each must be larger than the one before (%s after %s)", joinCounts(s.Waves), w, prev))
+			break
+		}
+	}
+	if s.Soak < 0 {
+		errs = append(errs, fmt.Errorf("--soak %s: want a duration of 0 or more", s.Soak))
+	}
+	if s.ProgressDeadline < 0 {
+		errs = append(errs, fmt.Errorf("--progress-deadline %s: want a duration of 0 (none) or more", s.ProgressDeadline))
+	}
+	if s.ProgressDeadline > 0 && s.ProgressDeadline <= s.Soak {
+		errs = append(errs, fmt.Errorf("--progress-deadline %s is not longer than --soak %s: no host could become healthy in time", s.ProgressDeadline, s.Soak))
+	}
+	if s.PauseAfterCanary && s.Canary.IsZero() {
+		errs = append(errs, errors.New("--pause-after-canary needs --canary"))
+	}
+	if s.MaxRestarts < -1 {
+		errs = append(errs, fmt.Errorf("--max-restarts %d: want 0 or more", s.MaxRestarts))
+	}
+	return errors.Join(errs...)
+}
+
+func joinCounts(cs []Count) string {
+	s := make([]string, len(cs))
+	for i, c := range cs {
+		s[i] = c.String()
+	}
+	return strings.Join(s, ",")
+}
+
+// WaveEnds turns the strategy into the cumulative number of hosts that
+// have the change after each wave, for total hosts: the canary alone
+// first, then each wave, the last always every host. Waves that would add
+// no host (10% of 5 after a canary of 1) are dropped.
+func (s Strategy) WaveEnds(total int) []int {
+	var ends []int
+	add := func(n int) {
+		if n > 0 && (len(ends) == 0 || n > ends[len(ends)-1]) {
+			ends = append(ends, n)
+		}
+	}
+	if !s.Canary.IsZero() {
+		add(s.Canary.Of(total))
+	}
+	for _, w := range s.Waves {
+		add(w.Of(total))
+	}
+	add(total)
+	return ends
+}
+
+// Rollout is the record of one staged change, at
+// <prefix>/rollouts/groups/<group>/<id>. The CLI writes it with the change;
+// pause, resume, promote, abort and the gate write its control fields; the
+// agents write End. Each host's progress is its own key (HostProgress).
+type Rollout struct {
+	ID    string `json:"id"`
+	Group string `json:"group"`
+	// Units are the keys the change wrote (a unit or a drop-in, as
+	// Entry.Unit), with what they held before.
+	Units    map[string]RolloutUnit `json:"units"`
+	Revision int64                  `json:"revision"` // of the put that wrote them
+	Strategy Strategy               `json:"strategy"`
+	// Hosts are the group's members when the rollout started, in the order
+	// they take it; WaveEnds cuts them into waves.
+	Hosts     []string  `json:"hosts"`
+	WaveEnds  []int     `json:"waveEnds"`
+	CreatedAt time.Time `json:"createdAt"`
+	By        string    `json:"by,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+
+	Paused      bool      `json:"paused,omitempty"`
+	PauseReason string    `json:"pauseReason,omitempty"`
+	PausedAt    time.Time `json:"pausedAt,omitzero"`
+	ResumedAt   time.Time `json:"resumedAt,omitzero"` // also set by promote
+	Promoted    bool      `json:"promoted,omitempty"`
+	// Gated is the last wave (index) the gate command let open.
+	Gated int           `json:"gated,omitempty"`
+	Abort *RolloutAbort `json:"abort,omitempty"`
+	End   *RolloutEnd   `json:"end,omitempty"`
+
+	// ModRevision is the revision that last wrote the record (not
+	// stored): writes to it compare it.
+	ModRevision int64 `json:"-"`
+}
+
+// RolloutUnit is one key of a rollout: what it held before (From nil: it
+// did not exist) and the hash it holds now ("": the change removes it).
+type RolloutUnit struct {
+	From         *string `json:"from"`
+	FromRevision int64   `json:"fromRevision,omitempty"`
+	ToHash       string  `json:"toHash"`
+}
+
+// RolloutAbort stops a rollout: no host takes it any more; with Revert
+// the hosts that took it go back to the previous content.
+type RolloutAbort struct {
+	Revert bool      `json:"revert,omitempty"`
+	At     time.Time `json:"at"`
+	By     string    `json:"by,omitempty"`
+}
+
+// RolloutEnd is how a rollout ended. Written once.
+type RolloutEnd struct {
+	State  RolloutState `json:"state"`
+	Reason string       `json:"reason,omitempty"`
+	At     time.Time    `json:"at"`
+}
+
+// RolloutState is a rollout's phase as a word.
+type RolloutState string
+
+const (
+	RolloutRunning         RolloutState = "running"
+	RolloutPaused          RolloutState = "paused"
+	RolloutWaitingGate     RolloutState = "waiting-gate"
+	RolloutDone            RolloutState = "done"
+	RolloutFailed          RolloutState = "failed"
+	RolloutAborted         RolloutState = "aborted"
+	RolloutSuperseded      RolloutState = "superseded"
+	RolloutWaitingPromote  RolloutState = "waiting-promote"
+	RolloutRevertingFailed RolloutState = "reverting"
+)
+
+// HostState is where one host is in a rollout.
+type HostState string
+
+const (
+	HostPending   HostState = "pending" // not taken (no progress key)
+	HostApplying  HostState = "applying"
+	HostSoaking   HostState = "soaking"
+	HostHealthy   HostState = "healthy"
+	HostFailed    HostState = "failed"
+	HostReverting HostState = "reverting"
+	HostReverted  HostState = "reverted"
+)
+
+// HostProgress is one host's progress in one rollout, at
+// <prefix>/rollouts/hosts/<host>/<id>, written by that host's agent only
+// (no lease: it outlives the agent, so a restarted agent resumes its soak,
+// and a host that went away never counts as done).
+type HostProgress struct {
+	State  HostState `json:"state"`
+	Since  time.Time `json:"since"`
+	Reason string    `json:"reason,omitempty"`
+	// HealthyAt is when the host counted as done (for the progress
+	// deadline, which also outlives a revert).
+	HealthyAt time.Time `json:"healthyAt,omitzero"`
+	// Restarts is the unit's NRestarts when the host took the change.
+	Restarts map[string]uint32 `json:"restarts,omitempty"`
+}
+
+// Took says the host has the change (or is taking it): it keeps the new
+// content. A host that reverts, or never took it, has the previous one.
+func (p *HostProgress) Took() bool {
+	if p == nil {
+		return false
+	}
+	switch p.State {
+	case HostApplying, HostSoaking, HostHealthy, HostFailed:
+		return true
+	}
+	return false
+}
+
+// Wave is the index of the wave host belongs to; -1 when it is not one
+// of the rollout's hosts.
+func (r *Rollout) Wave(host string) int {
+	i := slices.Index(r.Hosts, host)
+	if i < 0 {
+		return -1
+	}
+	for w, end := range r.WaveEnds {
+		if i < end {
+			return w
+		}
+	}
+	return len(r.WaveEnds) - 1
+}
+
+// WaveHosts returns the hosts of wave w.
+func (r *Rollout) WaveHosts(w int) []string {
+	start := 0
+	if w > 0 {
+		start = r.WaveEnds[w-1]
+	}
+	return r.Hosts[start:r.WaveEnds[w]]
+}
+
+// Governs says the rollout still decides what its hosts run: the keys
+// hold what it wrote (a later write supersedes it), and it did not end
+// done (then every host has the change, as the keys say). entries are the
+// group's current entries.
+func (r *Rollout) Governs(entries []Entry) bool {
+	if r.End != nil && r.End.State == RolloutDone {
+		return false
+	}
+	return !r.Superseded(entries)
+}
+
+// Superseded says one of the rollout's keys holds something else than
+// what the rollout wrote.
+func (r *Rollout) Superseded(entries []Entry) bool {
+	now := map[string]string{}
+	for _, e := range entries {
+		if e.Scope == ScopeGroup && e.Group == r.Group {
+			if _, ok := r.Units[e.Unit]; ok {
+				now[e.Unit] = Hash(e.Value)
+			}
+		}
+	}
+	for u, ru := range r.Units {
+		if now[u] != ru.ToHash {
+			return true
+		}
+	}
+	return false
+}

@@ -55,6 +55,12 @@ type Snapshot struct {
 	Entries  []Entry
 	// Halts are the stopped rollouts of this host's groups.
 	Halts []Halt
+	// Rollouts are the staged changes of this host's groups (not ended,
+	// or ended failed or aborted: they still say who keeps the previous
+	// content), and Progress every host's progress in them, by rollout
+	// ID then host. Overlay applies them to Entries.
+	Rollouts []*Rollout
+	Progress map[string]map[string]*HostProgress
 }
 
 // Halt stops a group's rollout of one unit version after a host failed it

@@ -65,6 +65,10 @@ type writeOptions struct {
 	// wholeUnits: Remove refuses to leave drop-ins without their unit
 	// (OnlyWholeUnits).
 	wholeUnits bool
+	// rollout stages a group put (WithRollout); supersede ends a running
+	// rollout of the same keys instead of refusing.
+	rollout   *reconcile.Rollout
+	supersede bool
 }
 
 func newWriteOptions(opts []WriteOption) writeOptions {

@@ -113,6 +113,13 @@ func (c *Client) putTxn(ctx context.Context, t Target, units map[string][]byte, 
 		}
 		ifs, ops = append(ifs, guard), append(ops, dels...)
 	}
+	if o.rollout != nil {
+		guards, rops, err := c.rolloutOps(ctx, t, units, o)
+		if err != nil {
+			return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
+		}
+		ifs, ops = append(ifs, guards...), append(ops, rops...)
+	}
 	return writeTxn{op: "put", target: t, keys: len(names), ifs: ifs, ops: ops}, nil
 }
 

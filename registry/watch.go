@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,8 +74,9 @@ func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnap
 	log := c.log.With("host", host)
 	w := &unitWatch{c: c, log: log, prefixes: []string{c.hostUnits(host)}}
 	for _, g := range gs {
-		w.prefixes = append(w.prefixes, c.groupUnits(g), c.groupHalts(g))
+		w.prefixes = append(w.prefixes, c.groupUnits(g), c.groupHalts(g), c.rolloutGroup(g))
 	}
+	w.prefixes = append(w.prefixes, c.progressRoot())
 
 	fails := 0
 	retry := func(what string, err error) error {
@@ -136,15 +138,46 @@ type unitState struct {
 	entries map[string]reconcile.Entry
 	sorted  []reconcile.Entry
 	halts   map[string]reconcile.Halt
+	// rollouts by key; progress by key, with the rollout ID and host.
+	rollouts map[string]*reconcile.Rollout
+	progress map[string]progressEntry
+}
+
+type progressEntry struct {
+	id, host string
+	p        *reconcile.HostProgress
 }
 
 func newUnitState() *unitState {
-	return &unitState{entries: map[string]reconcile.Entry{}, halts: map[string]reconcile.Halt{}}
+	return &unitState{entries: map[string]reconcile.Entry{}, halts: map[string]reconcile.Halt{},
+		rollouts: map[string]*reconcile.Rollout{}, progress: map[string]progressEntry{}}
 }
 
 func (s *unitState) snapshot(rev int64) reconcile.Snapshot {
 	halts := slices.SortedFunc(maps.Values(s.halts), compareHalts)
-	return reconcile.Snapshot{Revision: rev, Entries: slices.Clone(s.sorted), Halts: halts}
+	snap := reconcile.Snapshot{Revision: rev, Entries: slices.Clone(s.sorted), Halts: halts}
+	if len(s.rollouts) == 0 {
+		return snap
+	}
+	ids := map[string]bool{}
+	for _, r := range s.rollouts {
+		if r.End == nil || r.End.State == reconcile.RolloutFailed || r.End.State == reconcile.RolloutAborted {
+			snap.Rollouts = append(snap.Rollouts, r)
+			ids[r.ID] = true
+		}
+	}
+	slices.SortFunc(snap.Rollouts, func(a, b *reconcile.Rollout) int { return strings.Compare(a.ID, b.ID) })
+	snap.Progress = map[string]map[string]*reconcile.HostProgress{}
+	for _, e := range s.progress {
+		if !ids[e.id] {
+			continue
+		}
+		if snap.Progress[e.id] == nil {
+			snap.Progress[e.id] = map[string]*reconcile.HostProgress{}
+		}
+		snap.Progress[e.id][e.host] = e.p
+	}
+	return snap
 }
 
 func (s *unitState) setEntry(key string, e reconcile.Entry) {
@@ -165,6 +198,8 @@ func (s *unitState) delete(key string) {
 		delete(s.entries, key)
 	}
 	delete(s.halts, key)
+	delete(s.rollouts, key)
+	delete(s.progress, key)
 }
 
 func (w *unitWatch) put(s *unitState, kv *mvccpb.KeyValue) {
@@ -175,6 +210,10 @@ func (w *unitWatch) put(s *unitState, kv *mvccpb.KeyValue) {
 			return
 		}
 		s.halts[string(kv.Key)] = h
+		return
+	}
+	if strings.HasPrefix(string(kv.Key), w.c.rolloutsRoot()) {
+		w.putRollout(s, kv)
 		return
 	}
 	t, unit, ok := w.c.parseUnitKey(string(kv.Key))
@@ -337,4 +376,24 @@ func (w *unitWatch) apply(state *unitState, rev *int64, it watchItem) (bool, err
 		*rev = max(*rev, ev.Kv.ModRevision)
 	}
 	return len(resp.Events) > 0, nil
+}
+
+// putRollout keeps a rollout record or a host's progress in one.
+func (w *unitWatch) putRollout(s *unitState, kv *mvccpb.KeyValue) {
+	key := string(kv.Key)
+	if id, host, p, ok := w.c.decodeProgress(kv.Key, kv.Value); ok {
+		s.progress[key] = progressEntry{id: id, host: host, p: p}
+		return
+	}
+	if strings.HasPrefix(key, w.c.progressRoot()) {
+		delete(s.progress, key)
+		return
+	}
+	r, err := decodeRollout(kv.Value, kv.ModRevision)
+	if err != nil {
+		w.log.Warn("skipping registry key "+key+": value is not a rollout record", "key", key, "err", err)
+		delete(s.rollouts, key)
+		return
+	}
+	s.rollouts[key] = r
 }

@@ -34,11 +34,11 @@ import (
 // ErrRolloutRunning: the put's keys are in a rollout still running.
 var ErrRolloutRunning = errors.New("a rollout of these keys is running")
 
-func (c *Client) rolloutsRoot() string              { return c.prefix + "/rollouts/" }
-func (c *Client) rolloutGroup(group string) string  { return c.rolloutsRoot() + "groups/" + group + "/" }
+func (c *Client) rolloutsRoot() string               { return c.prefix + "/rollouts/" }
+func (c *Client) rolloutGroup(group string) string   { return c.rolloutsRoot() + "groups/" + group + "/" }
 func (c *Client) rolloutKey(group, id string) string { return c.rolloutGroup(group) + id }
-func (c *Client) progressRoot() string              { return c.rolloutsRoot() + "progress/" }
-func (c *Client) progressDir(id string) string      { return c.progressRoot() + id + "/" }
+func (c *Client) progressRoot() string               { return c.rolloutsRoot() + "progress/" }
+func (c *Client) progressDir(id string) string       { return c.progressRoot() + id + "/" }
 
 // NewRolloutID names a rollout: its start time and 4 random bytes, so IDs
 // sort by age and two CLIs never pick one.

@@ -303,6 +303,7 @@ type agentRun struct {
 	lkg      *lastKnownGood
 
 	reporter *sessionReporter
+	rollouts *rolloutHand // this host's part in its groups' rollouts
 	agent    *reconcile.Agent
 }
 
@@ -424,6 +425,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 		sys = reconcile.PlainSystemd(wedgeSystemd{BasicSystemd: sys, file: o.wedgeFile, log: log})
 	}
 	r.reporter = &sessionReporter{svc: svc, met: met}
+	r.rollouts = newRolloutHand(o.host, log, r.reporter.current)
 	r.agent = reconcile.New(reconcile.Config{
 		Systemd:           loopSystemd{Systemd: sys, met: met},
 		Files:             r.files,
@@ -432,7 +434,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 		Facts:             sessionFacts{r.reporter},
 		Coordinator:       sessionCoordinator{r.reporter},
 		Log:               log,
-		Observer:          multiObserver{svc, met, quiet},
+		Observer:          multiObserver{svc, met, quiet, r.rollouts},
 		HeartbeatInterval: svc.heartbeatInterval(),
 		Pause:             pauseAt(o.pauseAt, o.stateDir, log),
 		// Test only: every pass also plans every unit and panics if the
@@ -451,7 +453,9 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	onSnapshot := func(s reconcile.Snapshot) {
 		met.SnapshotReceived(s.Revision)
 		svc.setOffline("")
-		r.lkg.received(s, agent.SetSnapshot)
+		// What the host runs, rollouts applied, is also what a start
+		// without the registry runs.
+		r.lkg.received(r.rollouts.overlay(s), agent.SetSnapshot)
 	}
 	svc.setStatus("waiting for the registry at " + strings.Join(r.endpoints, ","))
 
@@ -468,6 +472,7 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	wg.Go(func() { fail(followRegistry(ctx, o, r.endpoints, log, r.reporter, met, onSnapshot, agent.UnitChanged)) })
 	wg.Go(func() { r.lkg.fallback(ctx, o.registryTimeout, agent.SetSnapshot, svc) })
 	wg.Go(func() { svc.run(ctx) })
+	wg.Go(func() { r.rollouts.run(ctx) })
 	if r.metricsLn != nil {
 		wg.Go(func() { fail(met.Serve(ctx, r.metricsLn)) })
 	}

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/registry"
+)
+
+// rolloutHand is this host's part in its groups' rollouts
+// (reconcile.Rollout). It keeps the host on the previous content until
+// its wave opens (reconcile.Overlay, applied to every snapshot before the
+// loop or the last-known-good store sees it), and, beside the loop, writes
+// the host's progress as it takes, soaks and judges the change
+// (reconcile.RolloutStep), ending a rollout it sees complete or failed.
+// It reads the loop's statuses (as an Observer) and never blocks it.
+type rolloutHand struct {
+	reconcile.NopObserver
+	host    string
+	log     *slog.Logger
+	session func() *registry.Session // nil until joined
+
+	mu       sync.Mutex
+	snap     *reconcile.Snapshot // as stored (not overlaid)
+	statuses map[string]reconcile.Status
+	// sent holds, per rollout, the snapshot revision a write was made
+	// at: the rollout is looked at again only in a newer snapshot (which
+	// shows the write, or the one that beat it).
+	sent map[string]int64
+	wake chan struct{}
+}
+
+func newRolloutHand(host string, log *slog.Logger, session func() *registry.Session) *rolloutHand {
+	return &rolloutHand{host: host, log: log, session: session, sent: map[string]int64{}, wake: make(chan struct{}, 1)}
+}
+
+// overlay returns the snapshot this host runs: s with the rollouts'
+// keys held back where the host has not taken their change.
+func (h *rolloutHand) overlay(s reconcile.Snapshot) reconcile.Snapshot {
+	stored := s
+	h.mu.Lock()
+	h.snap = &stored
+	h.mu.Unlock()
+	h.poke()
+	if len(s.Rollouts) == 0 {
+		return s
+	}
+	s.Entries = reconcile.Overlay(s.Entries, h.host, s.Rollouts, s.Progress)
+	return s
+}
+
+// Reported takes the statuses of each pass (the loop's goroutine: keep
+// it short).
+func (h *rolloutHand) Reported(_ int64, st []reconcile.Status) {
+	m := make(map[string]reconcile.Status, len(st))
+	for _, s := range st {
+		m[s.Unit] = s
+	}
+	h.mu.Lock()
+	h.statuses = m
+	h.mu.Unlock()
+	h.poke()
+}
+
+func (h *rolloutHand) poke() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run looks at the rollouts whenever a snapshot or statuses come in, or a
+// soak or progress deadline is due, until ctx is done.
+func (h *rolloutHand) run(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.wake:
+		case <-timer.C:
+		}
+		next := h.step(ctx, time.Now())
+		timer.Stop()
+		if !next.IsZero() {
+			timer.Reset(max(time.Until(next), 10*time.Millisecond))
+		}
+	}
+}
+
+// step decides and writes this host's part in each rollout it sees, and
+// returns when it should look again without news (zero: not before news).
+func (h *rolloutHand) step(ctx context.Context, now time.Time) (next time.Time) {
+	h.mu.Lock()
+	snap, statuses := h.snap, h.statuses
+	h.mu.Unlock()
+	s := h.session()
+	if snap == nil || s == nil {
+		return time.Time{}
+	}
+	for _, r := range snap.Rollouts {
+		if r.Wave(h.host) < 0 {
+			continue
+		}
+		if at, ok := h.sent[r.ID]; ok && snap.Revision <= at {
+			continue
+		}
+		progress := snap.Progress[r.ID]
+		w := reconcile.RolloutStep(r, h.host, progress, snap.Entries, statuses, now)
+		if due := dueAt(r, progress[h.host], progress); !due.IsZero() && (next.IsZero() || due.Before(next)) {
+			next = due
+		}
+		if w.IsZero() {
+			continue
+		}
+		ok, err := s.RolloutStep(ctx, r, snap.Revision, w)
+		h.sent[r.ID] = snap.Revision
+		h.logStep(r, w, ok, err)
+	}
+	for id := range h.sent {
+		if !slices.ContainsFunc(snap.Rollouts, func(r *reconcile.Rollout) bool { return r.ID == id }) {
+			delete(h.sent, id)
+		}
+	}
+	return next
+}
+
+// dueAt is when r should be looked at again for time alone: the end of
+// this host's soak, or the rollout's progress deadline.
+func dueAt(r *reconcile.Rollout, mine *reconcile.HostProgress, progress map[string]*reconcile.HostProgress) time.Time {
+	var due time.Time
+	if mine != nil && mine.State == reconcile.HostSoaking {
+		due = mine.Since.Add(r.Strategy.Soak)
+	}
+	if d := r.Strategy.ProgressDeadline; d > 0 && r.End == nil && !r.Paused {
+		last := r.CreatedAt
+		if r.ResumedAt.After(last) {
+			last = r.ResumedAt
+		}
+		for _, p := range progress {
+			if p.HealthyAt.After(last) {
+				last = p.HealthyAt
+			}
+		}
+		if dl := last.Add(d + time.Millisecond); due.IsZero() || dl.Before(due) {
+			due = dl
+		}
+	}
+	return due
+}
+
+// logStep says in the journal what this host did in a rollout, under each
+// of its units (journalctl -u <unit> shows it).
+func (h *rolloutHand) logStep(r *reconcile.Rollout, w reconcile.RolloutWrite, ok bool, err error) {
+	units := slices.Sorted(maps.Keys(r.Units))
+	log := h.log.With("rollout", r.ID, "group", r.Group)
+	if len(units) > 0 {
+		log = log.With("unit", unitOfKey(units[0]))
+	}
+	switch {
+	case err != nil:
+		log.Warn("rollout "+r.ID+": could not record this host's step; trying again at the next change", "err", err)
+		return
+	case !ok:
+		log.Debug("rollout " + r.ID + ": the record or another host moved first; looking again")
+		return
+	}
+	if p := w.Progress; p != nil {
+		msg := "rollout " + r.ID + ": " + string(p.State)
+		if p.Reason != "" {
+			msg += " — " + p.Reason
+		}
+		lvl := slog.LevelInfo
+		if p.State == reconcile.HostFailed || p.State == reconcile.HostReverting {
+			lvl = slog.LevelWarn
+		}
+		log.Log(context.Background(), lvl, msg, "state", p.State)
+	}
+	if w.End != nil {
+		log.Info("rollout "+r.ID+" ended: "+string(w.End.State)+" "+w.End.Reason, "state", w.End.State)
+	}
+	if w.Pause != "" {
+		log.Warn("rollout "+r.ID+" paused: "+w.Pause, "reason", w.Pause)
+	}
+}
+
+// unitOfKey is the unit a registry key belongs to (a drop-in's unit).
+func unitOfKey(key string) string {
+	if _, unit, err := reconcile.ParseKey(key); err == nil {
+		return unit
+	}
+	return key
+}

@@ -1,0 +1,190 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/registry"
+)
+
+// Issue 25: rollouts on real systemd, five hosts, one etcd. What the hosts
+// did is read from systemd (MainPID, the units' own start/stop hooks) and
+// the unit files on disk; the rollout's state from its record.
+
+// startRollout puts content for app.service to group web as a rollout with
+// strategy s, as `unit put --group web --canary …` does.
+func (f *fleet) startRollout(content string, s reconcile.Strategy) *reconcile.Rollout {
+	f.t.Helper()
+	hosts := make([]string, len(f.hosts))
+	for i, e := range f.hosts {
+		hosts[i] = e.host
+	}
+	slices.Sort(hosts)
+	if s.MaxRestarts == 0 {
+		s.MaxRestarts = -1
+	}
+	r := &reconcile.Rollout{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: hosts, WaveEnds: s.WaveEnds(len(hosts)), By: "test"}
+	if err := s.Validate(); err != nil {
+		f.t.Fatal(err)
+	}
+	tg := registry.Target{Group: "web"}
+	if _, err := f.reg.Put(context.Background(), tg, map[string][]byte{"app.service": []byte(content)}, registry.WithRollout(r, false)); err != nil {
+		f.t.Fatalf("put the rollout: %v", err)
+	}
+	return r
+}
+
+// waitRollout waits until the rollout's phase satisfies ok.
+func (f *fleet) waitRollout(id string, within time.Duration, what string, ok func(registry.RolloutView, reconcile.Phase) bool) registry.RolloutView {
+	f.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		v, err := f.reg.Rollout(context.Background(), id)
+		if err == nil {
+			if ph := v.Phase(time.Now()); ok(v, ph) {
+				return v
+			}
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("rollout %s: not %s within %v: %+v (err %v)", id, what, within, describeRollout(v), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func describeRollout(v registry.RolloutView) string {
+	if v.Rollout == nil {
+		return "<none>"
+	}
+	s := fmt.Sprintf("end=%+v paused=%v", v.Rollout.End, v.Rollout.Paused)
+	for _, h := range v.Rollout.Hosts {
+		if p := v.Progress[h]; p != nil {
+			s += fmt.Sprintf(" %s=%s(%s)", h, p.State, p.Reason)
+		} else {
+			s += " " + h + "=pending"
+		}
+	}
+	return s
+}
+
+// A canary that fails its health is reverted, the rollout fails, and the
+// other four hosts never write the change: their unit file and MainPID are
+// what they were.
+func TestRolloutFailedCanaryIsRevertedAndOthersNeverTakeIt(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, 5, "")
+	policy := "HealthySec=1"
+	good := f.unit("/bin/sleep 1000", policy)
+	f.put(good, 0)
+	before := f.pids()
+	bad := f.unit("/bin/sh -c 'sleep 0.3; exit 3'", policy)
+	r := f.startRollout(bad, reconcile.Strategy{Canary: reconcile.Count{N: 1}, AutoRevert: true})
+	v := f.waitRollout(r.ID, 60*time.Second, "failed with h1 reverted", func(v registry.RolloutView, ph reconcile.Phase) bool {
+		p := v.Progress["h1"]
+		return v.Rollout.End != nil && p != nil && p.State == reconcile.HostReverted
+	})
+	if v.Rollout.End.State != reconcile.RolloutFailed {
+		t.Fatalf("rollout ended %+v, want failed", v.Rollout.End)
+	}
+	t.Logf("rollout %s: %s", r.ID, v.Rollout.End.Reason)
+	after := f.pids()
+	for _, e := range f.hosts {
+		if got, _ := e.readLocal("app.service"); got != good {
+			t.Errorf("%s: app.service on disk is not the previous version:\n%s", e.host, got)
+		}
+		if e.host == "h1" {
+			if after["h1"] == before["h1"] || after["h1"] == 0 {
+				t.Errorf("h1 (the canary) did not run the change and come back: MainPID %d → %d", before["h1"], after["h1"])
+			}
+			continue
+		}
+		if after[e.host] != before[e.host] {
+			t.Errorf("%s took part in a rollout it was never let into: MainPID %d → %d", e.host, before[e.host], after[e.host])
+		}
+		if p := v.Progress[e.host]; p != nil {
+			t.Errorf("%s has progress %+v", e.host, p)
+		}
+	}
+}
+
+// Waves 1, 50%, 100% with a soak: by systemd's own clock, no host of a
+// wave restarts before every host of the wave before it ran the change for
+// the soak; a pause stops new hosts, resume goes on, and the rollout ends
+// done with every host on the new version.
+func TestRolloutWavesSoakAndPause(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, 5, "")
+	policy := "HealthySec=0.5"
+	f.put(f.unit("/bin/sleep 1000", policy), 0)
+	clearEvents(f)
+	next := f.unit("/bin/sleep 1001", policy)
+	soak := time.Second
+	r := f.startRollout(next, reconcile.Strategy{Waves: []reconcile.Count{{N: 1}, {N: 50, Percent: true}}, Soak: soak})
+	if !slices.Equal(r.WaveEnds, []int{1, 3, 5}) {
+		t.Fatalf("waves %v", r.WaveEnds)
+	}
+	// Pause once the second wave is under way: the third does not start.
+	f.waitRollout(r.ID, 60*time.Second, "in wave 2", func(v registry.RolloutView, ph reconcile.Phase) bool { return ph.Wave >= 1 })
+	if _, err := f.reg.UpdateRollout(context.Background(), r.ID, func(v registry.RolloutView) error {
+		v.Rollout.Paused, v.Rollout.PausedAt = true, time.Now()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	pausedAt := time.Now()
+	f.waitRollout(r.ID, 30*time.Second, "wave 2 done", func(v registry.RolloutView, ph reconcile.Phase) bool {
+		return v.Progress["h2"] != nil && v.Progress["h2"].State == reconcile.HostHealthy && v.Progress["h3"] != nil && v.Progress["h3"].State == reconcile.HostHealthy
+	})
+	time.Sleep(1500 * time.Millisecond)
+	for _, ev := range f.readEvents() {
+		if (ev.host == "h4" || ev.host == "h5") && ev.stop {
+			t.Fatalf("%s restarted while the rollout was paused (paused %v ago)", ev.host, time.Since(pausedAt).Round(time.Millisecond))
+		}
+	}
+	if _, err := f.reg.UpdateRollout(context.Background(), r.ID, func(v registry.RolloutView) error {
+		v.Rollout.Paused, v.Rollout.ResumedAt = false, time.Now()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	v := f.waitRollout(r.ID, 60*time.Second, "done", func(v registry.RolloutView, ph reconcile.Phase) bool { return v.Rollout.End != nil })
+	if v.Rollout.End.State != reconcile.RolloutDone {
+		t.Fatalf("rollout ended %+v", v.Rollout.End)
+	}
+	f.waitRolledOut(next, 30*time.Second)
+
+	// By systemd's clock: each wave's first stop comes after the soak of
+	// every host of the wave before (its start + HealthySec + soak).
+	starts, stops := map[string]float64{}, map[string]float64{}
+	for _, ev := range f.readEvents() {
+		if ev.stop {
+			if _, ok := stops[ev.host]; !ok {
+				stops[ev.host] = ev.at
+			}
+		} else {
+			starts[ev.host] = ev.at
+		}
+	}
+	for w := 1; w < len(r.WaveEnds); w++ {
+		var prevDone float64
+		for _, h := range r.WaveHosts(w - 1) {
+			prevDone = max(prevDone, starts[h]+0.5+soak.Seconds())
+		}
+		for _, h := range r.WaveHosts(w) {
+			if stops[h] == 0 {
+				t.Fatalf("%s never restarted", h)
+			}
+			if stops[h] < prevDone-0.05 {
+				t.Errorf("wave %d: %s stopped %.3fs before wave %d had soaked", w+1, h, prevDone-stops[h], w)
+			}
+			t.Logf("wave %d: %s stopped %.3fs after wave %d soaked", w+1, h, stops[h]-prevDone, w)
+		}
+	}
+}
+
+func clearEvents(f *fleet) { os.Remove(f.events) }

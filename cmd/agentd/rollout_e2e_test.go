@@ -185,6 +185,21 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 			t.Logf("wave %d: %s stopped %.3fs after wave %d soaked", w+1, h, stops[h]-prevDone, w)
 		}
 	}
+	// The gap the agents add between waves: from the last host of a wave
+	// recorded healthy (its soak over) to the first stop of the next wave
+	// (systemd's clock). Waves 2→3 include the pause; only 1→2 is shown.
+	var lastHealthy time.Time
+	for _, h := range r.WaveHosts(0) {
+		if p := v.Progress[h]; p != nil && p.HealthyAt.After(lastHealthy) {
+			lastHealthy = p.HealthyAt
+		}
+	}
+	first := stops["h2"]
+	if s := stops["h3"]; s < first {
+		first = s
+	}
+	gap := time.Duration(first*1e9) - time.Duration(lastHealthy.UnixNano())
+	t.Logf("wave gap: wave 1's last host healthy → wave 2's first stop: %v", gap.Round(time.Millisecond))
 }
 
 func clearEvents(f *fleet) { os.Remove(f.events) }

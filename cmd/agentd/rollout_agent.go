@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"maps"
@@ -28,6 +29,10 @@ type rolloutHand struct {
 	mu       sync.Mutex
 	snap     *reconcile.Snapshot // as stored (not overlaid)
 	statuses map[string]reconcile.Status
+	// handed is the last snapshot handed on (overlaid), and progressMark
+	// a fingerprint of the rollouts and progress it came with.
+	handed       *reconcile.Snapshot
+	progressMark uint64
 	// sent holds, per rollout, the snapshot revision a write was made
 	// at: the rollout is looked at again only in a newer snapshot (which
 	// shows the write, or the one that beat it).
@@ -40,18 +45,49 @@ func newRolloutHand(host string, log *slog.Logger, session func() *registry.Sess
 }
 
 // overlay returns the snapshot this host runs: s with the rollouts'
-// keys held back where the host has not taken their change.
-func (h *rolloutHand) overlay(s reconcile.Snapshot) reconcile.Snapshot {
+// keys held back where the host has not taken their change; and whether
+// to hand it on. A snapshot that differs from the last one handed on only
+// in rollout progress (every host's, each time one moves) is not: the loop
+// would batch it with the next change (up to its MaxBatchDelay) for
+// nothing, and the last-known-good store would save it for nothing.
+func (h *rolloutHand) overlay(s reconcile.Snapshot) (reconcile.Snapshot, bool) {
 	stored := s
+	if len(s.Rollouts) > 0 {
+		s.Entries = reconcile.Overlay(s.Entries, h.host, s.Rollouts, s.Progress)
+	}
+	mark := progressMark(s)
 	h.mu.Lock()
 	h.snap = &stored
+	last, lastMark := h.handed, h.progressMark
+	handOn := last == nil || mark == lastMark || !sameEntries(last.Entries, s.Entries) || !slices.Equal(last.Halts, s.Halts)
+	if handOn {
+		h.handed = &s
+	}
+	h.progressMark = mark
 	h.mu.Unlock()
 	h.poke()
-	if len(s.Rollouts) == 0 {
-		return s
+	return s, handOn
+}
+
+// progressMark is a fingerprint of the rollouts and every host's progress
+// in s: it moves whenever one of them is written.
+func progressMark(s reconcile.Snapshot) uint64 {
+	var m uint64
+	for _, r := range s.Rollouts {
+		m = m*31 + uint64(r.ModRevision)
 	}
-	s.Entries = reconcile.Overlay(s.Entries, h.host, s.Rollouts, s.Progress)
-	return s
+	for _, hosts := range s.Progress {
+		for _, p := range hosts {
+			m += uint64(p.Since.UnixNano()) ^ uint64(len(p.State))
+		}
+	}
+	return m
+}
+
+func sameEntries(a, b []reconcile.Entry) bool {
+	return slices.EqualFunc(a, b, func(x, y reconcile.Entry) bool {
+		return x.Scope == y.Scope && x.Group == y.Group && x.Unit == y.Unit && x.ModRevision == y.ModRevision && bytes.Equal(x.Value, y.Value)
+	})
 }
 
 // Reported takes the statuses of each pass (the loop's goroutine: keep

@@ -455,7 +455,9 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 		svc.setOffline("")
 		// What the host runs, rollouts applied, is also what a start
 		// without the registry runs.
-		r.lkg.received(r.rollouts.overlay(s), agent.SetSnapshot)
+		if s, handOn := r.rollouts.overlay(s); handOn {
+			r.lkg.received(s, agent.SetSnapshot)
+		}
 	}
 	svc.setStatus("waiting for the registry at " + strings.Join(r.endpoints, ","))
 

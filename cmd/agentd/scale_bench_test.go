@@ -412,6 +412,7 @@ type scaleFleet struct {
 	agents    []*scaleAgent
 	stopped   bool
 	noLKG     bool // no last-known-good snapshot save (saves a descriptor per agent)
+	rollouts  bool // each agent takes its part in rollouts (rolloutHand), as agentd run does
 }
 
 type scaleAgent struct {
@@ -511,6 +512,12 @@ func (f *scaleFleet) startAgent(host string, joined func()) (*scaleAgent, error)
 	svc := newService(log)
 	svc.notify = func(string) {} // never talk to a service manager from a benchmark
 	reporter := &sessionReporter{svc: svc, met: f.met}
+	observer := multiObserver{svc, f.met}
+	var hand *rolloutHand
+	if f.rollouts {
+		hand = newRolloutHand(host, log, reporter.current)
+		observer = append(observer, hand)
+	}
 	agent := reconcile.New(reconcile.Config{
 		Systemd:           loopSystemd{Systemd: reconcile.PlainSystemd(a.sd), met: f.met},
 		Files:             files,
@@ -518,10 +525,16 @@ func (f *scaleFleet) startAgent(host string, joined func()) (*scaleAgent, error)
 		Reporter:          reporter,
 		Coordinator:       sessionCoordinator{reporter},
 		Log:               log,
-		Observer:          multiObserver{svc, f.met},
+		Observer:          observer,
 		HeartbeatInterval: svc.heartbeatInterval(),
 	})
 	onSnapshot := func(s reconcile.Snapshot) {
+		if hand != nil {
+			var handOn bool
+			if s, handOn = hand.overlay(s); !handOn {
+				return
+			}
+		}
 		if a.snapAt.Load() == 0 {
 			if want := f.want.Load(); want != nil && slices.ContainsFunc(s.Entries, func(e reconcile.Entry) bool {
 				return e.Unit == scaleUnitName && bytes.Equal(e.Value, *want)
@@ -551,6 +564,9 @@ func (f *scaleFleet) startAgent(host string, joined func()) (*scaleAgent, error)
 		}
 	}
 	a.wg.Go(func() { fail(agent.Run(ctx)) })
+	if hand != nil {
+		a.wg.Go(func() { hand.run(ctx) })
+	}
 	a.wg.Go(func() {
 		defer joined() // a failed join frees its slot too
 		fail(followRegistry(ctx, o, f.endpoints, log, reporter, f.met, onSnapshot, poke))

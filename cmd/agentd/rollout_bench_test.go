@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/registry"
+)
+
+// BenchmarkRolloutScale (issue 25): a rollout across N simulated agents in
+// waves of 10%, on one real etcd server process, with the agents' real
+// registry side and rollout part (scaleFleet with rollouts on; only
+// systemd is simulated, so a host is healthy the moment it restarts:
+// what is measured is agentd's and etcd's own cost). For each size: the
+// time of each wave (from the wave before it done, or the put, to its
+// last host recorded healthy), beyond the soak; the etcd requests the
+// rollout cost per host (gRPC calls started on the server during the
+// rollout, over N); and beside it, the same N agents taking the same
+// change as a plain put (no rollout) in the same run.
+//
+//	AGENTD_BENCH_ROLLOUT_AGENTS=100,1000 go test ./cmd/agentd -run '^$' -bench RolloutScale -benchtime 1x -timeout 60m -v
+//
+// AGENTD_BENCH_SOAK sets --soak (default 0).
+func BenchmarkRolloutScale(b *testing.B) {
+	sizes := benchInts(b, "AGENTD_BENCH_ROLLOUT_AGENTS", []int{100, 1000})
+	soak := benchDuration(b, "AGENTD_BENCH_SOAK", 0)
+	scaleRaiseNoFile(b, uint64(8*slices.Max(sizes)+4096))
+	bin := scaleEtcdBinary(b)
+	var out strings.Builder
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("agents=%d", n), func(b *testing.B) {
+			out.WriteString(runRolloutScale(b, bin, n, soak))
+		})
+	}
+	b.Log("\n" + out.String())
+}
+
+func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string {
+	etcd := startScaleEtcd(b, bin)
+	ctx := context.Background()
+	reg, err := registry.Dial(ctx, registry.Config{Endpoints: []string{etcd.client}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer reg.Close()
+	target := registry.Target{Group: "all"}
+	if _, err := reg.Put(ctx, target, map[string][]byte{scaleUnitName: scaleUnit(0)}); err != nil {
+		b.Fatal(err)
+	}
+	hosts := make([]string, n)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("sim%05d", i)
+	}
+	fleet := newScaleFleet(b, []string{etcd.client}, hosts)
+	fleet.rollouts = true
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < uint64(4*n+2000) {
+		fleet.noLKG = true
+	}
+	if err := fleet.start(64); err != nil {
+		b.Fatal(err)
+	}
+	// Settle: every agent runs v0 (its fake systemd started it).
+	deadline := time.Now().Add(2*time.Minute + time.Duration(n)*60*time.Millisecond)
+	for !fleetRuns(fleet, 1) {
+		if time.Now().After(deadline) {
+			b.Fatal("setup: not every agent started v0")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// Baseline: a plain put of v1 to every host at once.
+	req0 := etcdRequests(etcd)
+	t0 := time.Now()
+	if _, err := reg.Put(ctx, target, map[string][]byte{scaleUnitName: scaleUnit(1)}); err != nil {
+		b.Fatal(err)
+	}
+	for !fleetRuns(fleet, 2) {
+		if time.Since(t0) > 5*time.Minute {
+			b.Fatal("plain put: not every agent restarted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	plain := time.Since(t0)
+	time.Sleep(time.Second) // statuses published
+	plainReq := etcdRequests(etcd) - req0
+
+	// The rollout of v2 in waves of 10%.
+	var waves []reconcile.Count
+	for p := 10; p <= 100; p += 10 {
+		waves = append(waves, reconcile.Count{N: p, Percent: true})
+	}
+	s := reconcile.Strategy{Waves: waves, Soak: soak, MaxRestarts: -1}
+	r := &reconcile.Rollout{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: hosts, WaveEnds: s.WaveEnds(n), By: "bench"}
+	for _, a := range fleet.agents {
+		a.sd.reset()
+	}
+	req1 := etcdRequests(etcd)
+	t1 := time.Now()
+	if _, err := reg.Put(ctx, target, map[string][]byte{scaleUnitName: scaleUnit(2)}, registry.WithRollout(r, false)); err != nil {
+		b.Fatal(err)
+	}
+	var v registry.RolloutView
+	for {
+		v, err = reg.Rollout(ctx, r.ID)
+		if err == nil && v.Rollout.End != nil {
+			break
+		}
+		if time.Since(t1) > 10*time.Minute {
+			b.Fatalf("rollout not done after 10 min: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	total := time.Since(t1)
+	if v.Rollout.End.State != reconcile.RolloutDone {
+		b.Fatalf("rollout ended %+v", v.Rollout.End)
+	}
+	time.Sleep(time.Second)
+	rollReq := etcdRequests(etcd) - req1
+
+	var per []string
+	prev := v.Rollout.CreatedAt
+	var worst time.Duration
+	var toJob, toHealthy []time.Duration
+	byHost := map[string]*scaleAgent{}
+	for _, a := range fleet.agents {
+		byHost[a.host] = a
+	}
+	var firstOfWave []time.Duration
+	for w := range v.Rollout.WaveEnds {
+		var last, first time.Time
+		for _, h := range v.Rollout.WaveHosts(w) {
+			p := v.Progress[h]
+			if p != nil && p.HealthyAt.After(last) {
+				last = p.HealthyAt
+			}
+			if job := byHost[h].sd.round().firstJob; p != nil && !job.IsZero() {
+				toJob, toHealthy = append(toJob, job.Sub(prev)), append(toHealthy, p.HealthyAt.Sub(job))
+				if first.IsZero() || job.Before(first) {
+					first = job
+				}
+			}
+		}
+		if w > 0 {
+			firstOfWave = append(firstOfWave, first.Sub(prev))
+		}
+		d := last.Sub(prev) - soak
+		worst = max(worst, d)
+		per = append(per, fmt.Sprintf("%d", d.Milliseconds()))
+		prev = last
+	}
+	warn := fleet.warn.count.Load()
+	fleet.stop()
+	slices.Sort(toJob)
+	slices.Sort(toHealthy)
+	pct := func(d []time.Duration, q float64) time.Duration {
+		if len(d) == 0 {
+			return 0
+		}
+		return d[int(q*float64(len(d)-1))].Round(time.Millisecond)
+	}
+	slices.Sort(firstOfWave)
+	breakdown := fmt.Sprintf("wave gap (last host of a wave healthy → first host of the next restarted) p50 %v p99 %v", pct(firstOfWave, .5), pct(firstOfWave, .99)) +
+		fmt.Sprintf("; wave before done → host restarted p50 %v p99 %v; restarted → recorded healthy p50 %v p99 %v",
+		pct(toJob, .5), pct(toJob, .99), pct(toHealthy, .5), pct(toHealthy, .99))
+	return breakdown + "\n" + fmt.Sprintf("agents=%d soak=%v: plain put to all %v, %.1f etcd requests per host; rollout in %d waves %v (%.1f etcd requests per host); per wave beyond the soak, ms: %s (worst %v); agent warnings %d\n",
+		n, soak, plain.Round(time.Millisecond), float64(plainReq)/float64(n), len(v.Rollout.WaveEnds), total.Round(time.Millisecond),
+		float64(rollReq)/float64(n), strings.Join(per, " "), worst.Round(time.Millisecond), warn)
+}
+
+// fleetRuns says every agent's fake systemd started the unit at least
+// starts times.
+func fleetRuns(f *scaleFleet, starts int) bool {
+	for _, a := range f.agents {
+		if a.sd.round().jobs < starts {
+			return false
+		}
+	}
+	return true
+}
+
+// etcdRequests counts the gRPC calls the etcd server started so far.
+func etcdRequests(e *scaleEtcd) int64 {
+	return int64(e.metrics()["grpc_server_started_total"])
+}

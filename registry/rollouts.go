@@ -78,19 +78,27 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, units map[string][]by
 	var cmps []clientv3.Cmp
 	var out []clientv3.Op
 	now := o.now().UTC()
+	held := map[string]string{} // key → hash of what it holds now ("": absent)
+	for i, u := range names {
+		if kvs := resp.Responses[i+1].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			held[u] = reconcile.Hash(kvs[0].Value)
+		}
+	}
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
 		old, err := decodeRollout(kv.Value, kv.ModRevision)
 		if err != nil || old.End != nil {
 			continue
 		}
 		var shared []string
+		overwritten := false
 		for _, u := range names {
-			if _, ok := old.Units[u]; ok {
+			if ou, ok := old.Units[u]; ok {
 				shared = append(shared, u)
+				overwritten = overwritten || held[u] != ou.ToHash
 			}
 		}
-		if len(shared) == 0 {
-			continue
+		if len(shared) == 0 || overwritten {
+			continue // a put without a rollout wrote its keys since: it no longer runs
 		}
 		if !supersedes(o) {
 			return nil, nil, fmt.Errorf("%w: %s (%s) since %s; wait for it, abort it (agentd rollout abort %s), or pass --supersede to end it and start this one",
@@ -204,7 +212,12 @@ func (c *Client) Rollouts(ctx context.Context, group string) ([]RolloutView, err
 		}
 		out = append(out, RolloutView{Rollout: r, Progress: progress[r.ID], Entries: entries, Revision: resp.Header.Revision})
 	}
-	slices.SortFunc(out, func(a, b RolloutView) int { return strings.Compare(b.Rollout.ID, a.Rollout.ID) })
+	slices.SortFunc(out, func(a, b RolloutView) int { // IDs tell seconds only
+		if c := b.Rollout.CreatedAt.Compare(a.Rollout.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(b.Rollout.ID, a.Rollout.ID)
+	})
 	return out, nil
 }
 

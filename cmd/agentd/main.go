@@ -93,9 +93,9 @@ Exit codes:
   0  success
   1  error (bad input, registry or agent unreachable; doctor: a check failed)
   2  usage error (bad flags or arguments)
-  3  --wait: a host failed to apply the change (reason printed)
-  4  --wait: timed out before every host converged
-  5  --wait: superseded — a later write put other content in a key waited on
+  3  --wait: a host failed to apply the change (reason printed); a rollout failed or was aborted
+  4  --wait: timed out before every host converged (a rollout goes on)
+  5  --wait: superseded — a later write put other content in a key waited on (or a rollout superseded)
   6  --wait --skip-unreachable: converged, but members without a live agent were skipped`,
 		Version:       version,
 		SilenceUsage:  true,
@@ -105,7 +105,7 @@ Exit codes:
 	// Every flag can come from AGENTD_<FLAG>; filled before any command runs.
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return applyEnv(cmd) }
 	root.AddCommand(newRunCmd(), newUnitCmd(), newHostsCmd(), newStatusCmd(), newSyncCmd(), newDiffCmd(), newDoctorCmd())
-	root.AddCommand(newRbacCmd())
+	root.AddCommand(newRbacCmd(), newRolloutCmd())
 	return root
 }
 

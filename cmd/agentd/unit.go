@@ -62,6 +62,10 @@ type putOptions struct {
 	asJSON    bool
 	instances []string
 	dryRun    bool
+	// sf are the rollout options; strategy is what they say (a rollout
+	// when strategy.IsRollout()).
+	sf       strategyFlags
+	strategy reconcile.Strategy
 }
 
 func newUnitPutCmd() *cobra.Command {
@@ -77,7 +81,18 @@ instance of its template (e.g. --instance web@1.service).
 With --wait, block until every targeted host (for a group, every member, live
 or not) has acted on this write and reports the new hash and the unit in its
 wanted state; exit 3 when a host fails, 4 on --timeout, 5 when a later write
-superseded this one, 6 when --skip-unreachable skipped members.`,
+superseded this one, 6 when --skip-unreachable skipped members.
+
+For a group, any of --canary, --waves, --max-unavailable, --soak,
+--progress-deadline, --pause-after-canary, --auto-revert, --max-restarts or
+--gate-cmd makes the put a rollout: the group's members now (live or not)
+take the change in waves, by host name, each healthy for --soak before it
+counts; the others keep running the previous version meanwhile. The keys and
+the rollout's record are written in one transaction; a running rollout of
+the same keys refuses it unless --supersede. See "agentd rollout --help".
+With --wait, follow the rollout to its end: exit 0 when every host is
+healthy, 3 when it failed or was aborted (after its hosts went back, with
+--auto-revert), 4 on --timeout (the rollout goes on), 5 when superseded.`,
 		Args: usageArgs(cobra.ArbitraryArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 && len(o.instances) == 0 {
@@ -85,6 +100,12 @@ superseded this one, 6 when --skip-unreachable skipped members.`,
 			}
 			tg, err := o.tf.target()
 			if err != nil {
+				return err
+			}
+			if o.strategy, err = o.sf.strategy(); err != nil {
+				return err
+			}
+			if err := o.checkRolloutUse(tg); err != nil {
 				return err
 			}
 			units, err := readUnits(args, o.instances)
@@ -107,6 +128,7 @@ superseded this one, 6 when --skip-unreachable skipped members.`,
 	cmd.Flags().StringArrayVar(&o.instances, "instance", nil, "run this template instance (empty key), e.g. web@1.service")
 	bindKeep(cmd)
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
+	o.sf.bind(cmd)
 	return cmd
 }
 
@@ -166,7 +188,16 @@ func (o *putOptions) put(ctx context.Context, cmd *cobra.Command, reg *registry.
 			fmt.Fprintf(&warnings, "warning: the hosts' facts could not be read, so refusals are not known: %v\n", err)
 		}
 	}
-	rev, err := reg.Put(ctx, tg, units, writeOptions(cmd)...)
+	opts := writeOptions(cmd)
+	var r *reconcile.Rollout
+	if o.strategy.IsRollout() {
+		var err error
+		if r, err = newRollout(ctx, reg, tg.Group, o.strategy, o.sf.reason, cmd.ErrOrStderr()); err != nil {
+			return err
+		}
+		opts = append(opts, registry.WithRollout(r, o.sf.supersede))
+	}
+	rev, err := reg.Put(ctx, tg, units, opts...)
 	if err != nil {
 		return writeError(err)
 	}
@@ -178,9 +209,15 @@ func (o *putOptions) put(ctx context.Context, cmd *cobra.Command, reg *registry.
 			fmt.Fprintf(out, "stored %s/units/%s (hash %s, revision %d)\n", tg.String(), k, short(reconcile.Hash(units[k])), rev)
 		}
 	}
+	if r != nil {
+		announceRollout(ctx, out, o.asJSON, reg, r)
+	}
 	if !o.wait {
 		_, err := warnings.WriteTo(cmd.ErrOrStderr())
 		return err
+	}
+	if r != nil {
+		return followPut(ctx, reg, r, o.wf, o.asJSON, out, cmd.ErrOrStderr())
 	}
 	return waitConverged(ctx, reg, waitSpec{target: tg, units: units, revision: rev, waitFlags: o.wf, json: o.asJSON}, out)
 }

@@ -1,0 +1,589 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
+)
+
+// The rollout CLI against a real etcd, with no agent: the hosts are
+// member records, and the agents' side of a rollout (each host's
+// progress) is written by the test (simAgents) as reconcile.Phase allows.
+
+// rolloutEnv is an etcd whose group "web" has the given members (member
+// records: known, not live), and a directory for unit files.
+type rolloutEnv struct {
+	*garbageEnv
+	dir string
+}
+
+func newRolloutEnv(t *testing.T, hosts ...string) *rolloutEnv {
+	t.Helper()
+	e := registrytest.StartEtcd(t)
+	reg := registrytest.NewClient(t, e.Endpoint())
+	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint()}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	env := &rolloutEnv{garbageEnv: &garbageEnv{endpoint: e.Endpoint(), reg: reg, raw: raw}, dir: t.TempDir()}
+	for _, h := range hosts {
+		env.member(t, h, "web")
+	}
+	env.member(t, "other1", "db") // not in the group: never in its rollouts
+	return env
+}
+
+// member writes host's member record, as its agent would.
+func (e *rolloutEnv) member(t *testing.T, host string, groups ...string) {
+	t.Helper()
+	b, err := json.Marshal(registry.KnownHost{Member: reconcile.Member{Host: host, MachineID: "m-" + host, Groups: groups}, LastSeen: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.put(t, "/agentd/members/"+host, string(b))
+}
+
+// unit writes a unit file named name (in a directory of its own) and
+// returns its path.
+func (e *rolloutEnv) unit(t *testing.T, name, execStart string) string {
+	t.Helper()
+	sub, err := os.MkdirTemp(e.dir, "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(sub, name)
+	if err := os.WriteFile(p, []byte("[Service]\nExecStart="+execStart+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// dump is every key of the registry with its value and revision.
+func (e *rolloutEnv) dump(t *testing.T) map[string]string {
+	t.Helper()
+	resp, err := e.raw.Get(t.Context(), "/agentd/", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key)] = fmt.Sprintf("%d %s", kv.ModRevision, kv.Value)
+	}
+	return out
+}
+
+func (e *rolloutEnv) view(t *testing.T, id string) registry.RolloutView {
+	t.Helper()
+	v, err := e.reg.Rollout(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// progress writes host's progress in rollout id, as its agent would.
+func (e *rolloutEnv) progress(ctx context.Context, id, host string, st reconcile.HostState, reason string) error {
+	p := reconcile.HostProgress{State: st, Since: time.Now().UTC(), Reason: reason}
+	if st == reconcile.HostHealthy {
+		p.HealthyAt = p.Since
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	_, err = e.raw.Put(ctx, "/agentd/rollouts/progress/"+id+"/"+host, string(b))
+	return err
+}
+
+var rolloutIDRe = regexp.MustCompile(`rollout (r[0-9]{8}-[0-9]{6}-[0-9a-f]{8}): `)
+
+// rolloutID is the ID a put printed.
+func rolloutID(t *testing.T, out string) string {
+	t.Helper()
+	m := rolloutIDRe.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no rollout ID in:\n%s", out)
+	}
+	return m[1]
+}
+
+// simStep is how often the stand-in agents move: longer than put
+// --wait's poll, so that it sees every state.
+const simStep = 300 * time.Millisecond
+
+// simAgents stands in for the group's agents until ctx ends: each step
+// (simStep) a pending host in the open wave of a running rollout
+// starts applying, an applying one ends healthy (or failed, when fail
+// says so), and when the rollout reverts, the hosts that took it go
+// back; an end the phase computes is written, as the agents do.
+func (e *rolloutEnv) simAgents(ctx context.Context, fail func(host string) bool) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		errc <- e.sim(ctx, fail)
+	}()
+	return errc
+}
+
+func (e *rolloutEnv) sim(ctx context.Context, fail func(host string) bool) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(simStep):
+		}
+		all, err := e.reg.Rollouts(ctx, "web")
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, v := range all {
+			r, now := v.Rollout, time.Now()
+			ph := v.Phase(now)
+			if ph.State == reconcile.RolloutSuperseded {
+				continue
+			}
+			if r.End == nil && ph.End != nil {
+				if _, err := e.reg.UpdateRollout(ctx, r.ID, func(v registry.RolloutView) error {
+					if v.Rollout.End == nil {
+						v.Rollout.End = ph.End
+					}
+					return nil
+				}); err != nil && ctx.Err() == nil {
+					return err
+				}
+			}
+			for _, h := range r.Hosts {
+				st, _, _ := hostState(v, h)
+				var next reconcile.HostState
+				reason := ""
+				switch {
+				case ended(ph.State) && reverts(r, ph) && (&reconcile.HostProgress{State: st}).Took():
+					next, reason = reconcile.HostReverting, "the rollout "+string(ph.State)
+				case st == reconcile.HostReverting:
+					next = reconcile.HostReverted
+				case ended(ph.State):
+				case st == reconcile.HostPending && ph.State == reconcile.RolloutRunning && r.Wave(h) <= ph.Wave:
+					next, reason = reconcile.HostApplying, fmt.Sprintf("wave %d of %d", r.Wave(h)+1, len(r.WaveEnds))
+				case st == reconcile.HostApplying && fail != nil && fail(h):
+					next, reason = reconcile.HostFailed, "hello.service: exited 1"
+				case st == reconcile.HostApplying:
+					next = reconcile.HostHealthy
+				}
+				if next != "" {
+					if err := e.progress(ctx, r.ID, h, next, reason); err != nil && ctx.Err() == nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+}
+
+// Every bad strategy value is a usage error with a clear message, and
+// nothing is stored.
+func TestRolloutPutRefusesBadStrategy(t *testing.T) {
+	t.Parallel()
+	e := newRolloutEnv(t, "h1", "h2", "h3")
+	file := e.unit(t, "hello.service", "/bin/true")
+	if _, _, code := e.run(t, "unit", "put", file, "--group", "web"); code != 0 {
+		t.Fatalf("first put: exit %d", code)
+	}
+	before := e.dump(t)
+	v2 := e.unit(t, "hello.service", "/bin/false")
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--canary", "0"}, exitUsage, `--canary "0": want at least 1 host`},
+		{[]string{"--canary", "150%"}, exitUsage, "a percentage is at most 100%"},
+		{[]string{"--canary", "one"}, exitUsage, `--canary "one": want a number of hosts`},
+		{[]string{"--waves", "50%,10%"}, exitUsage, "each must be larger than the one before"},
+		{[]string{"--waves", "1,,100%"}, exitUsage, `--waves ""`},
+		{[]string{"--max-unavailable", "0"}, exitUsage, `--max-unavailable "0"`},
+		{[]string{"--max-unavailable", "150%"}, exitUsage, "at most 100%"},
+		{[]string{"--soak", "-1s"}, exitUsage, "--soak -1s: want a duration of 0 or more"},
+		{[]string{"--soak", "abc"}, exitUsage, `invalid argument "abc" for "--soak"`},
+		{[]string{"--progress-deadline", "-5s"}, exitUsage, "--progress-deadline -5s"},
+		{[]string{"--progress-deadline", "10s", "--soak", "30s"}, exitUsage, "is not longer than --soak"},
+		{[]string{"--pause-after-canary"}, exitUsage, "--pause-after-canary needs --canary"},
+		{[]string{"--max-restarts", "-2"}, exitUsage, "--max-restarts -2: want 0 or more"},
+		{[]string{"--gate-cmd", "true"}, exitUsage, "--gate-cmd is run by this command while it follows the rollout: add --wait"},
+		{[]string{"--gate-cmd", " ", "--wait"}, exitUsage, "--gate-cmd: an empty command"},
+		{[]string{"--supersede"}, exitUsage, "--supersede and --reason go with a rollout"},
+		{[]string{"--reason", "why"}, exitUsage, "--supersede and --reason go with a rollout"},
+		{[]string{"--canary", "1", "--wait", "--skip-unreachable"}, exitUsage, "--skip-unreachable does not apply to a rollout"},
+	} {
+		args := append([]string{"unit", "put", v2, "--group", "web"}, c.args...)
+		_, stderr, code := e.run(t, args...)
+		if code != c.code || !strings.Contains(stderr, c.want) {
+			t.Errorf("put %s: exit %d, want %d with %q; stderr:\n%s", strings.Join(c.args, " "), code, c.code, c.want, stderr)
+		}
+	}
+	// To one host, or to a group no host has joined.
+	if _, stderr, code := e.run(t, "unit", "put", v2, "--host", "h1", "--canary", "1"); code != exitUsage || !strings.Contains(stderr, "hosts/h1 is one host") {
+		t.Errorf("rollout to --host: exit %d\n%s", code, stderr)
+	}
+	if _, stderr, code := e.run(t, "unit", "put", v2, "--group", "empty", "--canary", "1"); code != exitError || !strings.Contains(stderr, "no host has joined group empty") {
+		t.Errorf("rollout to an empty group: exit %d\n%s", code, stderr)
+	}
+	if after := e.dump(t); !maps.Equal(before, after) {
+		t.Errorf("refused puts changed the registry:\nbefore %v\nafter  %v", slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
+	}
+}
+
+// A rollout records the group's members by name, its waves, what each
+// key held before, who started it and why; a second rollout of the same
+// key is refused while it runs, and --supersede ends it.
+func TestRolloutPutRecordsAndSupersedes(t *testing.T) {
+	t.Parallel()
+	e := newRolloutEnv(t, "h3", "h1", "h5", "h2", "h4")
+	v1 := e.unit(t, "hello.service", "/bin/true")
+	if _, _, code := e.run(t, "unit", "put", v1, "--group", "web"); code != 0 {
+		t.Fatalf("first put: exit %d", code)
+	}
+	v2 := e.unit(t, "hello.service", "/bin/sleep 1")
+	fresh := e.unit(t, "fresh.service", "/bin/sleep 2")
+	out, stderr, code := e.run(t, "unit", "put", v2, fresh, "--group", "web", "--canary", "1", "--waves", "50%,100%", "--soak", "30s",
+		"--auto-revert", "--reason", "new TLS config")
+	if code != 0 {
+		t.Fatalf("rollout put: exit %d", code)
+	}
+	id := rolloutID(t, out)
+	if want := "rollout " + id + ": 5 hosts in waves 1, 3, 5; follow it with agentd rollout status " + id + " --watch"; !strings.Contains(out, want) {
+		t.Errorf("put output lacks %q:\n%s", want, out)
+	}
+	if !strings.Contains(stderr, "h1, h2, h3, h4, h5 of group web have no live agent") {
+		t.Errorf("no warning about the members without a live agent:\n%s", stderr)
+	}
+	v := e.view(t, id)
+	r := v.Rollout
+	if !slices.Equal(r.Hosts, []string{"h1", "h2", "h3", "h4", "h5"}) || !slices.Equal(r.WaveEnds, []int{1, 3, 5}) || r.Group != "web" {
+		t.Errorf("hosts %v, waves %v, group %s", r.Hosts, r.WaveEnds, r.Group)
+	}
+	content := func(p string) string { b, _ := os.ReadFile(p); return string(b) }
+	if u := r.Units["hello.service"]; u.From == nil || *u.From != content(v1) || u.ToHash != reconcile.Hash([]byte(content(v2))) || u.FromRevision == 0 {
+		t.Errorf("hello.service in the rollout: %+v", u)
+	}
+	if u, ok := r.Units["fresh.service"]; !ok || u.From != nil || u.ToHash != reconcile.Hash([]byte(content(fresh))) {
+		t.Errorf("fresh.service in the rollout: %+v", u)
+	}
+	s := r.Strategy
+	if s.Canary != (reconcile.Count{N: 1}) || len(s.Waves) != 2 || s.Waves[0] != (reconcile.Count{N: 50, Percent: true}) || s.Soak != 30*time.Second ||
+		!s.AutoRevert || s.MaxRestarts != -1 || s.PauseAfterCanary || s.GateCmd != "" {
+		t.Errorf("strategy %+v", s)
+	}
+	if r.By != storedBy() || r.Reason != "new TLS config" || r.CreatedAt.IsZero() || r.End != nil {
+		t.Errorf("by %q, reason %q, created %v, end %v", r.By, r.Reason, r.CreatedAt, r.End)
+	}
+	if b, err := e.reg.Get(t.Context(), registry.Target{Group: "web"}, "hello.service"); err != nil || string(b) != content(v2) {
+		t.Errorf("the key holds %q (%v), want the new content", b, err)
+	}
+
+	// The same key again, while it runs: refused, nothing stored.
+	before := e.dump(t)
+	v3 := e.unit(t, "hello.service", "/bin/sleep 3")
+	if _, stderr, code := e.run(t, "unit", "put", v3, "--group", "web", "--canary", "1"); code != exitError ||
+		!strings.Contains(stderr, "a rollout of these keys is running: "+id+" (hello.service)") || !strings.Contains(stderr, "--supersede") {
+		t.Errorf("second rollout of the key: exit %d\n%s", code, stderr)
+	}
+	if after := e.dump(t); !maps.Equal(before, after) {
+		t.Error("the refused rollout changed the registry")
+	}
+	// Superseded, and said so.
+	e.member(t, "h6", "web") // joined since: in the new rollout only
+	out, _, code = e.run(t, "unit", "put", v3, "--group", "web", "--waves", "2,100%", "--supersede")
+	if code != 0 || !strings.Contains(out, "rollout "+id+": superseded by ") {
+		t.Fatalf("--supersede: exit %d\n%s", code, out)
+	}
+	var id2 string
+	for _, m := range rolloutIDRe.FindAllStringSubmatch(out, -1) {
+		if m[1] != id {
+			id2 = m[1]
+		}
+	}
+	if old := e.view(t, id).Rollout; old.End == nil || old.End.State != reconcile.RolloutSuperseded || old.End.Reason != "superseded by "+id2 {
+		t.Errorf("the first rollout's end: %+v", old.End)
+	}
+	if nr := e.view(t, id2).Rollout; len(nr.Hosts) != 6 || !slices.Equal(nr.WaveEnds, []int{2, 6}) || *nr.Units["hello.service"].From != content(v2) {
+		t.Errorf("the second rollout: hosts %v waves %v", nr.Hosts, nr.WaveEnds)
+	}
+
+	// ls: both, newest first; status: the header and the table.
+	out, _, code = e.run(t, "rollout", "ls")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[0], "ID") ||
+		!regexp.MustCompile(`^`+id2+`\s+web\s+hello.service\s+running\s+1/2\s+0/6\s+\d+ s\s+\S+@`).MatchString(lines[1]) ||
+		!regexp.MustCompile(`^`+id+`\s+web\s+fresh.service,hello.service\s+superseded\s+1/3\s+0/5\s`).MatchString(lines[2]) {
+		t.Errorf("rollout ls: exit %d\n%s", code, out)
+	}
+	if out, _, code := e.run(t, "rollout", "ls", "--group", "db"); code != 0 || strings.Contains(out, id) {
+		t.Errorf("rollout ls --group db: exit %d\n%s", code, out)
+	}
+	if err := e.progress(t.Context(), id2, "h1", reconcile.HostHealthy, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.progress(t.Context(), id2, "h2", reconcile.HostSoaking, ""); err != nil {
+		t.Fatal(err)
+	}
+	out, _, code = e.run(t, "rollout", "status", id2)
+	for _, want := range []string{
+		"rollout " + id2 + " of group web: hello.service\n",
+		"phase:    running, wave 1 of 2\n",
+		"strategy: --waves 2,100%\n",
+		"waves:    2, 6 of 6 hosts\n",
+		"[###-----------------] 1/6 healthy, 1 soaking\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rollout status lacks %q", want)
+		}
+	}
+	for _, re := range []string{`(?m)^HOST\s+WAVE\s+STATE\s+FOR\s+REASON$`, `(?m)^h1\s+1\s+healthy\s+\d+ s\s+-$`, `(?m)^h2\s+1\s+soaking\s+\d+ s`, `(?m)^h6\s+2\s+pending\s+-\s+-$`} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("rollout status does not match %s", re)
+		}
+	}
+	if code != 0 {
+		t.Errorf("rollout status: exit %d", code)
+	}
+	// A put without a rollout over a running one: that one no longer
+	// runs (superseded), and a new rollout of the key is not refused.
+	if _, _, code := e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/sleep 4"), "--group", "web"); code != 0 {
+		t.Fatalf("plain put: exit %d", code)
+	}
+	if out, _, code := e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/sleep 5"), "--group", "web", "--canary", "1"); code != 0 ||
+		strings.Contains(out, "superseded by") {
+		t.Errorf("rollout after a plain put over a running one: exit %d\n%s", code, out)
+	}
+	if out, _, _ := e.run(t, "rollout", "ls"); !regexp.MustCompile(id2 + `\s+web\s+hello.service\s+superseded\s`).MatchString(out) {
+		t.Errorf("the rollout a plain put overwrote is not shown superseded:\n%s", out)
+	}
+	out, _, _ = e.run(t, "rollout", "status", id, "--json")
+	var sum rolloutSummary
+	if err := json.Unmarshal([]byte(out), &sum); err != nil || sum.Phase.State != reconcile.RolloutSuperseded || sum.Total != 5 || len(sum.Hosts) != 5 || sum.Rollout.Reason != "new TLS config" {
+		t.Errorf("status --json: %v\n%s", err, out)
+	}
+}
+
+// pause, resume, promote and abort write the control fields, and refuse
+// what does not apply with exit 1.
+func TestRolloutControl(t *testing.T) {
+	t.Parallel()
+	e := newRolloutEnv(t, "h1", "h2", "h3")
+	out, _, code := e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/true"), "--group", "web", "--canary", "1", "--pause-after-canary")
+	if code != 0 {
+		t.Fatalf("put: exit %d", code)
+	}
+	id := rolloutID(t, out)
+	expect := func(args string, code int, want string) string {
+		t.Helper()
+		out, stderr, c := e.run(t, append(strings.Fields(args), id)...)
+		if c != code || !strings.Contains(out+stderr, want) {
+			t.Errorf("%s: exit %d, want %d with %q", args, c, code, want)
+		}
+		return out
+	}
+	expect("rollout promote", exitError, "is not paused (running, wave 1 of 2): nothing to promote")
+	expect("rollout resume", exitError, "is not paused")
+	expect("rollout pause --reason dashboards-red", 0, "rollout "+id+" paused at wave 1 of 2 (0/3 hosts healthy)")
+	r := e.view(t, id).Rollout
+	if !r.Paused || r.PauseReason != "paused by "+storedBy()+": dashboards-red" || r.PausedAt.IsZero() {
+		t.Errorf("after pause: paused %v, reason %q, at %v", r.Paused, r.PauseReason, r.PausedAt)
+	}
+	expect("rollout pause", 0, "is already paused")
+	expect("rollout status", 0, "phase:    paused, wave 1 of 2 — paused by ")
+	expect("rollout resume", 0, "resumed")
+	if r := e.view(t, id).Rollout; r.Paused || r.ResumedAt.IsZero() {
+		t.Errorf("after resume: paused %v, resumed %v", r.Paused, r.ResumedAt)
+	}
+	// The canary is healthy: waiting for promote.
+	if err := e.progress(t.Context(), id, "h1", reconcile.HostHealthy, ""); err != nil {
+		t.Fatal(err)
+	}
+	expect("rollout status", 0, "phase:    waiting-promote, wave 2 of 2")
+	expect("rollout promote", 0, "promoted: wave 2 of 2 goes on")
+	if r := e.view(t, id).Rollout; !r.Promoted || r.Paused {
+		t.Errorf("after promote: promoted %v, paused %v", r.Promoted, r.Paused)
+	}
+	if ph := e.view(t, id).Phase(time.Now()); ph.State != reconcile.RolloutRunning || ph.Wave != 1 {
+		t.Errorf("after promote: phase %+v", ph)
+	}
+	// Paused, promote goes on too.
+	expect("rollout pause", 0, "paused")
+	expect("rollout promote", 0, "promoted")
+	expect("rollout abort --revert", 0, "aborted at wave 2 of 2: no host takes it any more; the hosts that took it go back to the previous version (h1)")
+	r = e.view(t, id).Rollout
+	if r.Abort == nil || !r.Abort.Revert || r.Abort.By != storedBy() || r.End == nil || r.End.State != reconcile.RolloutAborted || !strings.Contains(r.End.Reason, "aborted by ") {
+		t.Errorf("after abort: abort %+v end %+v", r.Abort, r.End)
+	}
+	for _, verb := range []string{"abort", "pause", "resume", "promote"} {
+		expect("rollout "+verb, exitError, "has ended (aborted — aborted by ")
+	}
+	// Watching it: h1 still holds the change, going back; then back.
+	if err := e.progress(t.Context(), id, "h1", reconcile.HostReverted, ""); err != nil {
+		t.Fatal(err)
+	}
+	expect("rollout status --watch", exitFailed, "reverted to the previous version: h1")
+	// An unknown rollout.
+	for _, args := range [][]string{{"rollout", "status", "r-nope"}, {"rollout", "pause", "r-nope"}, {"rollout", "abort", "r-nope"}} {
+		if _, stderr, code := e.run(t, args...); code != exitError || !strings.Contains(stderr, `no such rollout: "r-nope"`) {
+			t.Errorf("%v: exit %d\n%s", args, code, stderr)
+		}
+	}
+}
+
+// put --wait follows a rollout to its end: 0 when every host is healthy,
+// and only once they are; each host's change is a line.
+func TestRolloutPutWaitDone(t *testing.T) {
+	t.Parallel()
+	e := newRolloutEnv(t, "h1", "h2", "h3", "h4")
+	ctx, cancel := context.WithCancel(t.Context())
+	sim := e.simAgents(ctx, nil)
+	out, _, code := e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/true"), "--group", "web",
+		"--canary", "1", "--waves", "50%,100%", "--wait", "--timeout", "30s")
+	cancel()
+	if err := <-sim; err != nil {
+		t.Fatal(err)
+	}
+	if code != 0 {
+		t.Fatalf("put --wait: exit %d", code)
+	}
+	id := rolloutID(t, out)
+	for _, want := range []string{"h1 (wave 1): applying — wave 1 of 3\n", "h1 (wave 1): healthy\n", "h2 (wave 2): healthy\n", "h4 (wave 3): healthy\n",
+		"rollout " + id + ": running, wave 2 of 3 (1/4 hosts healthy)\n", "rollout " + id + ": done, wave 3 of 3 (4/4 hosts healthy)\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("put --wait output lacks %q", want)
+		}
+	}
+	// The canary was healthy before any other host started.
+	if strings.Index(out, "h1 (wave 1): healthy") > strings.Index(out, "h2 (wave 2): applying") {
+		t.Error("wave 2 started before the canary was healthy")
+	}
+	if v := e.view(t, id); len(hostsIn(v, reconcile.HostHealthy)) != 4 || v.Rollout.End == nil || v.Rollout.End.State != reconcile.RolloutDone {
+		t.Errorf("healthy hosts: %v, end %+v", hostsIn(v, reconcile.HostHealthy), v.Rollout.End)
+	}
+	if out, _, code := e.run(t, "rollout", "status", id, "--watch"); code != 0 || !strings.Contains(out, "[####################] 4/4 healthy\n") {
+		t.Errorf("status --watch of a rollout done: exit %d", code)
+	}
+	// The same as JSON lines, and a rollout with no agent times out.
+	out, stderr, code := e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/sleep 1"), "--group", "web",
+		"--canary", "1", "--wait", "--timeout", "600ms", "--json")
+	if code != exitTimeout || !strings.Contains(stderr, "is running, wave 1 of 2 (0/4 hosts healthy); it goes on without this command") {
+		t.Errorf("put --wait with no agent: exit %d\n%s", code, stderr)
+	}
+	for l := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Errorf("--json line %q: %v", l, err)
+		}
+	}
+}
+
+// put --wait on a rollout whose canary fails with --auto-revert: exit 3
+// with the reason once the canary is back; the other hosts never took it.
+func TestRolloutPutWaitFailedReverts(t *testing.T) {
+	t.Parallel()
+	e := newRolloutEnv(t, "h1", "h2", "h3")
+	ctx, cancel := context.WithCancel(t.Context())
+	sim := e.simAgents(ctx, func(h string) bool { return h == "h1" })
+	out, stderr, code := e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/false"), "--group", "web",
+		"--canary", "1", "--auto-revert", "--wait", "--timeout", "30s")
+	cancel()
+	if err := <-sim; err != nil {
+		t.Fatal(err)
+	}
+	id := rolloutID(t, out)
+	if code != exitFailed || !strings.Contains(stderr, "rollout "+id+" failed — h1 failed the change: hello.service: exited 1; reverted to the previous version: h1") {
+		t.Fatalf("put --wait on a failing canary: exit %d\n%s", code, stderr)
+	}
+	for _, want := range []string{"h1 (wave 1): failed — hello.service: exited 1\n", "h1 (wave 1): reverting", "h1 (wave 1): reverted\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	v := e.view(t, id)
+	if v.Progress["h2"] != nil || v.Progress["h3"] != nil {
+		t.Errorf("hosts outside the canary took the change: %v", v.Progress)
+	}
+	if v.Rollout.End == nil || v.Rollout.End.State != reconcile.RolloutFailed {
+		t.Errorf("end %+v", v.Rollout.End)
+	}
+}
+
+// --gate-cmd runs between waves with the rollout and the wave in its
+// environment: exit 0 opens the wave; else the rollout pauses, exit 3.
+func TestRolloutGate(t *testing.T) {
+	t.Parallel()
+	t.Run("pass", func(t *testing.T) {
+		t.Parallel()
+		e := newRolloutEnv(t, "h1", "h2", "h3")
+		log := filepath.Join(e.dir, "gate.log")
+		ctx, cancel := context.WithCancel(t.Context())
+		sim := e.simAgents(ctx, nil)
+		out, _, code := e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/true"), "--group", "web", "--canary", "1",
+			"--gate-cmd", `echo "$AGENTD_ROLLOUT $AGENTD_GROUP $AGENTD_WAVE" >> `+log, "--wait", "--timeout", "30s")
+		cancel()
+		if err := <-sim; err != nil {
+			t.Fatal(err)
+		}
+		id := rolloutID(t, out)
+		if code != 0 || !strings.Contains(out, "rollout "+id+": the gate passed: wave 2 opens") {
+			t.Fatalf("gate passing: exit %d", code)
+		}
+		if b, _ := os.ReadFile(log); string(b) != id+" web 2\n" {
+			t.Errorf("the gate ran with %q", b)
+		}
+		if r := e.view(t, id).Rollout; r.Gated != 1 {
+			t.Errorf("gated %d, want 1", r.Gated)
+		}
+	})
+	t.Run("fail", func(t *testing.T) {
+		t.Parallel()
+		e := newRolloutEnv(t, "h1", "h2", "h3")
+		ctx, cancel := context.WithCancel(t.Context())
+		sim := e.simAgents(ctx, nil)
+		out, stderr, code := e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/true"), "--group", "web", "--canary", "1",
+			"--gate-cmd", "echo error rate 7%; exit 7", "--wait", "--timeout", "30s")
+		time.Sleep(150 * time.Millisecond) // the agents would go on now if they could
+		cancel()
+		if err := <-sim; err != nil {
+			t.Fatal(err)
+		}
+		id := rolloutID(t, out)
+		if code != exitFailed || !strings.Contains(stderr, "rollout "+id+" paused: the gate before wave 2 failed (exit status 7): error rate 7%") ||
+			!strings.Contains(stderr, "agentd rollout promote "+id+"` opens wave 2 anyway") {
+			t.Fatalf("gate failing: exit %d\n%s", code, stderr)
+		}
+		v := e.view(t, id)
+		if !v.Rollout.Paused || !strings.Contains(v.Rollout.PauseReason, "error rate 7%") || v.Rollout.Gated != 0 {
+			t.Errorf("paused %v (%q), gated %d", v.Rollout.Paused, v.Rollout.PauseReason, v.Rollout.Gated)
+		}
+		if v.Progress["h2"] != nil || v.Progress["h3"] != nil {
+			t.Errorf("wave 2 started past a failed gate: %v", v.Progress)
+		}
+		// promote opens the wave without the gate.
+		if _, _, code := e.run(t, "rollout", "promote", id); code != 0 {
+			t.Fatalf("promote: exit %d", code)
+		}
+		if r := e.view(t, id).Rollout; r.Paused || r.Gated != 1 {
+			t.Errorf("after promote: paused %v, gated %d", r.Paused, r.Gated)
+		}
+	})
+}

@@ -66,11 +66,7 @@ func (Runner) HTTP(ctx context.Context, rawURL string) (int, error) {
 	req.Header.Set("User-Agent", "agentd-health-probe")
 	resp, err := client.Do(req)
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // the URL is named by the caller
-		}
-		return 0, err
+		return 0, cause(err) // the URL is named by the caller
 	}
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
@@ -82,13 +78,24 @@ func (Runner) TCP(ctx context.Context, addr string) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		var oe *net.OpError
-		if errors.As(err, &oe) && oe.Err != nil {
-			err = oe.Err // "connect: connection refused"; the address is named by the caller
-		}
-		return err
+		return cause(err) // the address is named by the caller
 	}
 	return c.Close()
+}
+
+// cause strips an error of the URL and address the caller names already:
+// "connect: connection refused", not "Get \"http://…\": dial tcp …: connect:
+// connection refused".
+func cause(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		err = oe.Err
+	}
+	return err
 }
 
 // Command runs c.Argv without a shell: the program (an absolute path, or

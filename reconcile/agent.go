@@ -169,6 +169,10 @@ type Observer interface {
 	Drift(path string)
 	// Rollback is called when a change is rolled back on this host.
 	Rollback(unit string)
+	// Probe is called with each health check's result (kind: cmd, url,
+	// tcp); ProbesGone when a unit no longer has probes.
+	Probe(unit, kind string, ok bool)
+	ProbesGone(unit string)
 }
 
 // NopObserver ignores everything; embed it to implement only some methods.
@@ -181,6 +185,8 @@ func (NopObserver) Reported(int64, []Status)    {}
 func (NopObserver) Heartbeat()                  {}
 func (NopObserver) Drift(string)                {}
 func (NopObserver) Rollback(string)             {}
+func (NopObserver) Probe(string, string, bool)  {}
+func (NopObserver) ProbesGone(string)           {}
 
 // Config wires an Agent. Systemd, Files and Manifest are required.
 type Config struct {
@@ -198,6 +204,9 @@ type Config struct {
 	Coordinator Coordinator
 	// Host is this agent's host name (for halt records).
 	Host string
+	// Prober runs the [X-Agentd] health probes (probe.Runner); nil: every
+	// probe fails, saying no prober is configured.
+	Prober Prober
 
 	// HeartbeatInterval is how often the idle loop calls Observer.Heartbeat
 	// (it also calls it after every pass); set it below half the watchdog
@@ -253,6 +262,7 @@ type Agent struct {
 	ledger ledger    // the records, intent and HealthySec windows: its only writer
 	exec   executor  // does the steps of a plan
 	jobs   jobs      // jobs in flight, and what runs them
+	probes probes    // health probes, and what runs them
 	slots  slotTable // MaxUnavailable slots
 	// managed is the loop's copy of the manifest's owned paths.
 	managed managedIndex
@@ -378,6 +388,7 @@ func New(cfg Config) *Agent {
 		ledger:  newLedger(cfg.Manifest),
 		exec:    executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
 		jobs:    newJobs(cfg.Systemd, cfg.Log),
+		probes:  newProbes(cfg.Prober),
 		slots:   slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
 		managed: newManagedIndex(cfg.Manifest.Managed()),
 		facts:   newFactsState(cfg.Facts, cfg.Files, cfg.Log),
@@ -520,6 +531,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer retry.Stop()
 	defer a.slots.wg.Wait()
 	defer a.jobs.wg.Wait()
+	defer a.probes.wg.Wait()
 	defer a.facts.start(ctx)()
 	if a.out.pub != nil {
 		var wg sync.WaitGroup
@@ -557,6 +569,14 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.settle(ctx, lastEnd)
 			case <-a.poke:
 				a.settle(ctx, lastEnd)
+			case r := <-a.probes.done:
+				if !a.probeDone(r) {
+					a.launchProbes(ctx)
+					continue
+				}
+			case <-a.probes.wake():
+				a.launchProbes(ctx)
+				continue
 			case <-resync.C:
 				a.view.resyncCache(ctx)
 			case <-retry.C:
@@ -568,7 +588,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		_, err := a.observedPass(ctx)
 		lastEnd = time.Now()
 		a.cfg.Observer.Heartbeat()
-		if next, ok := a.ledger.nextDeadline(); ok {
+		if next, ok := a.ledger.nextDeadline(time.Now()); ok {
 			wake.Reset(time.Until(next) + 10*time.Millisecond)
 		}
 		select {

@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -512,7 +513,7 @@ func runCheck(ctx context.Context, prober Prober, unit string, p Probes, c Probe
 func probeSpecOf(act Action, applied map[string]string, blobs map[string][]byte) (Probes, string) {
 	key := KeyOf(applied)
 	switch {
-	case key == "":
+	case key == "" || IsTemplate(act.Unit): // a template never runs itself
 		return Probes{}, ""
 	case key == act.ContentKey:
 		if act.Policy.State != StateStarted {
@@ -541,7 +542,7 @@ func versionPolicy(unit string, files map[string]string, blobs map[string][]byte
 		if !ok {
 			return Policy{}, false
 		}
-		mentions = mentions || strings.Contains(string(b), "Health")
+		mentions = mentions || bytes.Contains(b, []byte("Health"))
 		switch {
 		case p == unit:
 			main = b

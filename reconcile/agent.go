@@ -242,13 +242,13 @@ type Config struct {
 // said changed), slots (filled by the goroutines that wait for them), and
 // the statuses' and the facts' publishers (each emptied by the goroutine
 // that publishes). Other goroutines only poke it (SetSnapshot,
-// UnitChanged), hand it job results over a channel, or ask it for work
-// through requests.
+// UnitChanged), hand it job and probe results over channels, or ask it
+// for work through requests.
 //
 // Its parts keep their own state and know none of each other: the view
 // (what the loop sees; it reads the others only through remembered and
-// inbox), the ledger, the executor, the jobs, the slots, the facts and the
-// statuses' publisher. The loop alone calls them, in order: observe (view),
+// inbox), the ledger, the executor, the jobs, the probes, the slots, the
+// facts and the statuses' publisher. The loop alone calls them, in order: observe (view),
 // judge and plan, gate (slots, halts), execute (executor, jobs), record
 // (ledger, finish), publish (report, facts).
 type Agent struct {
@@ -521,8 +521,9 @@ func (a *Agent) do(ctx context.Context, f func(context.Context) error) error {
 
 // Run is the loop: a pass at start, after every batch of pokes and job
 // results, on the periodic resync, at the next HealthySec deadline, and on
-// retry after a failure. It returns when ctx ends, once the goroutines it
-// started (jobs, slot waits) have returned.
+// retry after a failure, and when a health probe's result changes a status
+// or may end a window. It returns when ctx ends, once the goroutines it
+// started (jobs, probes, slot waits) have returned.
 func (a *Agent) Run(ctx context.Context) error {
 	resync := time.NewTimer(jitter(a.cfg.ResyncInterval))
 	defer resync.Stop()

@@ -175,9 +175,9 @@ const (
 	probeBack                    // passing again after failing
 )
 
-// take counts a round's result. It returns false for a round that no
-// longer counts, and says whether the status text changed and whether
-// the probes started or stopped failing.
+// take counts a round's result on its unit's target (nil for a round
+// that no longer counts), and says whether the status text changed and
+// whether the probes started or stopped failing.
 func (p *probes) take(r probeResult) (t *probeTarget, changed bool, tr probeTransition) {
 	t = p.targets[r.unit]
 	if t == nil || t.gen != r.gen {
@@ -205,7 +205,7 @@ func (p *probes) take(r probeResult) (t *probeTarget, changed bool, tr probeTran
 // on units systemd says are active (as the view last saw them) with no
 // job of the agent's in flight.
 func (a *Agent) launchProbes(ctx context.Context) {
-	if len(a.probes.targets) == 0 {
+	if len(a.probes.targets) == 0 || ctx.Err() != nil { // none, or shutting down: start nothing new
 		a.probes.timer.Stop()
 		a.probes.armed = false
 		return

@@ -71,6 +71,8 @@ type Metrics struct {
 	heartbeat     prometheus.Gauge
 	lastGoodPass  prometheus.Gauge
 	snapshotsRecv prometheus.Counter
+	probeFailures *prometheus.CounterVec
+	probeUp       *prometheus.GaugeVec
 
 	mu               sync.Mutex
 	applied, newest  int64
@@ -143,6 +145,14 @@ func New(version string) *Metrics {
 			Name: "agentd_registry_snapshots_total",
 			Help: "Registry snapshots delivered by the watch (each change batch, each resync).",
 		}),
+		probeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentd_health_probe_failures_total",
+			Help: "Failed health probe checks ([X-Agentd] HealthCmd=, HealthURL=, HealthTCP=), by unit and kind (cmd, url, tcp).",
+		}, []string{"unit", "kind"}),
+		probeUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentd_health_probe_up",
+			Help: "1 when the unit's last health probe check of this kind (cmd, url, tcp) passed, 0 when it failed; gone when the unit has no probes.",
+		}, []string{"unit", "kind"}),
 		seenActiveStates: map[string]bool{},
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -156,6 +166,7 @@ func New(version string) *Metrics {
 		build, m.actions, m.passDuration, m.passes, m.units, m.activeStates,
 		m.revision, m.received, m.revisionLag, m.etcdUp, m.systemdUp,
 		m.drift, m.rollbacks, m.heartbeat, m.lastGoodPass, m.snapshotsRecv,
+		m.probeFailures, m.probeUp,
 	)
 	for _, s := range []string{Converged, Pending, Failed} {
 		m.units.WithLabelValues(s)
@@ -242,6 +253,20 @@ func (m *Metrics) Drift(string) { m.drift.Inc() }
 
 // Rollback counts a rolled-back change.
 func (m *Metrics) Rollback(string) { m.rollbacks.Inc() }
+
+// Probe records a health probe check's result.
+func (m *Metrics) Probe(unit, kind string, ok bool) {
+	if !ok {
+		m.probeFailures.WithLabelValues(unit, kind).Inc()
+	}
+	m.probeUp.WithLabelValues(unit, kind).Set(b2f(ok))
+}
+
+// ProbesGone drops the probe series of a unit that has no probes any more.
+func (m *Metrics) ProbesGone(unit string) {
+	m.probeFailures.DeletePartialMatch(prometheus.Labels{"unit": unit})
+	m.probeUp.DeletePartialMatch(prometheus.Labels{"unit": unit})
+}
 
 // SnapshotReceived records a snapshot delivered by the registry watch.
 func (m *Metrics) SnapshotReceived(revision int64) {

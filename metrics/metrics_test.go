@@ -168,3 +168,29 @@ func TestServe(t *testing.T) {
 		t.Fatal("Serve did not return after cancel")
 	}
 }
+
+// Health probes: failures counted by unit and kind, the last result as a
+// gauge; a unit without probes any more leaves no series behind.
+func TestProbeMetrics(t *testing.T) {
+	m := New("dev")
+	m.Probe("web.service", "url", false)
+	m.Probe("web.service", "url", false)
+	m.Probe("web.service", "cmd", true)
+	m.Probe("db.service", "tcp", true)
+	out := scrape(t, m)
+	for _, want := range []string{
+		`agentd_health_probe_failures_total{kind="url",unit="web.service"} 2`,
+		`agentd_health_probe_up{kind="url",unit="web.service"} 0`,
+		`agentd_health_probe_up{kind="cmd",unit="web.service"} 1`,
+		`agentd_health_probe_up{kind="tcp",unit="db.service"} 1`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	m.ProbesGone("web.service")
+	out = scrape(t, m)
+	if strings.Contains(out, `unit="web.service"`) || !strings.Contains(out, `unit="db.service"`) {
+		t.Errorf("after ProbesGone(web.service):\n%s", out)
+	}
+}

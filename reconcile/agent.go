@@ -169,6 +169,10 @@ type Observer interface {
 	Drift(path string)
 	// Rollback is called when a change is rolled back on this host.
 	Rollback(unit string)
+	// Probe is called with each health check's result (kind: cmd, url,
+	// tcp); ProbesGone when a unit no longer has probes.
+	Probe(unit, kind string, ok bool)
+	ProbesGone(unit string)
 }
 
 // NopObserver ignores everything; embed it to implement only some methods.
@@ -181,6 +185,8 @@ func (NopObserver) Reported(int64, []Status)    {}
 func (NopObserver) Heartbeat()                  {}
 func (NopObserver) Drift(string)                {}
 func (NopObserver) Rollback(string)             {}
+func (NopObserver) Probe(string, string, bool)  {}
+func (NopObserver) ProbesGone(string)           {}
 
 // Config wires an Agent. Systemd, Files and Manifest are required.
 type Config struct {
@@ -198,6 +204,9 @@ type Config struct {
 	Coordinator Coordinator
 	// Host is this agent's host name (for halt records).
 	Host string
+	// Prober runs the [X-Agentd] health probes (probe.Runner); nil: every
+	// probe fails, saying no prober is configured.
+	Prober Prober
 
 	// HeartbeatInterval is how often the idle loop calls Observer.Heartbeat
 	// (it also calls it after every pass); set it below half the watchdog
@@ -233,13 +242,13 @@ type Config struct {
 // said changed), slots (filled by the goroutines that wait for them), and
 // the statuses' and the facts' publishers (each emptied by the goroutine
 // that publishes). Other goroutines only poke it (SetSnapshot,
-// UnitChanged), hand it job results over a channel, or ask it for work
-// through requests.
+// UnitChanged), hand it job and probe results over channels, or ask it
+// for work through requests.
 //
 // Its parts keep their own state and know none of each other: the view
 // (what the loop sees; it reads the others only through remembered and
-// inbox), the ledger, the executor, the jobs, the slots, the facts and the
-// statuses' publisher. The loop alone calls them, in order: observe (view),
+// inbox), the ledger, the executor, the jobs, the probes, the slots, the
+// facts and the statuses' publisher. The loop alone calls them, in order: observe (view),
 // judge and plan, gate (slots, halts), execute (executor, jobs), record
 // (ledger, finish), publish (report, facts).
 type Agent struct {
@@ -253,6 +262,7 @@ type Agent struct {
 	ledger ledger    // the records, intent and HealthySec windows: its only writer
 	exec   executor  // does the steps of a plan
 	jobs   jobs      // jobs in flight, and what runs them
+	probes probes    // health probes, and what runs them
 	slots  slotTable // MaxUnavailable slots
 	// managed is the loop's copy of the manifest's owned paths.
 	managed managedIndex
@@ -378,6 +388,7 @@ func New(cfg Config) *Agent {
 		ledger:  newLedger(cfg.Manifest),
 		exec:    executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
 		jobs:    newJobs(cfg.Systemd, cfg.Log),
+		probes:  newProbes(cfg.Prober),
 		slots:   slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
 		managed: newManagedIndex(cfg.Manifest.Managed()),
 		facts:   newFactsState(cfg.Facts, cfg.Files, cfg.Log),
@@ -510,8 +521,9 @@ func (a *Agent) do(ctx context.Context, f func(context.Context) error) error {
 
 // Run is the loop: a pass at start, after every batch of pokes and job
 // results, on the periodic resync, at the next HealthySec deadline, and on
-// retry after a failure. It returns when ctx ends, once the goroutines it
-// started (jobs, slot waits) have returned.
+// retry after a failure, and when a health probe's result changes a status
+// or may end a window. It returns when ctx ends, once the goroutines it
+// started (jobs, probes, slot waits) have returned.
 func (a *Agent) Run(ctx context.Context) error {
 	resync := time.NewTimer(jitter(a.cfg.ResyncInterval))
 	defer resync.Stop()
@@ -520,6 +532,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer retry.Stop()
 	defer a.slots.wg.Wait()
 	defer a.jobs.wg.Wait()
+	defer a.probes.wg.Wait()
 	defer a.facts.start(ctx)()
 	if a.out.pub != nil {
 		var wg sync.WaitGroup
@@ -557,6 +570,14 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.settle(ctx, lastEnd)
 			case <-a.poke:
 				a.settle(ctx, lastEnd)
+			case r := <-a.probes.done:
+				if !a.probeDone(r) {
+					a.launchProbes(ctx)
+					continue
+				}
+			case <-a.probes.wake():
+				a.launchProbes(ctx)
+				continue
 			case <-resync.C:
 				a.view.resyncCache(ctx)
 			case <-retry.C:
@@ -568,7 +589,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		_, err := a.observedPass(ctx)
 		lastEnd = time.Now()
 		a.cfg.Observer.Heartbeat()
-		if next, ok := a.ledger.nextDeadline(); ok {
+		if next, ok := a.ledger.nextDeadline(time.Now()); ok {
 			wake.Reset(time.Until(next) + 10*time.Millisecond)
 		}
 		select {

@@ -195,6 +195,8 @@ func (e Expectation) Judge(r HostReport, live func() bool) (Progress, string) {
 	switch e.State {
 	case StateStarted:
 		switch {
+		case st.Verifying && st.Probe != "":
+			return ProgressVerifying, "running " + e.version(st) + ", waiting out HealthySec and for a passing health probe; last: " + st.Probe
 		case st.Verifying:
 			return ProgressVerifying, "running " + e.version(st) + ", waiting out HealthySec"
 		case st.Health == "healthy":

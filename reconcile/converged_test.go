@@ -104,6 +104,10 @@ func TestJudgeNamesTheVersion(t *testing.T) {
 		{"instance, verifying", Expectation{Key: "web@1.service", Unit: "web@1.service", State: StateStarted},
 			Status{Unit: "web@1.service", RunsHash: "tttttttttttttttt", ActiveState: "active", SubState: "running", Verifying: true},
 			"running template tttttttttttt, waiting out HealthySec"},
+		{"verifying with a health probe", Expectation{Key: "a.service", Unit: "a.service", Hash: "aaaaaaaaaaaaaaaa", State: StateStarted},
+			Status{Unit: "a.service", Hash: "aaaaaaaaaaaaaaaa", DesiredHash: "aaaaaaaaaaaaaaaa", ActiveState: "active", SubState: "running", Verifying: true,
+				Probe: "HealthURL http://a/: 500 (want 2xx), 1 failure in a row (HealthRetries=3)"},
+			"running hash aaaaaaaaaaaa, waiting out HealthySec and for a passing health probe; last: HealthURL http://a/: 500 (want 2xx), 1 failure in a row (HealthRetries=3)"},
 	}
 	for _, tt := range tests {
 		_, detail := tt.e.Judge(HostReport{Statuses: map[string]Status{tt.e.Unit: tt.st}}, alive)

@@ -213,6 +213,14 @@ func desireUnit(name string, es []Entry) *DesiredUnit {
 		u.Err = err
 		return u
 	}
+	if p.Probe.Cmd != "" && len(u.DropIns) > 0 {
+		// HealthCmd= runs as the unit does: drop-ins may set User=.
+		var all [][]byte
+		for _, f := range u.Files() {
+			all = append(all, f.Content)
+		}
+		p.Probe.User, p.Probe.Group = serviceCreds(all...)
+	}
 	u.Policy = p
 	return u
 }

@@ -37,6 +37,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 		plan := Plan(desired, cur)
 		plan, cur = a.gate(ctx, failures, desired, cur, plan)
 		a.view.planned(units, plan)
+		a.setProbes(plan, look, cur)
 		if a.cfg.CheckFocus && units != nil {
 			all := a.view.everyUnit()
 			full, err := a.view.current(ctx, all)
@@ -67,6 +68,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	reportErr := a.report(ctx)
 	a.facts.update(a.managed.paths, a.ledger.refused, a.ledger.records)
 	a.view.endPass()
+	a.launchProbes(ctx)
 	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
 	err := errors.Join(applyErr, reportErr)
 	if err != nil {
@@ -75,13 +77,15 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	return first, err
 }
 
-// drainResults takes the job results that are waiting, so a pass judges
-// from the newest knowledge.
+// drainResults takes the job and probe results that are waiting, so a
+// pass judges from the newest knowledge.
 func (a *Agent) drainResults(ctx context.Context) {
 	for {
 		select {
 		case r := <-a.jobs.done:
 			a.finish(ctx, r)
+		case r := <-a.probes.done:
+			a.probeDone(r)
 		default:
 			return
 		}
@@ -223,6 +227,7 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 		// A new job supersedes the verification of what the unit ran: that
 		// version is not judged by what the new job does to the unit.
 		a.ledger.supersede(act.Unit)
+		a.probes.reset(act.Unit) // and its probes start afresh
 		a.jobs.launch(ctx, act, cur.Host.Units[act.Unit], gates, a.view.stateReader(act.Unit), a.hand.mutedOf)
 		delete(gates, act.Unit)
 	}

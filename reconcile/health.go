@@ -61,6 +61,11 @@ type HealthInput struct {
 	Base    UnitState // read right after the job ended: the baseline
 	Now     UnitState
 	Elapsed time.Duration // since the job ended
+	// Probes are the unit's health probes (none: systemd's view alone);
+	// Probe is where they stand, counting only rounds run since the job
+	// ended while systemd said active.
+	Probes Probes
+	Probe  ProbeState
 }
 
 // Health judges a unit after a job, from systemd's own properties only.
@@ -78,6 +83,14 @@ type HealthInput struct {
 //     it is failed or inactive; healthy when active for HealthySec.
 //   - An unknown job outcome is judged by the unit's state alone: still
 //     starting is pending with no deadline of the agent's own.
+//   - Health probes (a unit other than a oneshot, with HealthCmd=,
+//     HealthURL= or HealthTCP=) count only once systemd's view is
+//     judged: only while it says active (Type=notify: after READY=1),
+//     and only if it found nothing wrong. HealthRetries failures in a row
+//     are unhealthy, inside HealthySec or after it; healthy needs both
+//     HealthySec active and the last probe passed, so the verdict waits
+//     past HealthySec for a passing probe (each probe ends within
+//     HealthTimeoutSec, so it waits at most HealthRetries rounds).
 func Health(in HealthInput) (Verdict, string) {
 	now, base := in.Now, in.Base
 	typ := in.Unit[strings.LastIndexByte(in.Unit, '.')+1:]
@@ -122,12 +135,31 @@ func Health(in HealthInput) (Verdict, string) {
 	case "activating", "reloading":
 		return VerdictPending, in.Unit + " is " + now.ActiveState
 	case "active":
+		if in.Probes.Any() && !(typ == "service" && now.Type == "oneshot") {
+			return probeVerdict(in)
+		}
 		if in.Elapsed >= in.Healthy {
 			return VerdictHealthy, fmt.Sprintf("active for HealthySec=%v", in.Healthy)
 		}
 		return VerdictPending, fmt.Sprintf("%s is active; verifying until HealthySec=%v is over", in.Unit, in.Healthy)
 	}
 	return VerdictUnknown, in.Unit + " is in an unknown state (" + StateText(now) + ")"
+}
+
+// probeVerdict judges an active unit with health probes (Health).
+func probeVerdict(in HealthInput) (Verdict, string) {
+	n, pr := in.Probes.FailAfter(), in.Probe
+	switch {
+	case pr.Failing(n):
+		return VerdictUnhealthy, fmt.Sprintf("health probe failed after %s: %s", orUnknown(in.Op), pr.Text(n))
+	case in.Elapsed < in.Healthy:
+		return VerdictPending, fmt.Sprintf("%s is active; verifying until HealthySec=%v is over and a probe passed", in.Unit, in.Healthy)
+	case pr.Passing():
+		return VerdictHealthy, fmt.Sprintf("active for HealthySec=%v and the health probe passed (%s)", in.Healthy, pr.Last)
+	case pr.Rounds == 0:
+		return VerdictPending, fmt.Sprintf("%s is active for HealthySec=%v; waiting for the first health probe", in.Unit, in.Healthy)
+	}
+	return VerdictPending, fmt.Sprintf("%s is active for HealthySec=%v; waiting for a passing health probe (%s)", in.Unit, in.Healthy, pr.Text(n))
 }
 
 // StateText renders "active (running)"; never empty.

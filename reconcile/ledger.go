@@ -299,10 +299,17 @@ func (w *window) deadline() time.Time {
 	return w.ended.Add(w.act.Policy.Healthy)
 }
 
-func (l *ledger) nextDeadline() (time.Time, bool) {
+// nextDeadline is the next end of a HealthySec window after now. A window
+// with health probes whose HealthySec is over waits for a passing probe:
+// the probe's result wakes the loop, not the clock.
+func (l *ledger) nextDeadline(now time.Time) (time.Time, bool) {
 	var next time.Time
 	for _, w := range l.verify {
-		if d := w.deadline(); next.IsZero() || d.Before(next) {
+		d := w.deadline()
+		if w.act.Policy.Probe.Any() && !d.After(now) {
+			continue
+		}
+		if next.IsZero() || d.Before(next) {
 			next = d
 		}
 	}
@@ -310,10 +317,10 @@ func (l *ledger) nextDeadline() (time.Time, bool) {
 }
 
 // begin opens the HealthySec window of a unit after its job ended. A unit
-// not meant to run, or with HealthySec=0 and a job that ended "done", is
-// good at once.
+// not meant to run, or with HealthySec=0, no health probe and a job that
+// ended "done", is good at once.
 func (l *ledger) begin(act Action, outcome JobOutcome, jobErr string, base UnitState, ended time.Time) {
-	if act.Policy.State != StateStarted || (act.Policy.Healthy == 0 && outcome == JobDone) {
+	if act.Policy.State != StateStarted || (act.Policy.Healthy == 0 && !act.Policy.Probe.Any() && outcome == JobDone) {
 		l.good(act.Unit, act.Record.Effective)
 		return
 	}
@@ -343,9 +350,10 @@ type judged struct {
 // judge ends the HealthySec windows Health has a verdict for, at now, in
 // unit order: healthy units become the last good version; unhealthy ones
 // are failures (the planner rolls them back, see failed); unknown ones are
-// left as they are. It returns the verdicts it gave, for the caller to
-// report (and halt the rollouts of the failures).
-func (l *ledger) judge(units map[string]UnitState, now time.Time) []judged {
+// left as they are. probe says where a unit's health probes stand on the
+// version a window verifies (its content key). It returns the verdicts it
+// gave, for the caller to report (and halt the rollouts of the failures).
+func (l *ledger) judge(units map[string]UnitState, probe func(unit, key string) ProbeState, now time.Time) []judged {
 	var out []judged
 	for _, u := range slices.Sorted(maps.Keys(l.verify)) {
 		w := l.verify[u]
@@ -356,6 +364,7 @@ func (l *ledger) judge(units map[string]UnitState, now time.Time) []judged {
 		v, why := Health(HealthInput{
 			Unit: u, Healthy: w.act.Policy.Healthy, Op: w.op.String(), Job: w.outcome, JobErr: w.jobErr,
 			Base: w.base, Now: st, Elapsed: now.Sub(w.ended),
+			Probes: w.act.Policy.Probe, Probe: probe(u, w.act.ContentKey),
 		})
 		if v == VerdictPending {
 			continue
@@ -381,7 +390,7 @@ func (l *ledger) resume(plan []Action, cur Current, now time.Time) []Action {
 	var out []Action
 	for _, act := range plan {
 		rec := l.records[act.Unit]
-		if act.Kind != KindNone || act.Record.Effective == nil || act.Policy.State != StateStarted || act.Policy.Healthy == 0 ||
+		if act.Kind != KindNone || act.Record.Effective == nil || act.Policy.State != StateStarted || (act.Policy.Healthy == 0 && !act.Policy.Probe.Any()) ||
 			len(rec.Applied) == 0 || KeyOf(rec.Applied) != act.ContentKey || KeyOf(rec.Good) == act.ContentKey ||
 			!cur.Host.Units[act.Unit].Active() {
 			continue

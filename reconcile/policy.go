@@ -40,6 +40,9 @@ type Policy struct {
 	// to count as healthy. A time span as systemd reads one (ParseTimespan).
 	Healthy        time.Duration
 	MaxUnavailable int // 0: unset
+	// Probe is the health probes (HealthCmd=, HealthURL=, HealthTCP=, …):
+	// checked during HealthySec and after it (see probe.go).
+	Probe Probes
 	// HasInstall says the file has an [Install] section with keys, i.e.
 	// there is something for `enable` to do.
 	HasInstall bool
@@ -74,11 +77,19 @@ func ParsePolicy(content []byte) (Policy, error) {
 	}
 	enableSet := false
 	var errs []string
+	var user, group string // [Service] User=, Group=: whom HealthCmd= runs as
 	for _, o := range opts {
 		key, val := o.Name, optionValue(o.Value)
 		switch o.Section {
 		case "Install":
 			p.HasInstall = true
+		case "Service":
+			switch key {
+			case "User":
+				user = val
+			case "Group":
+				group = val
+			}
 		case "X-Agentd":
 			var err error
 			switch key {
@@ -111,15 +122,27 @@ func ParsePolicy(content []byte) (Policy, error) {
 					err = fmt.Errorf("bad MaxUnavailable=%s: want an integer ≥ 1", val)
 				}
 			default:
-				err = fmt.Errorf("unknown key %s= (known: State, Enable, OnChange, Rollback, HealthySec, MaxUnavailable)", key)
+				var known bool
+				known, err = parseProbeKey(&p.Probe, key, val)
+				switch {
+				case known:
+				case strings.HasPrefix(key, "Health"):
+					err = fmt.Errorf("unknown key %s= (the health keys are HealthySec and the probes' %s)", key, probeKeys)
+				default:
+					err = fmt.Errorf("unknown key %s= (known: State, Enable, OnChange, Rollback, HealthySec, MaxUnavailable, %s)", key, probeKeys)
+				}
 			}
 			if err != nil {
 				errs = append(errs, err.Error())
 			}
 		}
 	}
+	errs = append(errs, checkProbes(p.Probe, p.State)...)
 	if len(errs) > 0 {
 		return p, fmt.Errorf("[X-Agentd]: %s", strings.Join(errs, "; "))
+	}
+	if p.Probe.Cmd != "" {
+		p.Probe.User, p.Probe.Group = user, group
 	}
 	if !enableSet {
 		p.Enable = p.HasInstall && p.State == StateStarted

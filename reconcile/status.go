@@ -29,6 +29,11 @@ type statusInput struct {
 	Verifying bool   // inside HealthySec
 	EnableErr string // the last failed enable/disable, until one succeeds
 
+	// Probes are the health probes of the version it runs (none: no
+	// probes), Probe where they stand.
+	Probes Probes
+	Probe  ProbeState
+
 	Now time.Time // UpdatedAt
 }
 
@@ -58,6 +63,16 @@ func unitStatus(in statusInput) Status {
 		}
 		s.Health = healthWord(name, in.Record, in.Verifying, st, act.ContentKey)
 		s.Verifying = in.Verifying
+		if in.Probes.Any() {
+			n := in.Probes.FailAfter()
+			s.Probe = in.Probe.Text(n)
+			if in.Probe.Failing(n) && s.Health == "healthy" {
+				// After its window: the version passed it, so it is not
+				// rolled back; the status says it is unhealthy now.
+				s.Health = "unhealthy"
+				s.Error = "health probe failing: " + s.Probe + " (after the version passed its HealthySec window: not rolled back)"
+			}
+		}
 		if d != nil && act.Policy.OnChange == "none" && st.Active() {
 			s.PendingRestart = len(in.Record.Applied) > 0 && KeyOf(in.Record.Applied) != act.ContentKey
 		}

@@ -15,6 +15,7 @@ func TestUnitStatus(t *testing.T) {
 	running := &UnitState{LoadState: "loaded", ActiveState: "active", SubState: "running", MainPID: 42}
 	failed := &UnitState{LoadState: "loaded", ActiveState: "failed", SubState: "failed", Result: "exit-code", ExitStatus: 3}
 	applied := map[string]string{"web.service": "h1"}
+	urlProbe := Probes{URL: "http://a/"}
 	cases := []struct {
 		name string
 		in   statusInput
@@ -84,6 +85,33 @@ func TestUnitStatus(t *testing.T) {
 			Record: UnitRecord{Applied: map[string]string{"web.service": "h0"}}},
 		want: Status{Hash: "h1", DesiredHash: "h1", Source: "group:web", Revision: 7, LoadState: "loaded",
 			ActiveState: "active", SubState: "running", MainPID: 42, PendingRestart: true},
+	}, {
+		name: "probe passing",
+		in: statusInput{Desired: started, Action: Action{ContentKey: key}, Hash: "h1", State: running,
+			Record: UnitRecord{Applied: applied, Good: applied}, Probes: urlProbe, Probe: ProbeState{Rounds: 4, Last: "HealthURL http://a/: 200"}},
+		want: Status{Hash: "h1", DesiredHash: "h1", Source: "group:web", Revision: 7, LoadState: "loaded",
+			ActiveState: "active", SubState: "running", MainPID: 42, Health: "healthy", Probe: "HealthURL http://a/: 200"},
+	}, {
+		name: "probe failing below HealthRetries: still healthy",
+		in: statusInput{Desired: started, Action: Action{ContentKey: key}, Hash: "h1", State: running,
+			Record: UnitRecord{Applied: applied, Good: applied}, Probes: urlProbe, Probe: ProbeState{Rounds: 4, Failures: 2, Last: "HealthURL http://a/: 500 (want 2xx)"}},
+		want: Status{Hash: "h1", DesiredHash: "h1", Source: "group:web", Revision: 7, LoadState: "loaded",
+			ActiveState: "active", SubState: "running", MainPID: 42, Health: "healthy", Probe: "HealthURL http://a/: 500 (want 2xx), 2 failures in a row (HealthRetries=3)"},
+	}, {
+		name: "probe failing after the window: unhealthy, not rolled back",
+		in: statusInput{Desired: started, Action: Action{ContentKey: key}, Hash: "h1", State: running,
+			Record: UnitRecord{Applied: applied, Good: applied}, Probes: urlProbe, Probe: ProbeState{Rounds: 9, Failures: 5, Last: "HealthURL http://a/: 500 (want 2xx)"}},
+		want: Status{Hash: "h1", DesiredHash: "h1", Source: "group:web", Revision: 7, LoadState: "loaded",
+			ActiveState: "active", SubState: "running", MainPID: 42, Health: "unhealthy",
+			Probe: "HealthURL http://a/: 500 (want 2xx), 3 failures in a row (HealthRetries=3)",
+			Error: "health probe failing: HealthURL http://a/: 500 (want 2xx), 3 failures in a row (HealthRetries=3) (after the version passed its HealthySec window: not rolled back)"},
+	}, {
+		name: "probe failing inside the window: verifying, the verdict says",
+		in: statusInput{Desired: started, Action: Action{ContentKey: key}, Hash: "h1", State: running, Verifying: true,
+			Record: UnitRecord{Applied: applied}, Probes: urlProbe, Probe: ProbeState{Rounds: 1, Failures: 1, Last: "HealthURL http://a/: 500 (want 2xx)"}},
+		want: Status{Hash: "h1", DesiredHash: "h1", Source: "group:web", Revision: 7, LoadState: "loaded",
+			ActiveState: "active", SubState: "running", MainPID: 42, Health: "verifying", Verifying: true,
+			Probe: "HealthURL http://a/: 500 (want 2xx), 1 failure in a row (HealthRetries=3)"},
 	}, {
 		name: "instance runs its template's hash",
 		in:   statusInput{Unit: "w@1.service", Record: UnitRecord{Applied: map[string]string{"w@.service": "t1"}}},

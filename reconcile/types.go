@@ -169,6 +169,12 @@ type Status struct {
 	// a template). A oneshot that ran to completion is healthy though
 	// inactive.
 	Health string `json:"health,omitempty"`
+	// Probe is the last result of the unit's health probes ([X-Agentd]
+	// HealthCmd=, HealthURL=, HealthTCP=) and the failures in a row, e.g.
+	// "HealthURL http://127.0.0.1:8080/: 500 (want 2xx), 3 failures in a
+	// row (HealthRetries=3)"; empty without probes or before the first.
+	// Failing after HealthySec makes Health "unhealthy" and sets Error.
+	Probe string `json:"probe,omitempty"`
 	// RunsHash is, for a template instance, the hash of the template file
 	// the running instance was last started with: `--wait` on a template
 	// waits until every instance runs the new one.

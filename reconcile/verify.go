@@ -10,7 +10,7 @@ import (
 // are; the planner rolls a failure back next. It returns the failures,
 // whose rollouts the gate halts.
 func (a *Agent) judge(cur Current) (failures []judged) {
-	for _, j := range a.ledger.judge(cur.Host.Units, time.Now()) {
+	for _, j := range a.ledger.judge(cur.Host.Units, a.probes.stateOf, time.Now()) {
 		w, u := j.w, j.w.act.Unit
 		switch j.verdict {
 		case VerdictHealthy:

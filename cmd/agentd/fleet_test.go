@@ -257,6 +257,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(serveHelperEnv) != "" {
+		os.Exit(serveHelper()) // a unit's process (probe_test.go), not the tests
+	}
 	// Every agent the tests start, in this process or as a child, checks
 	// each focused pass against a plan of every unit (benchmarks unset it).
 	if _, set := os.LookupEnv(checkFocusEnv); !set {

@@ -50,7 +50,17 @@ func newStatusCmd() *cobra.Command {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%s\t%s\t%s\t%s\n", s.Unit, orDash(short(s.DesiredHash)), orDash(short(s.Hash)),
 					orDash(s.ActiveState), orDash(s.SubState), orDash(string(s.Action)), orDash(s.Result), s.Error)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			// Health probes ([X-Agentd] HealthCmd=, HealthURL=, HealthTCP=):
+			// each unit's last result, below the table.
+			for _, s := range r.Units {
+				if s.Probe != "" {
+					fmt.Fprintf(out, "%s health probe (%s): %s\n", s.Unit, orDash(s.Health), s.Probe)
+				}
+			}
+			return nil
 		},
 	}
 	socketFlag(cmd, &sock, &user)

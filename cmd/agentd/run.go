@@ -20,6 +20,7 @@ import (
 	"github.com/agentd/agentd/control"
 	"github.com/agentd/agentd/logging"
 	"github.com/agentd/agentd/metrics"
+	"github.com/agentd/agentd/probe"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/systemd"
@@ -435,6 +436,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 		Coordinator:       sessionCoordinator{r.reporter},
 		Log:               log,
 		Observer:          multiObserver{svc, met, quiet, r.rollouts},
+		Prober:            probe.Runner{},
 		HeartbeatInterval: svc.heartbeatInterval(),
 		Pause:             pauseAt(o.pauseAt, o.stateDir, log),
 		// Test only: every pass also plans every unit and panics if the

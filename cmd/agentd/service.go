@@ -308,3 +308,15 @@ func (m multiObserver) Rollback(unit string) {
 		o.Rollback(unit)
 	}
 }
+
+func (m multiObserver) Probe(unit, kind string, ok bool) {
+	for _, o := range m {
+		o.Probe(unit, kind, ok)
+	}
+}
+
+func (m multiObserver) ProbesGone(unit string) {
+	for _, o := range m {
+		o.ProbesGone(unit)
+	}
+}

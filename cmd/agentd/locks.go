@@ -262,7 +262,7 @@ func printLocks(out io.Writer, rep locksReport, now time.Time) error {
 func slotFor(s slotRow) string {
 	switch s.For {
 	case "reboot":
-		return "reboot via FleetLock (client id " + s.FleetLockID + ")"
+		return "reboot via FleetLock" // the holder names the client
 	case "unit":
 		return "applying " + s.Unit + " (hash " + orDash(short(s.Hash)) + ")"
 	}

@@ -108,7 +108,7 @@ func TestLocksShowsSlotsAndHalts(t *testing.T) {
 		`^GROUP +UNIT +HOLDER +STATE +SINCE +TTL +FOR$`,
 		`^web +app\.service +h1 +held +\S+ \(\d s ago\) +\d s +applying app\.service \(hash ` + short(appHash) + `\)$`,
 		`^web +app\.service +h2 +waiting .* — app\.service allows 1 at once \(MaxUnavailable=1\), taken by h1$`,
-		`^db +reboot +fleetlock:node-9 +held +\S+ \(\d s ago\) +59 min +reboot via FleetLock \(client id node-9\)$`,
+		`^db +reboot +fleetlock:node-9 +held +\S+ \(\d s ago\) +59 min +reboot via FleetLock$`,
 		`^web +app\.service +` + short(appHash) + ` +h1 +.* +h3 +start failed: exit-code$`,
 	} {
 		if code != 0 || !regexp.MustCompile("(?m)"+want).MatchString(out) {

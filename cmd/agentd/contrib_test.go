@@ -41,6 +41,7 @@ func TestContribRulesAndDashboardUseExportedMetrics(t *testing.T) {
 	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) {
 		o.metricsAddr, o.fleetLockAddr, o.fleetLockTTL = metricsAddr, flAddr, time.Minute
 	})
+	waitJoined(t, e)
 	for _, v := range []string{"1", "2"} { // a start, then a restart inside a slot
 		content := "[Service]\nType=exec\nExecStart=/bin/sleep 100" + v + "\n[X-Agentd]\nMaxUnavailable=1\nHealthySec=0\n"
 		if out, code := e.cli("unit", "put", e.writeUnit("app.service", content), "--group", "web", "--wait", "--timeout", "30s"); code != 0 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -36,6 +37,16 @@ func fleetLockCall(t *testing.T, addr, endpoint, id, group string) (status int, 
 	return resp.StatusCode, e.Kind, e.Value
 }
 
+// waitJoined waits until e's agent has joined the registry: a group put
+// --wait before that finds no member to wait for.
+func waitJoined(t *testing.T, e *env) {
+	t.Helper()
+	eventually(t, e.host+" joined the registry", func() bool {
+		ms, err := e.reg.Members(t.Context())
+		return err == nil && slices.ContainsFunc(ms, func(m reconcile.Member) bool { return m.Host == e.host })
+	})
+}
+
 // A reboot and an agent's restart draw from one budget: while a FleetLock
 // client holds its reboot slot, the agent's restart of a MaxUnavailable=1
 // unit of the group waits (the old version keeps running, `agentd locks`
@@ -51,6 +62,7 @@ func TestFleetLockHoldsAgentRestart(t *testing.T) {
 	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) {
 		o.fleetLockAddr, o.fleetLockTTL, o.metricsAddr = flAddr, time.Hour, metricsAddr
 	})
+	waitJoined(t, e)
 	unit := func(n int, healthy string) string {
 		return fmt.Sprintf("[Service]\nType=exec\nExecStart=/bin/sleep %d\n[X-Agentd]\nMaxUnavailable=1\nHealthySec=%s\n", 1000+n, healthy)
 	}
@@ -88,7 +100,7 @@ func TestFleetLockHoldsAgentRestart(t *testing.T) {
 	}
 	put(unit(2, "0"), false)
 	waitStatus("the agent waits for app.service's slot", func(s reconcile.Status) bool { return s.Action == reconcile.ActionWaitSlot })
-	time.Sleep(time.Second) // and keeps waiting
+	time.Sleep(500 * time.Millisecond) // and keeps waiting
 	if pid := e.h.MainPID(t, "app.service"); pid != pid1 {
 		t.Fatalf("app.service restarted (MainPID %d → %d) while a reboot held its only slot", pid1, pid)
 	}
@@ -122,9 +134,9 @@ func TestFleetLockHoldsAgentRestart(t *testing.T) {
 	})
 
 	// The other way round: the agent holds the slot while it verifies v3
-	// (HealthySec=3), and a reboot is refused meanwhile.
-	put(unit(3, "3"), false)
-	waitStatus("app.service verifying v3", func(s reconcile.Status) bool { return s.Verifying && s.Hash == reconcile.Hash([]byte(unit(3, "3"))) })
+	// (HealthySec=2), and a reboot is refused meanwhile.
+	put(unit(3, "2"), false)
+	waitStatus("app.service verifying v3", func(s reconcile.Status) bool { return s.Verifying && s.Hash == reconcile.Hash([]byte(unit(3, "2"))) })
 	status, kind, value := fleetLockCall(t, flAddr, "pre-reboot", id, "web")
 	if status != http.StatusConflict || kind != "failed_lock_semaphore_full" || !strings.Contains(value, "app.service has MaxUnavailable=1, taken by h1") {
 		t.Fatalf("pre-reboot while h1 verifies: %d %s %s", status, kind, value)

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,10 +74,17 @@ type Metrics struct {
 	snapshotsRecv prometheus.Counter
 	probeFailures *prometheus.CounterVec
 	probeUp       *prometheus.GaugeVec
+	reloadTime    prometheus.Histogram
+	reloads       *prometheus.CounterVec
+	slotsHeld     *prometheus.GaugeVec
+	slotsWaiting  *prometheus.GaugeVec
+	halts         *prometheus.GaugeVec
+	fleetLock     *prometheus.CounterVec
 
 	mu               sync.Mutex
 	applied, newest  int64
 	seenActiveStates map[string]bool
+	seenHaltGroups   map[string]bool
 }
 
 // New creates the metric set on a fresh registry, with the Go runtime and
@@ -153,6 +161,31 @@ func New(version string) *Metrics {
 			Name: "agentd_health_probe_up",
 			Help: "1 when the unit's last health probe check of this kind (cmd, url, tcp) passed, 0 when it failed; gone when the unit has no probes.",
 		}, []string{"unit", "kind"}),
+		reloadTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "agentd_daemon_reload_duration_seconds",
+			Help:    "Duration of the daemon-reloads the agent ran (one per batch of file changes), failed ones included.",
+			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentd_daemon_reloads_total",
+			Help: "daemon-reloads the agent ran, by result (ok, error). A failed one fails its pass, and the next pass runs it again first.",
+		}, []string{"result"}),
+		slotsHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentd_slots_held",
+			Help: "MaxUnavailable= slots this agent holds, by group (a slot per unit, or per template, being restarted or verified).",
+		}, []string{"group"}),
+		slotsWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentd_slots_waiting",
+			Help: "MaxUnavailable= slots this agent waits for, by group (`agentd locks` says who holds them).",
+		}, []string{"group"}),
+		halts: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentd_rollout_halts",
+			Help: "Halted rollouts of this agent's groups (a host failed a version; the group holds it until new content is put), by group, as of the last registry snapshot.",
+		}, []string{"group"}),
+		fleetLock: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentd_fleetlock_requests_total",
+			Help: "Requests to the FleetLock server (--fleetlock-listen), by endpoint (pre-reboot, steady-state, other) and result (ok, or the protocol error kind, e.g. failed_lock_semaphore_full).",
+		}, []string{"endpoint", "result"}),
 		seenActiveStates: map[string]bool{},
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -167,14 +200,78 @@ func New(version string) *Metrics {
 		m.revision, m.received, m.revisionLag, m.etcdUp, m.systemdUp,
 		m.drift, m.rollbacks, m.heartbeat, m.lastGoodPass, m.snapshotsRecv,
 		m.probeFailures, m.probeUp,
+		m.reloadTime, m.reloads, m.slotsHeld, m.slotsWaiting, m.halts, m.fleetLock,
 	)
 	for _, s := range []string{Converged, Pending, Failed} {
 		m.units.WithLabelValues(s)
 	}
 	for _, r := range []string{"ok", "error"} {
 		m.passes.WithLabelValues(r)
+		m.reloads.WithLabelValues(r)
 	}
 	return m
+}
+
+// SetGroups makes the per-group series of the agent's groups exist (at 0),
+// so that a query or an alert on them sees the group before anything
+// happens in it.
+func (m *Metrics) SetGroups(groups []string) {
+	for _, g := range groups {
+		m.slotsHeld.WithLabelValues(g)
+		m.slotsWaiting.WithLabelValues(g)
+		m.halts.WithLabelValues(g)
+	}
+}
+
+// DaemonReload records a daemon-reload's duration and result.
+func (m *Metrics) DaemonReload(d time.Duration, err error) {
+	m.reloadTime.Observe(d.Seconds())
+	if err != nil {
+		m.reloads.WithLabelValues("error").Inc()
+		return
+	}
+	m.reloads.WithLabelValues("ok").Inc()
+}
+
+// SlotWaiting adds delta to the slots this agent waits for in group.
+func (m *Metrics) SlotWaiting(group string, delta int) {
+	m.slotsWaiting.WithLabelValues(group).Add(float64(delta))
+}
+
+// SlotHeld adds delta to the slots this agent holds in group.
+func (m *Metrics) SlotHeld(group string, delta int) {
+	m.slotsHeld.WithLabelValues(group).Add(float64(delta))
+}
+
+// Halts sets agentd_rollout_halts from a snapshot's halts: each group's
+// count; a group seen before and without halts now reads 0.
+func (m *Metrics) Halts(halts []reconcile.Halt) {
+	n := map[string]int{}
+	for _, h := range halts {
+		n[strings.TrimPrefix(h.Scope, "groups/")]++
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.seenHaltGroups == nil {
+		m.seenHaltGroups = map[string]bool{}
+	}
+	for g := range n {
+		m.seenHaltGroups[g] = true
+	}
+	for g := range m.seenHaltGroups {
+		m.halts.WithLabelValues(g).Set(float64(n[g]))
+	}
+}
+
+// FleetLockServing makes the FleetLock server's ok series exist (at 0).
+func (m *Metrics) FleetLockServing() {
+	m.fleetLock.WithLabelValues("pre-reboot", "ok")
+	m.fleetLock.WithLabelValues("steady-state", "ok")
+}
+
+// FleetLockRequest counts a request to the FleetLock server.
+func (m *Metrics) FleetLockRequest(endpoint, result string) {
+	m.fleetLock.WithLabelValues(endpoint, result).Inc()
 }
 
 // Registry is the registry every metric of the agent is on.

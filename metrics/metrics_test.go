@@ -122,6 +122,55 @@ func TestObserverMetrics(t *testing.T) {
 	}
 }
 
+// The reload, slot, halt and FleetLock metrics: the agent's groups exist
+// at 0 before anything happens in them, and a group's halts go back to 0.
+func TestFleetMetrics(t *testing.T) {
+	m := New("dev")
+	m.SetGroups([]string{"web", "all"})
+	m.FleetLockServing()
+	out := scrape(t, m)
+	for _, want := range []string{
+		`agentd_slots_held{group="all"} 0`, `agentd_slots_waiting{group="web"} 0`, `agentd_rollout_halts{group="web"} 0`,
+		`agentd_daemon_reloads_total{result="error"} 0`, `agentd_fleetlock_requests_total{endpoint="pre-reboot",result="ok"} 0`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	m.DaemonReload(30*time.Millisecond, nil)
+	m.DaemonReload(2*time.Second, errors.New("daemon-reload: boom"))
+	m.SlotWaiting("web", 1)
+	m.SlotWaiting("web", -1)
+	m.SlotHeld("web", 1)
+	m.Halts([]reconcile.Halt{{Scope: "groups/web", Unit: "a.service"}, {Scope: "groups/web", Unit: "b.service"}})
+	m.FleetLockRequest("pre-reboot", "failed_lock_semaphore_full")
+	out = scrape(t, m)
+	for _, want := range []string{
+		`agentd_daemon_reload_duration_seconds_count 2`, `agentd_daemon_reload_duration_seconds_bucket{le="0.05"} 1`,
+		`agentd_daemon_reloads_total{result="ok"} 1`, `agentd_daemon_reloads_total{result="error"} 1`,
+		`agentd_slots_waiting{group="web"} 0`, `agentd_slots_held{group="web"} 1`, `agentd_rollout_halts{group="web"} 2`,
+		`agentd_fleetlock_requests_total{endpoint="pre-reboot",result="failed_lock_semaphore_full"} 1`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	m.Halts(nil)
+	if out := scrape(t, m); !strings.Contains(out, `agentd_rollout_halts{group="web"} 0`) {
+		t.Errorf("a group's halts, cleared, do not read 0:\n%s", grepMetric(out, "agentd_rollout_halts"))
+	}
+}
+
+func grepMetric(out, name string) string {
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, name) {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
 // The agent's metrics live on their own registry: etcd's server registers
 // its metrics on the default one, and nothing of ours may collide there.
 func TestOwnRegistry(t *testing.T) {

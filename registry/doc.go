@@ -9,7 +9,10 @@
 //	<p>/status/<host>/<unit>          JSON reconcile.Status, bound to the agent's lease
 //	<p>/locks/<scope>/<unit>/<host>   JSON Holder: a MaxUnavailable= slot held or
 //	                                  waited for, bound to the agent's lease
-//	                                  (<scope> is "groups/<g>" or "hosts/<h>")
+//	                                  (<scope> is "groups/<g>" or "hosts/<h>");
+//	                                  <unit> "reboot" and <host> "fleetlock:<id>" for
+//	                                  a reboot's slots (reboot.go), bound to a
+//	                                  lease of their own with a TTL
 //	<p>/halts/groups/<g>/<unit>       JSON reconcile.Halt: a host failed this
 //	                                  version of the group's unit; the others
 //	                                  hold off. Not bound to a lease: it stays
@@ -30,9 +33,13 @@
 // semaphore.go for the algorithm); [Session.Halt] stops a group's rollout
 // of a version this host failed. *Session is a [reconcile.Coordinator].
 //
+// FleetLock side: [Client.LockReboot] and [Client.UnlockReboot] take and
+// give back a reboot's slots in the same queues, all at once and without
+// waiting (reboot.go).
+//
 // CLI side: [Client.Put], [Client.Remove], [Client.List], [Client.Get],
 // [Client.Members], [Client.Statuses], [Client.WatchStatuses],
-// [Client.Holders] and [Client.Halts].
+// [Client.Holders], [Client.Slots] and [Client.Halts].
 //
 // [StartEmbedded] runs a single-node etcd inside the process (for `agentd run`
 // without endpoints, and for tests via registrytest.StartEtcd).

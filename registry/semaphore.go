@@ -79,6 +79,10 @@ type Holder struct {
 	RequestedAt time.Time `json:"requestedAt"`
 	// AcquiredAt is when the slot was granted; zero while waiting.
 	AcquiredAt time.Time `json:"acquiredAt,omitzero"`
+	// FleetLockID is set on a slot taken for a reboot through the
+	// FleetLock server (LockReboot): the FleetLock client's id. Empty on
+	// an agent's own slot.
+	FleetLockID string `json:"fleetLockID,omitempty"`
 }
 
 // Waiting reports whether h is queued and does not hold a slot yet.
@@ -132,7 +136,7 @@ func (s *Session) Acquire(ctx context.Context, scope, unit, hash string, limit i
 		return nil, fmt.Errorf("acquire %s: %w", key, err)
 	}
 	l := &lock{
-		s: s, key: key, dir: c.lockDir(scope, unit), lease: lease,
+		c: c, s: s, key: key, dir: c.lockDir(scope, unit), lease: lease,
 		val: Holder{Host: s.member.Host, Hash: hash, RequestedAt: s.stamp()},
 	}
 	if err := l.acquire(ctx, limit, lost); err != nil {
@@ -201,7 +205,7 @@ func (c *Client) Holders(ctx context.Context, scope, unit string) ([]Holder, err
 }
 
 // validLock checks a semaphore's scope ("groups/<g>" or "hosts/<h>") and
-// unit (a unit name, not a drop-in).
+// unit (a unit name, not a drop-in; or a group's RebootPool).
 func validLock(scope, unit string) error {
 	kind, name, _ := strings.Cut(scope, "/")
 	switch kind {
@@ -218,6 +222,9 @@ func validLock(scope, unit string) error {
 	}
 	if strings.Contains(unit, "/") {
 		return fmt.Errorf("%w semaphore unit %q: a unit name, not a drop-in", ErrInvalid, unit)
+	}
+	if unit == RebootPool && kind == "groups" {
+		return nil
 	}
 	return ValidateUnit(unit)
 }
@@ -270,11 +277,13 @@ func (s *Session) goBackground(f func(ctx context.Context)) {
 	s.wg.Go(func() { f(s.bg) })
 }
 
-// lock is one Acquire call's key.
+// lock is one Acquire call's key (or one key of a reboot slot, which has
+// no Session: see reboot.go).
 type lock struct {
-	s     *Session
-	key   string // <dir><host>
-	dir   string // <p>/locks/<scope>/<unit>/
+	c     *Client
+	s     *Session // nil for a reboot slot's key
+	key   string   // <dir><host>
+	dir   string   // <p>/locks/<scope>/<unit>/
 	lease clientv3.LeaseID
 	val   Holder // as last written, AcquiredAt zero until granted
 
@@ -311,7 +320,7 @@ func (l *lock) acquire(ctx context.Context, limit int, lost <-chan struct{}) err
 // enqueue creates the key, or rewrites this host's existing one (keeping
 // its CreateRevision, hence its place), bound to our lease.
 func (l *lock) enqueue(ctx context.Context) error {
-	c := l.s.c
+	c := l.c
 	val, err := json.Marshal(l.val)
 	if err != nil {
 		return fmt.Errorf("encode: %w", err)
@@ -363,7 +372,7 @@ func writeError(what string, err error) error {
 // readAhead reads, at one revision, our key and the keys created before
 // it. It fails with ErrSlotLost when our key is no longer ours.
 func (l *lock) readAhead(ctx context.Context) (ahead map[string]bool, rev int64, err error) {
-	c := l.s.c
+	c := l.c
 	rctx, cancel := c.reqCtx(ctx)
 	defer cancel()
 	resp, err := c.cli.Txn(rctx).Then(
@@ -399,7 +408,7 @@ func (l *lock) check(kvs []*mvccpb.KeyValue) error {
 // in ahead are all it takes; no read per event is needed. reread asks the
 // caller to read the queue again (history compacted, watch closed).
 func (l *lock) wait(ctx context.Context, ahead map[string]bool, rev int64, limit int, lost <-chan struct{}) (reread bool, err error) {
-	c := l.s.c
+	c := l.c
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	var wg sync.WaitGroup
 	defer func() {
@@ -484,7 +493,7 @@ func (l *lock) wait(ctx context.Context, ahead map[string]bool, rev int64, limit
 // grant marks the key held, provided it is still exactly our last write
 // (hence still bound to our live lease, in the same place).
 func (l *lock) grant(ctx context.Context) error {
-	c := l.s.c
+	c := l.c
 	v := l.val
 	v.AcquiredAt = time.Now().UTC()
 	val, err := json.Marshal(v)
@@ -508,7 +517,7 @@ func (l *lock) grant(ctx context.Context) error {
 
 // release deletes the key if it is still this call's.
 func (l *lock) release(ctx context.Context) error {
-	rctx, cancel := l.s.c.reqCtx(ctx)
+	rctx, cancel := l.c.reqCtx(ctx)
 	defer cancel()
 	if err := l.drop(rctx); err != nil {
 		l.dropInBackground()
@@ -521,14 +530,14 @@ func (l *lock) release(ctx context.Context) error {
 // (then trying for at most a second before leaving it to the background,
 // so that a shutdown is not held up by an unreachable etcd).
 func (l *lock) abandon(ctx context.Context) {
-	d := l.s.c.requestTimeout
+	d := l.c.requestTimeout
 	if ctx.Err() != nil {
 		d = min(d, time.Second)
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
 	defer cancel()
 	if err := l.drop(rctx); err != nil {
-		l.s.c.log.Debug("remove semaphore key after a failed acquire; retrying in the background", "key", l.key, "err", err)
+		l.c.log.Debug("remove semaphore key after a failed acquire; retrying in the background", "key", l.key, "err", err)
 		l.dropInBackground()
 	}
 }
@@ -538,7 +547,7 @@ func (l *lock) abandon(ctx context.Context) {
 // one). Whatever this call wrote — also a write whose outcome it did not
 // learn — is recognised.
 func (l *lock) drop(ctx context.Context) error {
-	c := l.s.c
+	c := l.c
 	for range 5 {
 		resp, err := c.cli.Get(ctx, l.key)
 		if err != nil {
@@ -567,8 +576,12 @@ func (l *lock) drop(ctx context.Context) error {
 
 // dropInBackground retries drop with backoff until it succeeds, the lease
 // is no longer the Session's live one (the key goes with it), or the
-// Session closes (which revokes the lease).
+// Session closes (which revokes the lease). A reboot slot's key has no
+// Session: it goes with its lease.
 func (l *lock) dropInBackground() {
+	if l.s == nil {
+		return
+	}
 	l.bgOnce.Do(func() {
 		l.s.goBackground(func(ctx context.Context) {
 			for fails := 0; ; fails++ {
@@ -578,13 +591,13 @@ func (l *lock) dropInBackground() {
 				if lease, _, err := l.s.liveLease(); err != nil || lease != l.lease {
 					return
 				}
-				rctx, cancel := l.s.c.reqCtx(ctx)
+				rctx, cancel := l.c.reqCtx(ctx)
 				err := l.drop(rctx)
 				cancel()
 				if err == nil {
 					return
 				}
-				l.s.c.log.Debug("remove semaphore key", "key", l.key, "err", err)
+				l.c.log.Debug("remove semaphore key", "key", l.key, "err", err)
 			}
 		})
 	})

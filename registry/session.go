@@ -111,6 +111,9 @@ func (s *Session) renewMember(ctx context.Context) {
 	}
 }
 
+// Client is the registry client the Session was joined through.
+func (s *Session) Client() *Client { return s.c }
+
 // Lease returns the current lease ID (0 while the lease is lost), for keys
 // that must live and die with this agent.
 func (s *Session) Lease() clientv3.LeaseID {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/agentd/agentd/metrics"
 	"github.com/agentd/agentd/reconcile"
@@ -47,4 +48,15 @@ func (l loopSystemd) Summaries(ctx context.Context, units []string) (map[string]
 	sum, err := l.Systemd.Summaries(ctx, units)
 	l.noteConnected(ctx, err)
 	return sum, err
+}
+
+// Reload times the daemon-reload for agentd_daemon_reload_duration_seconds
+// and counts its result (a failed one is run again by the next pass).
+func (l loopSystemd) Reload(ctx context.Context) error {
+	began := time.Now()
+	err := l.Systemd.Reload(ctx)
+	if ctx.Err() == nil {
+		l.met.DaemonReload(time.Since(began), err)
+	}
+	return err
 }

@@ -168,7 +168,7 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 	slices.Sort(firstOfWave)
 	breakdown := fmt.Sprintf("wave gap (last host of a wave healthy → first host of the next restarted) p50 %v p99 %v", pct(firstOfWave, .5), pct(firstOfWave, .99)) +
 		fmt.Sprintf("; wave before done → host restarted p50 %v p99 %v; restarted → recorded healthy p50 %v p99 %v",
-		pct(toJob, .5), pct(toJob, .99), pct(toHealthy, .5), pct(toHealthy, .99))
+			pct(toJob, .5), pct(toJob, .99), pct(toHealthy, .5), pct(toHealthy, .99))
 	return breakdown + "\n" + fmt.Sprintf("agents=%d soak=%v: plain put to all %v, %.1f etcd requests per host; rollout in %d waves %v (%.1f etcd requests per host); per wave beyond the soak, ms: %s (worst %v); agent warnings %d\n",
 		n, soak, plain.Round(time.Millisecond), float64(plainReq)/float64(n), len(v.Rollout.WaveEnds), total.Round(time.Millisecond),
 		float64(rollReq)/float64(n), strings.Join(per, " "), worst.Round(time.Millisecond), warn)

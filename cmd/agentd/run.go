@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/agentd/agentd/control"
+	"github.com/agentd/agentd/fleetlock"
 	"github.com/agentd/agentd/logging"
 	"github.com/agentd/agentd/metrics"
 	"github.com/agentd/agentd/probe"
@@ -44,6 +45,8 @@ type runOptions struct {
 	leaseTTL        time.Duration
 	metricsAddr     string
 	registryTimeout time.Duration
+	fleetLockAddr   string
+	fleetLockTTL    time.Duration
 	// wedgeFile is a test-only fault (hidden --test-wedge-file): while the
 	// file exists the reconcile loop blocks (see wedgeSystemd).
 	wedgeFile string
@@ -89,13 +92,25 @@ answers). "systemctl status agentd" shows the registry revision and how many
 units are converged, pending and failed. With WatchdogSec= set, the
 reconcile loop itself keeps the watchdog fed: a wedged loop gets the agent
 restarted. Logs go to the journal with structured fields (AGENTD_*, and
-OBJECT_SYSTEMD_UNIT, so "journalctl -u UNIT" shows what agentd did to UNIT).`,
+OBJECT_SYSTEMD_UNIT, so "journalctl -u UNIT" shows what agentd did to UNIT).
+
+With --fleetlock-listen it also serves the FleetLock protocol (Zincati's
+fleet_lock strategy, and other reboot managers that speak it): POST
+/v1/pre-reboot takes, for the client's id, a slot of every MaxUnavailable=
+queue of the client's group — an agentd group, one of --group — and of the
+group's reboot pool (limit: the smallest MaxUnavailable= of the group's units,
+1 when none sets one), so a reboot and a restart by agentd draw from one
+budget; POST /v1/steady-state gives them back. A client that never says
+steady-state is freed after --fleetlock-ttl. The state is in etcd: every agent
+of the group answers alike. There is no authentication: listen on loopback
+(Zincati on the same machine) or keep the port behind a firewall.`,
 		Example: `  agentd run --host h1                       # system instance, embedded etcd
   agentd run --etcd-endpoints https://etcd1:2379 --etcd-ca ca.pem --group web
   agentd run --embedded-listen https://10.0.0.5:2379 --embedded-cert etcd.pem \
     --embedded-key etcd-key.pem --embedded-ca clients-ca.pem   # remote clients need a client certificate
   agentd run --user                          # the user's systemd instance
-  AGENTD_METRICS_ADDR=127.0.0.1:9100 agentd run   # every flag has an AGENTD_* variable`,
+  AGENTD_METRICS_ADDR=127.0.0.1:9100 agentd run   # every flag has an AGENTD_* variable
+  agentd run --group web --fleetlock-listen 127.0.0.1:9190   # Zincati: base_url = "http://127.0.0.1:9190/", group = "web"`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.ownProcess = true
@@ -119,6 +134,10 @@ OBJECT_SYSTEMD_UNIT, so "journalctl -u UNIT" shows what agentd did to UNIT).`,
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9100 (default: off)")
 	fs.DurationVar(&o.registryTimeout, "registry-timeout", 30*time.Second,
 		"with the registry unreachable this long after start, run on the last-known-good snapshot saved in the state directory and report ready (0: wait for the registry forever)")
+	fs.StringVar(&o.fleetLockAddr, "fleetlock-listen", "",
+		"serve the FleetLock protocol (Zincati's fleet_lock strategy) at http://ADDR/, e.g. 127.0.0.1:9190 (default: off). No authentication: bind it to loopback or protect it")
+	fs.DurationVar(&o.fleetLockTTL, "fleetlock-ttl", defaultFleetLockTTL,
+		"a FleetLock client's reboot slots are freed this long after its last pre-reboot if it never calls steady-state (whole seconds; longer than a reboot takes)")
 	fs.StringVar(&o.wedgeFile, "test-wedge-file", "", "test only: while this file exists the reconcile loop blocks")
 	_ = fs.MarkHidden("test-wedge-file")
 	fs.StringVar(&o.pauseAt, "test-pause-at", "", "test only: at this point of a pass (files-written, reloaded, jobs-started, job-done) write <state-dir>/paused-at-<point> and block, so a test can kill the agent there")
@@ -267,6 +286,9 @@ func runAgent(ctx context.Context, o *runOptions) error {
 	if r.metricsLn != nil {
 		defer r.metricsLn.Close()
 	}
+	if r.fleetLockLn != nil {
+		defer r.fleetLockLn.Close()
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	emb, err := r.startEtcd(ctx)
@@ -291,12 +313,13 @@ func runAgent(ctx context.Context, o *runOptions) error {
 // (newAgentRun); the etcd it joins (startEtcd); the machine's systemd, unit
 // directory, manifest and saved snapshot (openLocal); the agent (newAgent).
 type agentRun struct {
-	o         *runOptions
-	log       *slog.Logger
-	svc       *service
-	met       *metrics.Metrics
-	metricsLn net.Listener // nil without --metrics-addr
-	endpoints []string     // of the etcd the agent joins
+	o           *runOptions
+	log         *slog.Logger
+	svc         *service
+	met         *metrics.Metrics
+	metricsLn   net.Listener // nil without --metrics-addr
+	fleetLockLn net.Listener // nil without --fleetlock-listen
+	endpoints   []string     // of the etcd the agent joins
 
 	sd       *systemd.Manager
 	files    *unitdir.Dir
@@ -321,13 +344,34 @@ func newAgentRun(o *runOptions) (*agentRun, error) {
 	}
 	log = log.With("host", o.host)
 	r := &agentRun{o: o, log: log, svc: newService(log), met: metrics.New(version)}
+	r.met.SetGroups(o.groups)
+	if o.fleetLockAddr != "" {
+		if o.fleetLockTTL < time.Second {
+			return nil, withCode(exitUsage, fmt.Errorf("--fleetlock-ttl %s: want at least 1s (longer than a reboot takes)", o.fleetLockTTL))
+		}
+		if r.fleetLockLn, err = net.Listen("tcp", o.fleetLockAddr); err != nil {
+			return nil, fmt.Errorf("--fleetlock-listen: %w", err)
+		}
+		if !registry.IsLoopbackHost(o.fleetLockAddr) {
+			log.Warn("the FleetLock server has no authentication and listens beyond loopback: anyone who reaches "+o.fleetLockAddr+
+				" can take or free the reboot slots of this host's groups; keep it behind a firewall or bind it to 127.0.0.1", "fleetlock_listen", o.fleetLockAddr)
+		}
+	}
 	if o.metricsAddr != "" {
 		if r.metricsLn, err = net.Listen("tcp", o.metricsAddr); err != nil {
+			if r.fleetLockLn != nil {
+				r.fleetLockLn.Close()
+			}
 			return nil, fmt.Errorf("--metrics-addr: %w", err)
 		}
 	}
 	return r, nil
 }
+
+// defaultFleetLockTTL is --fleetlock-ttl: long enough for a machine to
+// reboot and its Zincati to say steady-state, short enough that a machine
+// that never comes back does not hold its group's rollouts for long.
+const defaultFleetLockTTL = 30 * time.Minute
 
 // startEtcd settles the etcd the agent joins: --etcd-endpoints, or else an
 // embedded etcd it starts in the state directory (returned, for the caller
@@ -454,6 +498,7 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	o, log, svc, met, agent := r.o, r.log, r.svc, r.met, r.agent
 	onSnapshot := func(s reconcile.Snapshot) {
 		met.SnapshotReceived(s.Revision)
+		met.Halts(s.Halts)
 		svc.setOffline("")
 		// What the host runs, rollouts applied, is also what a start
 		// without the registry runs.
@@ -480,9 +525,17 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	if r.metricsLn != nil {
 		wg.Go(func() { fail(met.Serve(ctx, r.metricsLn)) })
 	}
+	if r.fleetLockLn != nil {
+		met.FleetLockServing()
+		h := fleetlock.Handler(fleetlock.Config{
+			Slots: sessionSlots{r.reporter}, TTL: o.fleetLockTTL, Groups: o.groups,
+			Log: log.With("component", "fleetlock"), Observe: met.FleetLockRequest,
+		})
+		wg.Go(func() { fail(fleetlock.Serve(ctx, r.fleetLockLn, h)) })
+	}
 	log.Info("agent running", "unit_dir", o.unitDir, "state_dir", o.stateDir, "debug_socket", o.debugSocket,
 		"groups", strings.Join(o.groups, ","), "etcd", strings.Join(r.endpoints, ","), "metrics", o.metricsAddr,
-		"watchdog", svc.watchdog)
+		"fleetlock", o.fleetLockAddr, "watchdog", svc.watchdog)
 	if o.ready != nil {
 		o.ready <- agent
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,12 +73,27 @@ type sessionCoordinator struct {
 	r *sessionReporter
 }
 
+// Acquire also keeps agentd_slots_waiting and agentd_slots_held: waiting
+// while it runs, held from its success until the release (the agent
+// releases every slot it drops, a lost one too).
 func (c sessionCoordinator) Acquire(ctx context.Context, scope, unit, hash string, limit int) (func(context.Context) error, error) {
 	s := c.r.current()
 	if s == nil {
 		return nil, errNotJoined
 	}
-	return s.Acquire(ctx, scope, unit, hash, limit)
+	met, group := c.r.met, strings.TrimPrefix(scope, "groups/")
+	met.SlotWaiting(group, 1)
+	release, err := s.Acquire(ctx, scope, unit, hash, limit)
+	met.SlotWaiting(group, -1)
+	if err != nil {
+		return nil, err
+	}
+	met.SlotHeld(group, 1)
+	var once sync.Once
+	return func(ctx context.Context) error {
+		once.Do(func() { met.SlotHeld(group, -1) })
+		return release(ctx)
+	}, nil
 }
 
 func (c sessionCoordinator) Holding(ctx context.Context, scope, unit string) (bool, error) {
@@ -111,4 +127,27 @@ func (f sessionFacts) PublishFacts(ctx context.Context, facts reconcile.Facts) (
 		return nil, errNotJoined
 	}
 	return s.PublishFacts(ctx, facts)
+}
+
+// sessionSlots is the FleetLock server's registry (fleetlock.Slots): the
+// registry client of the current session. Before the agent has joined,
+// requests fail (the server answers 503, the client asks again).
+type sessionSlots struct {
+	r *sessionReporter
+}
+
+func (f sessionSlots) LockReboot(ctx context.Context, group, id string, ttl time.Duration) error {
+	s := f.r.current()
+	if s == nil {
+		return errNotJoined
+	}
+	return s.Client().LockReboot(ctx, group, id, ttl)
+}
+
+func (f sessionSlots) UnlockReboot(ctx context.Context, group, id string) (int, error) {
+	s := f.r.current()
+	if s == nil {
+		return 0, errNotJoined
+	}
+	return s.Client().UnlockReboot(ctx, group, id)
 }

@@ -128,8 +128,11 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 	if !slices.Equal(r.WaveEnds, []int{1, 3, 5}) {
 		t.Fatalf("waves %v", r.WaveEnds)
 	}
-	// Pause once the second wave is under way: the third does not start.
-	f.waitRollout(r.ID, 60*time.Second, "in wave 2", func(v registry.RolloutView, ph reconcile.Phase) bool { return ph.Wave >= 1 })
+	// Pause once the second wave's hosts took the change: they finish,
+	// the third wave does not start.
+	f.waitRollout(r.ID, 60*time.Second, "taken by wave 2", func(v registry.RolloutView, ph reconcile.Phase) bool {
+		return v.Progress["h2"].Took() && v.Progress["h3"].Took()
+	})
 	if _, err := f.reg.UpdateRollout(context.Background(), r.ID, func(v registry.RolloutView) error {
 		v.Rollout.Paused, v.Rollout.PausedAt = true, time.Now()
 		return nil

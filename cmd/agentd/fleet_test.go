@@ -268,12 +268,12 @@ func TestMain(m *testing.M) {
 	// The parallel tests here mostly wait — on HealthySec windows, leases,
 	// systemd's jobs — not on the CPU: at go test's default (-parallel =
 	// GOMAXPROCS, 2 here) the package used 31% of two cores for 166 s.
-	// Unless -parallel is given, run 4 at a time.
+	// Unless -parallel is given, run 6 at a time.
 	flag.Parse()
 	explicit := false
 	flag.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "test.parallel" })
 	if !explicit {
-		flag.Set("test.parallel", strconv.Itoa(max(4, runtime.GOMAXPROCS(0))))
+		flag.Set("test.parallel", strconv.Itoa(max(6, runtime.GOMAXPROCS(0))))
 	}
 	code := m.Run()
 	if builtAgent != "" {

@@ -77,7 +77,7 @@ func Boot(t testing.TB, machine string, setup func(c *Container) error) *Contain
 // Debian packages as a machine of its own would: its /usr, /etc and /var
 // are copy-on-write clones of the host's (dpkg's database, apt, man-db and
 // their configuration as installed on the host; writes go to an upper layer
-// in Dir and vanish with it), except /etc/systemd/system, which starts
+// on a tmpfs and vanish at poweroff), except /etc/systemd/system, which starts
 // empty, so that none of the host's enabled services boots. The host's
 // /etc/hostname is overridden: the hostname is machine.
 func BootDebian(t testing.TB, machine string, setup func(c *Container) error) *Container {

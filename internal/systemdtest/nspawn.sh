@@ -7,7 +7,7 @@
 #   volatile (default): a fresh tmpfs with the host's /usr read-only; /etc
 #     and /var start empty.
 #   debian: as volatile, and /usr, /etc and /var are copy-on-write overlays
-#     of the host's (upper layers in DIR/upper, gone with DIR), so dpkg and
+#     of the host's (upper layers on a tmpfs at DIR/upper), so dpkg and
 #     apt work on the host's package database and configuration without
 #     touching them; /etc/systemd/system is an empty tmpfs, so none of the
 #     host's enabled services boots.
@@ -46,10 +46,12 @@ case $ROOT in
 volatile) ;;
 debian)
 	# nspawn refuses -D / with --volatile=overlay: the same, one tree at a
-	# time. The upper layers live in DIR (removed by the test), not in the
-	# host's /var/tmp, where nspawn would put them for an empty upper path.
+	# time. The upper layers are on a tmpfs of this mount namespace (not in
+	# the host's /var/tmp, where nspawn puts them for an empty upper path):
+	# no disk writes (dpkg fsyncs every file), and gone with the namespace.
+	mkdir -p "$DIR/upper" && mount -t tmpfs -o mode=0700 tmpfs "$DIR/upper" || exit 1
 	for d in usr etc var; do
-		mkdir -p "$DIR/upper/$d" || exit 1
+		mkdir "$DIR/upper/$d" || exit 1
 		root+=("--overlay=/$d:$DIR/upper/$d:/$d")
 	done
 	root+=(--tmpfs=/etc/systemd/system)
@@ -83,6 +85,7 @@ teardown() {
 	for h in $CGS; do kill_tree "$h/$CG"; done
 	wait "$NSPAWN" 2>/dev/null
 	umount /run/systemd 2>/dev/null
+	if [ "$ROOT" = debian ]; then umount "$DIR/upper" 2>/dev/null; fi
 }
 trap teardown EXIT
 trap 'exit 129' HUP

@@ -39,8 +39,8 @@ func newManPagesCmd() *cobra.Command {
 			root := cmd.Root()
 			root.DisableAutoGenTag = true
 			plainToMarkdown(root)
+			// No Title: each page's is its own name (AGENTD-UNIT-PUT).
 			return doc.GenManTree(root, &doc.GenManHeader{
-				Title:   "AGENTD",
 				Section: "8",
 				Date:    &date,
 				Source:  "agentd " + version,

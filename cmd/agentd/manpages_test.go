@@ -78,6 +78,9 @@ func TestManPages(t *testing.T) {
 			t.Errorf("agentd.8 lacks %q:\n%s", s, top)
 		}
 	}
+	if put := page("agentd-unit-put.8"); !strings.Contains(put, `.TH "AGENTD-UNIT-PUT" "8"`) || !strings.Contains(put, "agentd-unit-put - ") {
+		t.Errorf("agentd-unit-put.8: want its own title and name:\n%s", put)
+	}
 	if run := page("agentd-run.8"); !strings.Contains(run, "--etcd-endpoints") || !strings.Contains(run, "AGENTD_ETCD_PASSWORD") {
 		t.Errorf("agentd-run.8 lacks its flags:\n%s", run)
 	}

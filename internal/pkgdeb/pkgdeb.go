@@ -139,10 +139,7 @@ func Build(ctx context.Context, o Options) (_ *Package, err error) {
 	}
 	maintainer := b.o.Maintainer
 	if maintainer == "" {
-		maintainer = DefaultMaintainer
-		if n, e := os.Getenv("DEBFULLNAME"), os.Getenv("DEBEMAIL"); n != "" && e != "" {
-			maintainer = n + " <" + e + ">"
-		}
+		maintainer = envMaintainer()
 	}
 	if contents, err = b.docs(p, maintainer, contents); err != nil {
 		return nil, err
@@ -200,6 +197,15 @@ func Build(ctx context.Context, o Options) (_ *Package, err error) {
 	}
 	b.logf(start, "packed %s", p.Path)
 	return p, nil
+}
+
+// envMaintainer is "$DEBFULLNAME <$DEBEMAIL>" when both are set, else
+// DefaultMaintainer.
+func envMaintainer() string {
+	if n, e := os.Getenv("DEBFULLNAME"), os.Getenv("DEBEMAIL"); n != "" && e != "" {
+		return n + " <" + e + ">"
+	}
+	return DefaultMaintainer
 }
 
 // description is the package's Description: a synopsis and the long text.

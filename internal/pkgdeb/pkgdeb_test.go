@@ -136,7 +136,7 @@ func TestPackageContents(t *testing.T) {
 
 	control := read("DEBIAN/control")
 	for _, want := range []string{"Package: agentd\n", "Version: " + p.Version + "\n", "Architecture: " + p.Arch + "\n",
-		"Section: admin\n", "Priority: optional\n", "Maintainer: " + DefaultMaintainer + "\n",
+		"Section: admin\n", "Priority: optional\n", "Maintainer: " + envMaintainer() + "\n",
 		"Description: redeploy systemd units in place across a fleet, from etcd\n"} {
 		if !strings.Contains(control, want) {
 			t.Errorf("control lacks %q:\n%s", want, control)
@@ -283,7 +283,7 @@ func TestPackageContents(t *testing.T) {
 	if first, _, _ := strings.Cut(changelog, "\n"); first != "agentd ("+p.Version+") unstable; urgency=medium" {
 		t.Errorf("changelog starts %q", first)
 	}
-	if !strings.Contains(changelog, "\n -- "+DefaultMaintainer+"  "+p.Date.Format(time.RFC1123Z)+"\n") {
+	if !strings.Contains(changelog, "\n -- "+envMaintainer()+"  "+p.Date.Format(time.RFC1123Z)+"\n") {
 		t.Errorf("changelog's trailer is not the maintainer and the commit's date:\n%s", changelog)
 	}
 }

@@ -133,6 +133,14 @@ func TestInstalledAsAUser(t *testing.T) {
 	if got := mustRun("stat -c %a /var/lib/agentd"); strings.TrimSpace(got) != "700" {
 		t.Errorf("/var/lib/agentd mode %s", got)
 	}
+	// Both units load as systemd reads them (their binary, and the man page
+	// of Documentation=, found); the user unit as a user's manager would.
+	if out := mustRun("systemd-analyze verify " + SystemUnitPath + " 2>&1"); out != "" {
+		t.Errorf("systemd-analyze verify %s:\n%s", SystemUnitPath, out)
+	}
+	if out := mustRun("mkdir -p -m 0700 /run/user/0 && XDG_RUNTIME_DIR=/run/user/0 systemd-analyze --user verify " + UserUnitPath + " 2>&1"); out != "" {
+		t.Errorf("systemd-analyze --user verify %s:\n%s", UserUnitPath, out)
+	}
 	step("1. apt install ./" + debName)
 
 	// Gone again, enablement included (purged, never started).

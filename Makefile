@@ -1,4 +1,4 @@
-.PHONY: demo test build lint
+.PHONY: demo test build lint deb
 
 # One-command demo: private systemd user manager + agent + put/change/rm.
 demo:
@@ -13,3 +13,8 @@ build:
 
 lint:
 	gofmt -l . && go vet ./... && staticcheck ./...
+
+# The Debian package, dist/agentd_<version>_<arch>.deb (internal/pkgdeb):
+# version from git describe; `apt install ./dist/agentd_*.deb`.
+deb:
+	go run ./cmd/mkdeb -o dist

@@ -70,7 +70,30 @@ type Container struct {
 // pass silently in CI), and skips it with the reason otherwise.
 func Boot(t testing.TB, machine string, setup func(c *Container) error) *Container {
 	t.Helper()
-	c, err := bootContainer(t.Name(), machine, setup)
+	return bootTest(t, machine, volatileRoot, setup)
+}
+
+// BootDebian is Boot for a container that installs, upgrades and removes
+// Debian packages as a machine of its own would: its /usr, /etc and /var
+// are copy-on-write clones of the host's (dpkg's database, apt, man-db and
+// their configuration as installed on the host; writes go to an upper layer
+// on a tmpfs and vanish at poweroff), except /etc/systemd/system, which starts
+// empty, so that none of the host's enabled services boots. The host's
+// /etc/hostname is overridden: the hostname is machine.
+func BootDebian(t testing.TB, machine string, setup func(c *Container) error) *Container {
+	t.Helper()
+	return bootTest(t, machine, debianRoot, setup)
+}
+
+// The root file systems nspawn.sh knows (its ROOT argument).
+const (
+	volatileRoot = "volatile"
+	debianRoot   = "debian"
+)
+
+func bootTest(t testing.TB, machine, root string, setup func(c *Container) error) *Container {
+	t.Helper()
+	c, err := bootContainer(t.Name(), machine, root, setup)
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("systemd-nspawn harness: %v", err)
@@ -118,7 +141,7 @@ func nspawnPreconditions() error {
 	return nil
 }
 
-func bootContainer(testName, machine string, setup func(*Container) error) (_ *Container, err error) {
+func bootContainer(testName, machine, root string, setup func(*Container) error) (_ *Container, err error) {
 	if err := nspawnPreconditions(); err != nil {
 		return nil, err
 	}
@@ -159,7 +182,7 @@ func bootContainer(testName, machine string, setup func(*Container) error) (_ *C
 	defer stderr.Close() // the child holds its own copy
 
 	name := "ns-" + cgroupName(testName)
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "bash", scriptPath, dir, name, machine)
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "bash", scriptPath, dir, name, machine, root)
 	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

@@ -1,7 +1,9 @@
 package systemdtest
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -43,5 +45,40 @@ func TestContainer(t *testing.T) {
 	}
 	if _, err := os.Stat(c.Root); err == nil {
 		t.Errorf("container PID 1 (%d) still running after Close", c.Leader)
+	}
+}
+
+// BootDebian: the container has the host's package database and
+// configuration, and may change /usr, /etc and /var without the host
+// seeing it; none of the host's enabled services runs in it.
+func TestDebianContainer(t *testing.T) {
+	c := BootDebian(t, "sdh-deb", nil)
+	if got := strings.TrimSpace(c.MustRun(t, "hostname")); got != "sdh-deb" {
+		t.Errorf("hostname = %q", got)
+	}
+	host, err := exec.Command("dpkg-query", "-W", "-f=${Version}", "dpkg").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.MustRun(t, "dpkg-query", "-W", "-f=${Version}", "dpkg"); got != string(host) {
+		t.Errorf("dpkg version inside = %q, on the host %q", got, host)
+	}
+	if out := c.MustRun(t, "ls", "-A", "/etc/systemd/system"); out != "" {
+		t.Errorf("/etc/systemd/system inside is not empty:\n%s", out)
+	}
+	marker := fmt.Sprintf("sdh-marker-%d", os.Getpid())
+	for _, dir := range []string{"/usr/share", "/etc", "/var/lib"} {
+		p := filepath.Join(dir, marker)
+		c.MustRun(t, "touch", p)
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			os.Remove(p)
+			t.Errorf("%s written inside the container reached the host (%v)", p, err)
+		}
+	}
+	out := c.Systemctl(t, "list-units", "--state=active", "--type=service", "--no-legend", "--plain")
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "systemd-") && f[0] != "dbus.service" {
+			t.Errorf("unexpected service running in the container: %s", line)
+		}
 	}
 }

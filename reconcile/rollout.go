@@ -173,6 +173,10 @@ type Rollout struct {
 	CreatedAt time.Time `json:"createdAt"`
 	By        string    `json:"by,omitempty"`
 	Reason    string    `json:"reason,omitempty"`
+	// After is the rollout of the same keys this one followed, which had
+	// not finished (it ran, or ended failed or aborted): a host that has
+	// not taken this change keeps what that one gives it (Overlay).
+	After string `json:"after,omitempty"`
 
 	Paused      bool      `json:"paused,omitempty"`
 	PauseReason string    `json:"pauseReason,omitempty"`
@@ -241,7 +245,7 @@ const (
 )
 
 // HostProgress is one host's progress in one rollout, at
-// <prefix>/rollouts/hosts/<host>/<id>, written by that host's agent only
+// <prefix>/rollouts/progress/<id>/<host>, written by that host's agent only
 // (no lease: it outlives the agent, so a restarted agent resumes its soak,
 // and a host that went away never counts as done).
 type HostProgress struct {

@@ -103,9 +103,10 @@ type RolloutWrite struct {
 func (w RolloutWrite) IsZero() bool { return w.Progress == nil && w.End == nil && w.Pause == "" }
 
 // RolloutStep decides what host writes to r at now. entries are the
-// host's registry entries as stored (not overlaid), statuses its units'
+// host's registry entries as stored, runs the same with the rollouts
+// applied (Overlay: what the host should run now), statuses its units'
 // statuses as it last published them. Pure.
-func RolloutStep(r *Rollout, host string, progress map[string]*HostProgress, entries []Entry, statuses map[string]Status, now time.Time) RolloutWrite {
+func RolloutStep(r *Rollout, host string, progress map[string]*HostProgress, entries, runs []Entry, statuses map[string]Status, now time.Time) RolloutWrite {
 	var out RolloutWrite
 	if r.Superseded(entries) {
 		return out
@@ -140,7 +141,7 @@ func RolloutStep(r *Rollout, host string, progress map[string]*HostProgress, ent
 	case revert && mine.Took():
 		set(HostReverting, "the rollout "+string(ph.State)+": going back to the previous version")
 	case st == HostReverting:
-		if done, _ := r.judge(statuses, entries, true); done {
+		if done, _ := r.judge(statuses, runs, true); done {
 			set(HostReverted, "")
 		}
 	case st == HostPending:
@@ -148,7 +149,7 @@ func RolloutStep(r *Rollout, host string, progress map[string]*HostProgress, ent
 			set(HostApplying, fmt.Sprintf("wave %d of %d", r.Wave(host)+1, len(r.WaveEnds)))
 		}
 	case st == HostApplying || st == HostSoaking:
-		done, failed := r.judge(statuses, entries, false)
+		done, failed := r.judge(statuses, runs, false)
 		switch {
 		case failed != "":
 			set(HostFailed, failed)
@@ -188,12 +189,13 @@ func (r *Rollout) hasRoom(progress map[string]*HostProgress) bool {
 	return r.busy(progress) < max(1, r.Strategy.MaxUnavailable.Of(len(r.Hosts)))
 }
 
-// judge says whether this host runs the rollout's content healthy (back:
-// the previous content), or why it failed it, by the one judgement of
+// judge says whether this host runs what it should (runs: the rollout's
+// change when it takes it, what it ran before when it went back) healthy,
+// or why it failed the change (taking it only), by the one judgement of
 // converged (Expectation.Judge) on its statuses.
-func (r *Rollout) judge(statuses map[string]Status, entries []Entry, back bool) (done bool, failed string) {
+func (r *Rollout) judge(statuses map[string]Status, runs []Entry, back bool) (done bool, failed string) {
 	now := map[string][]byte{}
-	for _, e := range entries {
+	for _, e := range runs {
 		if e.Scope == ScopeGroup && e.Group == r.Group {
 			now[e.Unit] = e.Value
 		}
@@ -201,16 +203,8 @@ func (r *Rollout) judge(statuses map[string]Status, entries []Entry, back bool) 
 	rep := HostReport{Statuses: statuses}
 	done = true
 	for _, key := range slices.Sorted(maps.Keys(r.Units)) {
-		ru := r.Units[key]
-		content, removing := now[key], ru.ToHash == ""
-		if back {
-			removing = ru.From == nil
-			content = nil
-			if ru.From != nil {
-				content = []byte(*ru.From)
-			}
-		}
-		e, err := Expect(key, content, removing, 0)
+		content, present := now[key]
+		e, err := Expect(key, content, !present, 0)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -257,18 +251,44 @@ func restartsOf(r *Rollout, statuses map[string]Status) map[string]uint32 {
 }
 
 // Overlay returns the entries host runs under the rollouts: where a
-// rollout governs and host has not taken its change (or went back), its
-// keys hold what they held before. Entries it does not touch are shared.
+// rollout governs its keys (they hold what it wrote) and host has not
+// taken its change (or went back), each key holds what host ran before it:
+// the rollout's From, or, when the rollout followed another that did not
+// finish (After: aborted, failed, or superseded while running), what that
+// one gives host, and so on back. So a host reverted from an aborted
+// change, or not yet in it, keeps what it runs when the next rollout
+// starts. Entries no rollout touches are shared.
 func Overlay(entries []Entry, host string, rollouts []*Rollout, progress map[string]map[string]*HostProgress) []Entry {
+	byID := make(map[string]*Rollout, len(rollouts))
+	for _, r := range rollouts {
+		byID[r.ID] = r
+	}
 	var out []Entry
 	for _, r := range rollouts {
-		if r.Wave(host) < 0 || progress[r.ID][host].Took() || !r.Governs(entries) {
+		if !r.Governs(entries) || r.Wave(host) < 0 || progress[r.ID][host].Took() {
 			continue
 		}
 		if out == nil {
 			out = slices.Clone(entries)
 		}
-		out = r.previous(out)
+		out = r.previous(out, func(key string) (from *string, rev int64) {
+			cur := r
+			for {
+				ru := cur.Units[key]
+				from, rev = ru.From, ru.FromRevision
+				next := byID[cur.After]
+				if next == nil || (next.End != nil && next.End.State == RolloutDone) || next.Wave(host) < 0 {
+					return from, rev
+				}
+				if _, ok := next.Units[key]; !ok {
+					return from, rev
+				}
+				if progress[next.ID][host].Took() {
+					return from, rev // host runs next's change: cur's From
+				}
+				cur = next
+			}
+		})
 	}
 	if out == nil {
 		return entries
@@ -276,25 +296,24 @@ func Overlay(entries []Entry, host string, rollouts []*Rollout, progress map[str
 	return out
 }
 
-// previous puts r's keys back to what they held before it.
-func (r *Rollout) previous(entries []Entry) []Entry {
+// previous puts r's keys back to what host ran before it (prev).
+func (r *Rollout) previous(entries []Entry, prev func(key string) (*string, int64)) []Entry {
 	seen := map[string]bool{}
 	out := entries[:0]
 	for _, e := range entries {
-		ru, ok := r.Units[e.Unit]
-		if !ok || e.Scope != ScopeGroup || e.Group != r.Group {
+		if _, ok := r.Units[e.Unit]; !ok || e.Scope != ScopeGroup || e.Group != r.Group {
 			out = append(out, e)
 			continue
 		}
 		seen[e.Unit] = true
-		if ru.From != nil {
-			e.Value, e.ModRevision = []byte(*ru.From), ru.FromRevision
+		if from, rev := prev(e.Unit); from != nil {
+			e.Value, e.ModRevision = []byte(*from), rev
 			out = append(out, e)
 		}
 	}
-	for key, ru := range r.Units {
-		if !seen[key] && ru.From != nil {
-			out = append(out, Entry{Scope: ScopeGroup, Group: r.Group, Unit: key, Value: []byte(*ru.From), ModRevision: ru.FromRevision})
+	for _, key := range slices.Sorted(maps.Keys(r.Units)) {
+		if from, rev := prev(key); !seen[key] && from != nil {
+			out = append(out, Entry{Scope: ScopeGroup, Group: r.Group, Unit: key, Value: []byte(*from), ModRevision: rev})
 		}
 	}
 	slices.SortFunc(out, CompareEntries)

@@ -104,22 +104,22 @@ func TestRolloutWavesOpenInTurn(t *testing.T) {
 	prog := map[string]*HostProgress{}
 	// Only the first wave's host takes it.
 	for _, h := range r.Hosts {
-		w := RolloutStep(r, h, prog, entries, nil, now)
+		w := stepOf(r, h, prog, entries, nil, now)
 		if took := w.Progress != nil; took != (h == "h1") {
 			t.Fatalf("%s: step %+v", h, w)
 		}
 	}
 	prog["h1"] = &HostProgress{State: HostApplying, Since: now}
 	// Running the new version healthy: soaking, then healthy after 3 s.
-	w := RolloutStep(r, "h1", prog, entries, healthyStatus(entries[0].Value), now)
+	w := stepOf(r, "h1", prog, entries, healthyStatus(entries[0].Value), now)
 	if w.Progress == nil || w.Progress.State != HostSoaking {
 		t.Fatalf("h1 after healthy: %+v", w)
 	}
 	prog["h1"] = w.Progress
-	if w := RolloutStep(r, "h1", prog, entries, healthyStatus(entries[0].Value), now.Add(2*time.Second)); w.Progress != nil {
+	if w := stepOf(r, "h1", prog, entries, healthyStatus(entries[0].Value), now.Add(2*time.Second)); w.Progress != nil {
 		t.Fatalf("h1 done before its soak: %+v", w.Progress)
 	}
-	w = RolloutStep(r, "h1", prog, entries, healthyStatus(entries[0].Value), now.Add(3*time.Second))
+	w = stepOf(r, "h1", prog, entries, healthyStatus(entries[0].Value), now.Add(3*time.Second))
 	if w.Progress == nil || w.Progress.State != HostHealthy {
 		t.Fatalf("h1 after its soak: %+v", w)
 	}
@@ -128,14 +128,14 @@ func TestRolloutWavesOpenInTurn(t *testing.T) {
 		t.Fatalf("phase %+v", ph)
 	}
 	for _, h := range r.Hosts[1:] {
-		w := RolloutStep(r, h, prog, entries, nil, now.Add(3*time.Second))
+		w := stepOf(r, h, prog, entries, nil, now.Add(3*time.Second))
 		if took := w.Progress != nil; took != (h == "h2" || h == "h3") {
 			t.Fatalf("%s in wave 2: %+v", h, w)
 		}
 	}
 	// Paused: nobody new takes it.
 	r.Paused = true
-	if w := RolloutStep(r, "h2", prog, entries, nil, now.Add(3*time.Second)); w.Progress != nil {
+	if w := stepOf(r, "h2", prog, entries, nil, now.Add(3*time.Second)); w.Progress != nil {
 		t.Fatalf("h2 took a paused rollout: %+v", w)
 	}
 	r.Paused = false
@@ -146,7 +146,7 @@ func TestRolloutWavesOpenInTurn(t *testing.T) {
 	if ph.State != RolloutDone || ph.End == nil {
 		t.Fatalf("every host healthy: %+v", ph)
 	}
-	if w := RolloutStep(r, "h4", prog, entries, nil, now); w.End == nil || w.End.State != RolloutDone {
+	if w := stepOf(r, "h4", prog, entries, nil, now); w.End == nil || w.End.State != RolloutDone {
 		t.Fatalf("the end is not written: %+v", w)
 	}
 }
@@ -156,17 +156,17 @@ func TestRolloutFailedCanaryIsReverted(t *testing.T) {
 	now := time.Unix(2000, 0)
 	prog := map[string]*HostProgress{"h1": {State: HostApplying, Since: now}}
 	failed := map[string]Status{"a.service": {Unit: "a.service", Hash: Hash(entries[0].Value), DesiredHash: Hash(entries[0].Value), ActiveState: "failed", Action: ActionRolledBack, Result: "failed", Error: "exited 1"}}
-	w := RolloutStep(r, "h1", prog, entries, failed, now)
+	w := stepOf(r, "h1", prog, entries, failed, now)
 	if w.Progress == nil || w.Progress.State != HostFailed {
 		t.Fatalf("canary: %+v", w)
 	}
 	prog["h1"] = w.Progress
-	w = RolloutStep(r, "h2", prog, entries, nil, now)
+	w = stepOf(r, "h2", prog, entries, nil, now)
 	if w.Progress != nil || w.End == nil || w.End.State != RolloutFailed || !strings.Contains(w.End.Reason, "h1 failed") {
 		t.Fatalf("h2 after the canary failed: %+v %+v", w.Progress, w.End)
 	}
 	r.End = w.End
-	w = RolloutStep(r, "h1", prog, entries, failed, now)
+	w = stepOf(r, "h1", prog, entries, failed, now)
 	if w.Progress == nil || w.Progress.State != HostReverting {
 		t.Fatalf("canary after the failure: %+v", w)
 	}
@@ -176,7 +176,7 @@ func TestRolloutFailedCanaryIsReverted(t *testing.T) {
 	if string(got[0].Value) != *r.Units["a.service"].From || got[0].ModRevision != 3 {
 		t.Fatalf("overlay for a reverting host: %q", got[0].Value)
 	}
-	w = RolloutStep(r, "h1", prog, entries, healthyStatus([]byte(*r.Units["a.service"].From)), now)
+	w = stepOf(r, "h1", prog, entries, healthyStatus([]byte(*r.Units["a.service"].From)), now)
 	if w.Progress == nil || w.Progress.State != HostReverted {
 		t.Fatalf("canary back on the old version: %+v", w)
 	}
@@ -215,11 +215,11 @@ func TestRolloutMaxUnavailableAndDeadline(t *testing.T) {
 	r, entries := rolloutFixture(Strategy{MaxUnavailable: Count{N: 2}, ProgressDeadline: time.Minute})
 	now := time.Unix(1030, 0)
 	prog := map[string]*HostProgress{"h1": {State: HostApplying}, "h2": {State: HostSoaking}}
-	if w := RolloutStep(r, "h3", prog, entries, nil, now); w.Progress != nil {
+	if w := stepOf(r, "h3", prog, entries, nil, now); w.Progress != nil {
 		t.Fatalf("third host taken with MaxUnavailable 2: %+v", w)
 	}
 	prog["h2"].State = HostHealthy
-	if w := RolloutStep(r, "h3", prog, entries, nil, now); w.Progress == nil {
+	if w := stepOf(r, "h3", prog, entries, nil, now); w.Progress == nil {
 		t.Fatal("h3 waits with a slot free")
 	}
 	ph := r.Phase(prog, time.Unix(1000+61, 0))
@@ -239,16 +239,46 @@ func TestRolloutPauseAfterCanaryAndMaxRestarts(t *testing.T) {
 	if ph := r.Phase(prog, now); ph.State != RolloutWaitingPromote {
 		t.Fatalf("after the canary: %+v", ph)
 	}
-	if w := RolloutStep(r, "h2", prog, entries, nil, now); w.Progress != nil {
+	if w := stepOf(r, "h2", prog, entries, nil, now); w.Progress != nil {
 		t.Fatalf("h2 took it before promote: %+v", w)
 	}
 	r.Promoted = true
-	if w := RolloutStep(r, "h2", prog, entries, nil, now); w.Progress == nil {
+	if w := stepOf(r, "h2", prog, entries, nil, now); w.Progress == nil {
 		t.Fatal("h2 waits after promote")
 	}
 	prog["h2"] = &HostProgress{State: HostApplying, Restarts: map[string]uint32{"a.service": 1}}
 	st := map[string]Status{"a.service": {Unit: "a.service", Hash: Hash(entries[0].Value), DesiredHash: Hash(entries[0].Value), ActiveState: "activating", NRestarts: 4}}
-	if w := RolloutStep(r, "h2", prog, entries, st, now); !strings.Contains(w.Pause, "restarted 3 times") {
+	if w := stepOf(r, "h2", prog, entries, st, now); !strings.Contains(w.Pause, "restarted 3 times") {
 		t.Fatalf("crash loop: %+v", w)
+	}
+}
+
+// stepOf is RolloutStep with what the host runs under r alone.
+func stepOf(r *Rollout, host string, prog map[string]*HostProgress, entries []Entry, st map[string]Status, now time.Time) RolloutWrite {
+	runs := Overlay(entries, host, []*Rollout{r}, map[string]map[string]*HostProgress{r.ID: prog})
+	return RolloutStep(r, host, prog, entries, runs, st, now)
+}
+
+// A rollout that follows an aborted one: the hosts it has not reached keep
+// what they run (the version before the aborted change, or the aborted
+// change where they kept it), not what the keys held when it started.
+func TestRolloutOverlayFollowsAnAbortedOne(t *testing.T) {
+	a, entries := rolloutFixture(Strategy{Canary: Count{N: 1}})
+	v1 := *a.Units["a.service"].From
+	v2 := string(entries[0].Value)
+	a.End = &RolloutEnd{State: RolloutAborted}
+	v3 := []byte("[Service]\nExecStart=/bin/v3\n")
+	b := &Rollout{ID: "r2", Group: "web", Hosts: a.Hosts, WaveEnds: []int{1, 5}, After: a.ID,
+		Units: map[string]RolloutUnit{"a.service": {From: &v2, FromRevision: 9, ToHash: Hash(v3)}}}
+	now := []Entry{{Scope: ScopeGroup, Group: "web", Unit: "a.service", Value: v3, ModRevision: 12}}
+	prog := map[string]map[string]*HostProgress{
+		"r1": {"h1": {State: HostReverted}, "h2": {State: HostHealthy}},
+		"r2": {"h3": {State: HostApplying}},
+	}
+	for host, want := range map[string]string{"h1": v1, "h2": v2, "h3": string(v3), "h4": v1, "h9": string(v3)} {
+		got := Overlay(now, host, []*Rollout{a, b}, prog)
+		if string(got[0].Value) != want {
+			t.Errorf("%s runs %q, want %q", host, got[0].Value, want)
+		}
 	}
 }

@@ -79,6 +79,7 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, units map[string][]by
 	var out []clientv3.Op
 	now := o.now().UTC()
 	held := map[string]string{} // key → hash of what it holds now ("": absent)
+	var afterAt time.Time
 	for i, u := range names {
 		if kvs := resp.Responses[i+1].GetResponseRange().GetKvs(); len(kvs) > 0 {
 			held[u] = reconcile.Hash(kvs[0].Value)
@@ -86,7 +87,7 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, units map[string][]by
 	}
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
 		old, err := decodeRollout(kv.Value, kv.ModRevision)
-		if err != nil || old.End != nil {
+		if err != nil || (old.End != nil && old.End.State == reconcile.RolloutDone) {
 			continue
 		}
 		var shared []string
@@ -99,6 +100,14 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, units map[string][]by
 		}
 		if len(shared) == 0 || overwritten {
 			continue // a put without a rollout wrote its keys since: it no longer runs
+		}
+		// The new rollout follows this one: a host that has not taken the
+		// new change keeps what this one gives it (reconcile.Overlay).
+		if r.After == "" || old.CreatedAt.After(afterAt) {
+			r.After, afterAt = old.ID, old.CreatedAt
+		}
+		if old.End != nil {
+			continue // failed or aborted: it still holds back the hosts it did not reach
 		}
 		if !supersedes(o) {
 			return nil, nil, fmt.Errorf("%w: %s (%s) since %s; wait for it, abort it (agentd rollout abort %s), or pass --supersede to end it and start this one",

@@ -161,7 +161,7 @@ func (s *unitState) snapshot(rev int64) reconcile.Snapshot {
 	}
 	ids := map[string]bool{}
 	for _, r := range s.rollouts {
-		if r.End == nil || r.End.State == reconcile.RolloutFailed || r.End.State == reconcile.RolloutAborted {
+		if r.End == nil || r.End.State != reconcile.RolloutDone {
 			snap.Rollouts = append(snap.Rollouts, r)
 			ids[r.ID] = true
 		}

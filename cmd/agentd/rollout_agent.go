@@ -140,6 +140,7 @@ func (h *rolloutHand) step(ctx context.Context, now time.Time) (next time.Time) 
 	if snap == nil || s == nil {
 		return time.Time{}
 	}
+	runs := reconcile.Overlay(snap.Entries, h.host, snap.Rollouts, snap.Progress)
 	for _, r := range snap.Rollouts {
 		if r.Wave(h.host) < 0 {
 			continue
@@ -148,7 +149,7 @@ func (h *rolloutHand) step(ctx context.Context, now time.Time) (next time.Time) 
 			continue
 		}
 		progress := snap.Progress[r.ID]
-		w := reconcile.RolloutStep(r, h.host, progress, snap.Entries, statuses, now)
+		w := reconcile.RolloutStep(r, h.host, progress, snap.Entries, runs, statuses, now)
 		if due := dueAt(r, progress[h.host], progress); !due.IsZero() && (next.IsZero() || due.Before(next)) {
 			next = due
 		}

@@ -304,7 +304,12 @@ func TestLintian(t *testing.T) {
 	version, _ := exec.Command(lintian, "--version").Output()
 	start := time.Now()
 	// Not --show-overrides: with it, overridden tags count for --fail-on.
-	out, err := exec.Command(lintian, "--pedantic", "--display-info", "--display-experimental",
+	// Not binaries/spelling: a Go binary keeps its string constants packed
+	// end to end, so the check reads words across their boundaries (it
+	// found "supersed" in "supersede"+"d…"), and the words it would find
+	// come and go with unrelated changes. The texts themselves are checked
+	// where they are words: the man pages.
+	out, err := exec.Command(lintian, "--pedantic", "--display-info", "--display-experimental", "-X", "binaries/spelling",
 		"--fail-on", "error,warning,info,pedantic,experimental", p.Path).CombinedOutput()
 	t.Logf("%s on %s (%s):\n%s", strings.TrimSpace(string(version)), filepath.Base(p.Path), time.Since(start).Round(time.Millisecond), out)
 	if err != nil {

@@ -72,9 +72,9 @@ func describeRollout(v registry.RolloutView) string {
 	return s
 }
 
-// A canary that fails its health is reverted, the rollout fails, and the
-// other four hosts never write the change: their unit file and MainPID are
-// what they were.
+// A canary that runs (systemd says active) but fails its health probe is
+// reverted, the rollout fails, and the other four hosts never write the
+// change: their unit file and MainPID are what they were.
 func TestRolloutFailedCanaryIsRevertedAndOthersNeverTakeIt(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, 5, "")
@@ -82,7 +82,7 @@ func TestRolloutFailedCanaryIsRevertedAndOthersNeverTakeIt(t *testing.T) {
 	good := f.unit("/bin/sleep 1000", policy)
 	f.put(good, 0)
 	before := f.pids()
-	bad := f.unit("/bin/sh -c 'sleep 0.3; exit 3'", policy)
+	bad := f.unit("/bin/sleep 1001", policy+"\nHealthCmd=/bin/false\nHealthIntervalSec=200ms\nHealthRetries=2")
 	r := f.startRollout(bad, reconcile.Strategy{Canary: reconcile.Count{N: 1}, AutoRevert: true})
 	v := f.waitRollout(r.ID, 60*time.Second, "failed with h1 reverted", func(v registry.RolloutView, ph reconcile.Phase) bool {
 		p := v.Progress["h1"]

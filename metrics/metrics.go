@@ -79,6 +79,8 @@ type Metrics struct {
 	slotsHeld     *prometheus.GaugeVec
 	slotsWaiting  *prometheus.GaugeVec
 	halts         *prometheus.GaugeVec
+	rollouts      *prometheus.GaugeVec
+	rolloutSteps  *prometheus.CounterVec
 	fleetLock     *prometheus.CounterVec
 
 	mu               sync.Mutex
@@ -182,6 +184,14 @@ func New(version string) *Metrics {
 			Name: "agentd_rollout_halts",
 			Help: "Halted rollouts of this agent's groups (a host failed a version; the group holds it until new content is put), by group, as of the last registry snapshot.",
 		}, []string{"group"}),
+		rollouts: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "agentd_rollouts_in_flight",
+			Help: "Rollouts of this agent's groups that have not ended (running, paused, or waiting for promote or a gate), by group, as of the last registry snapshot.",
+		}, []string{"group"}),
+		rolloutSteps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "agentd_rollout_steps_total",
+			Help: "This host's steps in rollouts, by the state it recorded (applying, soaking, healthy, failed, reverting, reverted).",
+		}, []string{"state"}),
 		fleetLock: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "agentd_fleetlock_requests_total",
 			Help: "Requests to the FleetLock server (--fleetlock-listen), by endpoint (pre-reboot, steady-state, other) and result (ok, or the protocol error kind, e.g. failed_lock_semaphore_full).",
@@ -200,7 +210,7 @@ func New(version string) *Metrics {
 		m.revision, m.received, m.revisionLag, m.etcdUp, m.systemdUp,
 		m.drift, m.rollbacks, m.heartbeat, m.lastGoodPass, m.snapshotsRecv,
 		m.probeFailures, m.probeUp,
-		m.reloadTime, m.reloads, m.slotsHeld, m.slotsWaiting, m.halts, m.fleetLock,
+		m.reloadTime, m.reloads, m.slotsHeld, m.slotsWaiting, m.halts, m.fleetLock, m.rollouts, m.rolloutSteps,
 	)
 	for _, s := range []string{Converged, Pending, Failed} {
 		m.units.WithLabelValues(s)
@@ -220,7 +230,23 @@ func (m *Metrics) SetGroups(groups []string) {
 		m.slotsHeld.WithLabelValues(g)
 		m.slotsWaiting.WithLabelValues(g)
 		m.halts.WithLabelValues(g)
+		m.rollouts.WithLabelValues(g)
 	}
+	for _, st := range []reconcile.HostState{reconcile.HostApplying, reconcile.HostSoaking, reconcile.HostHealthy, reconcile.HostFailed, reconcile.HostReverting, reconcile.HostReverted} {
+		m.rolloutSteps.WithLabelValues(string(st))
+	}
+}
+
+// RolloutsInFlight sets agentd_rollouts_in_flight: each group's count.
+func (m *Metrics) RolloutsInFlight(byGroup map[string]int) {
+	for g, n := range byGroup {
+		m.rollouts.WithLabelValues(g).Set(float64(n))
+	}
+}
+
+// RolloutStep counts a step this host recorded in a rollout.
+func (m *Metrics) RolloutStep(state reconcile.HostState) {
+	m.rolloutSteps.WithLabelValues(string(state)).Inc()
 }
 
 // DaemonReload records a daemon-reload's duration and result.

@@ -25,6 +25,7 @@ type rolloutHand struct {
 	host    string
 	log     *slog.Logger
 	session func() *registry.Session // nil until joined
+	met     rolloutMetrics           // nil: none
 
 	mu       sync.Mutex
 	snap     *reconcile.Snapshot // as stored (not overlaid)
@@ -36,12 +37,19 @@ type rolloutHand struct {
 	// sent holds, per rollout, the snapshot revision a write was made
 	// at: the rollout is looked at again only in a newer snapshot (which
 	// shows the write, or the one that beat it).
-	sent map[string]int64
-	wake chan struct{}
+	sent   map[string]int64
+	groups map[string]bool // groups a rollout was seen in (metrics)
+	wake   chan struct{}
 }
 
-func newRolloutHand(host string, log *slog.Logger, session func() *registry.Session) *rolloutHand {
-	return &rolloutHand{host: host, log: log, session: session, sent: map[string]int64{}, wake: make(chan struct{}, 1)}
+// rolloutMetrics is what rolloutHand tells the metrics.
+type rolloutMetrics interface {
+	RolloutsInFlight(byGroup map[string]int)
+	RolloutStep(state reconcile.HostState)
+}
+
+func newRolloutHand(host string, log *slog.Logger, session func() *registry.Session, met rolloutMetrics) *rolloutHand {
+	return &rolloutHand{host: host, log: log, session: session, met: met, sent: map[string]int64{}, groups: map[string]bool{}, wake: make(chan struct{}, 1)}
 }
 
 // overlay returns the snapshot this host runs: s with the rollouts'
@@ -141,6 +149,19 @@ func (h *rolloutHand) step(ctx context.Context, now time.Time) (next time.Time) 
 		return time.Time{}
 	}
 	runs := reconcile.Overlay(snap.Entries, h.host, snap.Rollouts, snap.Progress)
+	if h.met != nil {
+		inFlight := map[string]int{}
+		for _, r := range snap.Rollouts {
+			h.groups[r.Group] = true
+			if r.End == nil && !r.Superseded(snap.Entries) {
+				inFlight[r.Group]++
+			}
+		}
+		for g := range h.groups {
+			inFlight[g] += 0 // a group whose rollouts all ended reads 0
+		}
+		h.met.RolloutsInFlight(inFlight)
+	}
 	for _, r := range snap.Rollouts {
 		if r.Wave(h.host) < 0 {
 			continue
@@ -158,6 +179,9 @@ func (h *rolloutHand) step(ctx context.Context, now time.Time) (next time.Time) 
 		}
 		ok, err := s.RolloutStep(ctx, r, snap.Revision, w)
 		h.sent[r.ID] = snap.Revision
+		if ok && err == nil && w.Progress != nil && h.met != nil {
+			h.met.RolloutStep(w.Progress.State)
+		}
 		h.logStep(r, w, ok, err)
 	}
 	for id := range h.sent {

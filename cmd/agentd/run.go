@@ -470,7 +470,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 		sys = reconcile.PlainSystemd(wedgeSystemd{BasicSystemd: sys, file: o.wedgeFile, log: log})
 	}
 	r.reporter = &sessionReporter{svc: svc, met: met}
-	r.rollouts = newRolloutHand(o.host, log, r.reporter.current)
+	r.rollouts = newRolloutHand(o.host, log, r.reporter.current, met)
 	r.agent = reconcile.New(reconcile.Config{
 		Systemd:           loopSystemd{Systemd: sys, met: met},
 		Files:             r.files,

@@ -515,7 +515,7 @@ func (f *scaleFleet) startAgent(host string, joined func()) (*scaleAgent, error)
 	observer := multiObserver{svc, f.met}
 	var hand *rolloutHand
 	if f.rollouts {
-		hand = newRolloutHand(host, log, reporter.current)
+		hand = newRolloutHand(host, log, reporter.current, nil)
 		observer = append(observer, hand)
 	}
 	agent := reconcile.New(reconcile.Config{

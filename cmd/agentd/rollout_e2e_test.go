@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,10 +113,12 @@ func TestRolloutFailedCanaryIsRevertedAndOthersNeverTakeIt(t *testing.T) {
 	}
 }
 
-// Waves 1, 50%, 100% with a soak: by systemd's own clock, no host of a
-// wave restarts before every host of the wave before it ran the change for
-// the soak; a pause stops new hosts, resume goes on, and the rollout ends
-// done with every host on the new version.
+// Waves 1, 50%, 100% with a soak, started by `unit put --wait` that is
+// killed once the first host took the change: by systemd's own clock, no
+// host of a wave restarts before every host of the wave before it ran the
+// change for the soak; a pause stops new hosts, resume goes on, and a new
+// `rollout status --watch` follows it to done, every host on the new
+// version.
 func TestRolloutWavesSoakAndPause(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, 5, "")
@@ -124,7 +127,30 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 	clearEvents(f)
 	next := f.unit("/bin/sleep 1001", policy)
 	soak := time.Second
-	r := f.startRollout(next, reconcile.Strategy{Waves: []reconcile.Count{{N: 1}, {N: 50, Percent: true}}, Soak: soak})
+	e := f.hosts[0]
+	ctx, kill := context.WithCancel(context.Background())
+	cliDone := make(chan string, 1)
+	go func() {
+		out, _ := e.cliCtx(ctx, "unit", "put", e.writeUnit("app.service", next), "--group", "web",
+			"--waves", "1,50%", "--soak", soak.String(), "--wait", "--timeout", "90s")
+		cliDone <- out
+	}()
+	var id string
+	eventually(t, "the rollout is recorded", func() bool {
+		vs, err := f.reg.Rollouts(context.Background(), "web")
+		if err == nil && len(vs) > 0 {
+			id = vs[0].Rollout.ID
+		}
+		return id != ""
+	})
+	f.waitRollout(id, 30*time.Second, "taken by h1", func(v registry.RolloutView, ph reconcile.Phase) bool { return v.Progress["h1"].Took() })
+	kill()
+	t.Logf("the CLI, killed once h1 took the change, said:\n%s", <-cliDone)
+	v0, err := f.reg.Rollout(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := v0.Rollout
 	if !slices.Equal(r.WaveEnds, []int{1, 3, 5}) {
 		t.Fatalf("waves %v", r.WaveEnds)
 	}
@@ -155,7 +181,10 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	v := f.waitRollout(r.ID, 60*time.Second, "done", func(v registry.RolloutView, ph reconcile.Phase) bool { return v.Rollout.End != nil })
+	if out, code := e.cli("rollout", "status", r.ID, "--watch"); code != 0 || !strings.Contains(out, "done") {
+		t.Fatalf("rollout status --watch: exit %d, want 0 and done\n%s", code, out)
+	}
+	v := f.waitRollout(r.ID, 10*time.Second, "done", func(v registry.RolloutView, ph reconcile.Phase) bool { return v.Rollout.End != nil })
 	if v.Rollout.End.State != reconcile.RolloutDone {
 		t.Fatalf("rollout ended %+v", v.Rollout.End)
 	}

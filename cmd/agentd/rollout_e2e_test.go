@@ -4,13 +4,16 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // Issue 25: rollouts on real systemd, five hosts, one etcd. What the hosts
@@ -235,3 +238,52 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 }
 
 func clearEvents(f *fleet) { os.Remove(f.events) }
+
+// An agent SIGKILLed while its host soaks a rollout's change resumes the
+// soak when it starts again: the unit is not restarted (same MainPID),
+// and the host counts as healthy once the soak that began before the kill
+// is over, not a whole soak after the restart.
+func TestRolloutSoakSurvivesAgentSIGKILL(t *testing.T) {
+	t.Parallel()
+	h := systemdtest.Start(t)
+	etcd := registrytest.StartEtcd(t)
+	reg := registrytest.NewClient(t, etcd.Endpoint())
+	a := startCrashAgent(t, h, etcd.Endpoint(), "h1", "--group", "web")
+	f := &fleet{t: t, reg: reg, events: filepath.Join(t.TempDir(), "events")}
+	ctx := context.Background()
+	v1 := f.unit("/bin/sleep 1000", "HealthySec=0.2")
+	tg := registry.Target{Group: "web"}
+	if _, err := reg.Put(ctx, tg, map[string][]byte{"app.service": []byte(v1)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "v1 runs", func() bool { return h.ActiveState(t, "app.service") == "active" })
+	v2 := f.unit("/bin/sleep 1001", "HealthySec=0.2")
+	soak := 2 * time.Second
+	s := reconcile.Strategy{Soak: soak, MaxRestarts: -1}
+	r := &reconcile.Rollout{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: []string{"h1"}, WaveEnds: s.WaveEnds(1)}
+	if _, err := reg.Put(ctx, tg, map[string][]byte{"app.service": []byte(v2)}, registry.WithRollout(r, false)); err != nil {
+		t.Fatal(err)
+	}
+	f.hosts = nil
+	v := f.waitRollout(r.ID, 30*time.Second, "soaking on h1", func(v registry.RolloutView, ph reconcile.Phase) bool {
+		return v.Progress["h1"] != nil && v.Progress["h1"].State == reconcile.HostSoaking
+	})
+	soakingSince := v.Progress["h1"].Since
+	pid := h.MainPID(t, "app.service")
+	a.kill()
+	time.Sleep(500 * time.Millisecond)
+	startCrashAgent(t, h, etcd.Endpoint(), "h1", "--group", "web")
+	v = f.waitRollout(r.ID, 30*time.Second, "done", func(v registry.RolloutView, ph reconcile.Phase) bool { return v.Rollout.End != nil })
+	p := v.Progress["h1"]
+	if v.Rollout.End.State != reconcile.RolloutDone || p.State != reconcile.HostHealthy {
+		t.Fatalf("rollout %+v, h1 %+v", v.Rollout.End, p)
+	}
+	if got := p.HealthyAt.Sub(soakingSince); got < soak || got > soak+3*time.Second {
+		t.Errorf("h1 healthy %v after its soak began, want the %v soak resumed (not started over)", got.Round(time.Millisecond), soak)
+	} else {
+		t.Logf("h1 healthy %v after its soak began (soak %v, agent killed and restarted in between)", got.Round(time.Millisecond), soak)
+	}
+	if now := h.MainPID(t, "app.service"); now != pid {
+		t.Errorf("app.service restarted by the agent's restart: MainPID %d → %d", pid, now)
+	}
+}

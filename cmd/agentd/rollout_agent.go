@@ -145,7 +145,10 @@ func (h *rolloutHand) step(ctx context.Context, now time.Time) (next time.Time) 
 	snap, statuses := h.snap, h.statuses
 	h.mu.Unlock()
 	s := h.session()
-	if snap == nil || s == nil {
+	if snap == nil || s == nil || statuses == nil {
+		// Nothing is judged before the loop's first report: a restarted
+		// agent has no statuses yet, and a host soaking must not read
+		// that as its unit gone unhealthy.
 		return time.Time{}
 	}
 	runs := reconcile.Overlay(snap.Entries, h.host, snap.Rollouts, snap.Progress)

@@ -304,6 +304,15 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 		if !changed {
 			continue
 		}
+		// A host's rollout progress is written alone, or with its
+		// rollout's end or pause: each half is a consistent view of its
+		// own, so it is handed out at once. Settling would ask etcd for a
+		// progress notification from every agent of the fleet at each
+		// host's step (N² requests per rollout).
+		if w.prefixes[it.from] == w.c.progressRoot() {
+			onSnapshot(state.snapshot(rev))
+			continue
+		}
 		if err := w.settle(ctx, wctx, state, &rev, it.from, merged); err != nil {
 			return err
 		}

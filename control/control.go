@@ -34,6 +34,39 @@ type StatusReply struct {
 	Host     string             `json:"host"`
 	Revision int64              `json:"revision"` // registry revision of the last applied snapshot
 	Units    []reconcile.Status `json:"units"`
+	// Rollouts are the rollouts of the host's groups running now, as the
+	// agent sees them (a Backend that is a RolloutLister); an agent
+	// older than them leaves the field out.
+	Rollouts []RolloutInfo `json:"rollouts,omitempty"`
+}
+
+// RolloutLister is what a Backend may also tell: the rollouts running now.
+type RolloutLister interface {
+	Rollouts() []RolloutInfo
+}
+
+// RolloutInfo is one running rollout (reconcile.Rollout) of the host's
+// groups, from the agent's last snapshot: where it stands and where this
+// host stands in it. Waves count from 1.
+type RolloutInfo struct {
+	ID    string                 `json:"id"`
+	Group string                 `json:"group"`
+	Units []string               `json:"units"` // the units its keys belong to, sorted
+	State reconcile.RolloutState `json:"state"`
+	// Reason is the phase's (why it is paused, waiting, failed).
+	Reason  string `json:"reason,omitempty"`
+	Wave    int    `json:"wave"` // the open wave
+	Waves   int    `json:"waves"`
+	Healthy int    `json:"healthy"` // hosts done with the change
+	Hosts   int    `json:"hosts"`
+	// Soak is how long each host stays healthy before it counts.
+	Soak time.Duration `json:"soak,omitempty"`
+	// HostWave is this host's wave; 0: it is not one of the rollout's
+	// hosts (it joined the group since the rollout started).
+	HostWave   int                 `json:"hostWave"`
+	HostState  reconcile.HostState `json:"hostState,omitempty"`
+	HostSince  time.Time           `json:"hostSince,omitzero"`
+	HostReason string              `json:"hostReason,omitempty"`
 }
 
 // PlanItem is one unit's entry in a plan.
@@ -99,7 +132,11 @@ func Serve(ctx context.Context, path, host string, b Backend) error {
 		if st == nil {
 			st = []reconcile.Status{}
 		}
-		writeJSON(w, StatusReply{Host: host, Revision: rev, Units: st})
+		reply := StatusReply{Host: host, Revision: rev, Units: st}
+		if rl, ok := b.(RolloutLister); ok {
+			reply.Rollouts = rl.Rollouts()
+		}
+		writeJSON(w, reply)
 	})
 	mux.HandleFunc("POST /v1/sync", func(w http.ResponseWriter, r *http.Request) {
 		dry := r.URL.Query().Get("dry-run") == "1"

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -61,7 +62,7 @@ func TestServe(t *testing.T) {
 		}
 		return string(b)
 	}
-	if got := get("/v1/status"); !strings.Contains(got, `"host": "h1"`) || !strings.Contains(got, `"revision": 7`) {
+	if got := get("/v1/status"); !strings.Contains(got, `"host": "h1"`) || !strings.Contains(got, `"revision": 7`) || strings.Contains(got, "rollouts") {
 		t.Errorf("status: %s", got)
 	}
 	if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 {
@@ -76,5 +77,50 @@ func TestServe(t *testing.T) {
 	var prof bytes.Buffer // gzip-compressed protobuf
 	if err := NewClient(sock).Profile(ctx, time.Second, &prof); err != nil || !bytes.HasPrefix(prof.Bytes(), []byte{0x1f, 0x8b}) {
 		t.Errorf("CPU profile: %v, %d bytes starting % x", err, prof.Len(), prof.Bytes()[:min(prof.Len(), 4)])
+	}
+}
+
+// rolloutBackend also tells the rollouts it sees.
+type rolloutBackend struct {
+	backend
+	ris []RolloutInfo
+}
+
+func (b rolloutBackend) Rollouts() []RolloutInfo { return b.ris }
+
+// A backend that tells its rollouts has them in the status reply; one
+// that does not (an older agent) leaves the field out (above), and the
+// client reads no rollout from it.
+func TestServeRollouts(t *testing.T) {
+	dir := t.TempDir()
+	since := time.Date(2025, 12, 4, 10, 0, 0, 0, time.UTC)
+	want := []RolloutInfo{{ID: "r1", Group: "web", Units: []string{"web.service"}, State: reconcile.RolloutRunning, Wave: 2, Waves: 3, Healthy: 1, Hosts: 5,
+		Soak: 30 * time.Second, HostWave: 2, HostState: reconcile.HostSoaking, HostSince: since}}
+	for _, c := range []struct {
+		name string
+		b    Backend
+		want []RolloutInfo
+	}{{"old", backend{}, nil}, {"new", rolloutBackend{ris: want}, want}} {
+		sock := filepath.Join(dir, c.name+".sock")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- Serve(ctx, sock, "h1", c.b) }()
+		var r StatusReply
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if r, err = NewClient(sock).Status(ctx); err == nil || time.Now().After(deadline) {
+				break
+			}
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if len(r.Rollouts) != len(c.want) || len(c.want) > 0 && !reflect.DeepEqual(r.Rollouts, c.want) {
+			t.Errorf("%s agent: rollouts %+v, want %+v", c.name, r.Rollouts, c.want)
+		}
 	}
 }

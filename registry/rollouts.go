@@ -48,25 +48,27 @@ func NewRolloutID(now time.Time) string {
 	return "r" + now.UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b[:])
 }
 
-// WithRollout stages a group put as rollout r (its ID, Strategy, Hosts,
-// WaveEnds, By and Reason set): the same transaction writes r, its Units
-// filled from what the keys held. A key in another rollout still
-// running is refused (ErrRolloutRunning) unless supersede: then that
-// rollout ends "superseded" in the same transaction.
+// WithRollout stages a group write (Put, Remove, RemoveRecursive) as
+// rollout r (its ID, Strategy, Hosts, WaveEnds, By and Reason set): the
+// same transaction writes r, its Units filled from what the keys held
+// (a key the write removes has ToHash ""). A key in another rollout
+// still running is refused (ErrRolloutRunning) unless supersede: then
+// that rollout ends "superseded" in the same transaction.
 func WithRollout(r *reconcile.Rollout, supersede bool) WriteOption {
 	return func(o *writeOptions) { o.rollout, o.supersede = r, supersede }
 }
 
 // rolloutOps fills o.rollout's Units from the keys' current values and
 // returns the guards and operations that write it (and end the rollouts
-// it supersedes).
-func (c *Client) rolloutOps(ctx context.Context, t Target, units map[string][]byte, o writeOptions) ([]clientv3.Cmp, []clientv3.Op, error) {
+// it supersedes). to is each key the write changes, with the hash it
+// holds after it ("": the write removes it).
+func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string, o writeOptions) ([]clientv3.Cmp, []clientv3.Op, error) {
 	r := o.rollout
-	if t.Group == "" {
-		return nil, nil, fmt.Errorf("%w: a rollout stages a change to a group's hosts; %s is one host (put without the rollout options)", ErrInvalid, t)
+	if err := rolloutTarget(t); err != nil {
+		return nil, nil, err
 	}
 	r.Group = t.Group
-	names := slices.Sorted(maps.Keys(units))
+	names := slices.Sorted(maps.Keys(to))
 	ops := []clientv3.Op{clientv3.OpGet(c.rolloutGroup(t.Group), clientv3.WithPrefix())}
 	for _, u := range names {
 		ops = append(ops, clientv3.OpGet(c.targetUnits(t)+u))
@@ -123,7 +125,7 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, units map[string][]by
 	}
 	r.Units = map[string]reconcile.RolloutUnit{}
 	for i, u := range names {
-		ru := reconcile.RolloutUnit{ToHash: reconcile.Hash(units[u])}
+		ru := reconcile.RolloutUnit{ToHash: to[u]}
 		if kvs := resp.Responses[i+1].GetResponseRange().GetKvs(); len(kvs) > 0 {
 			from := string(kvs[0].Value)
 			ru.From, ru.FromRevision = &from, kvs[0].ModRevision
@@ -144,6 +146,14 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, units map[string][]by
 	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
 	out = append(out, clientv3.OpPut(key, string(b)))
 	return cmps, out, nil
+}
+
+// rolloutTarget refuses a rollout to one host.
+func rolloutTarget(t Target) error {
+	if t.Group == "" {
+		return fmt.Errorf("%w: a rollout stages a change to a group's hosts; %s is one host (write without the rollout options)", ErrInvalid, t)
+	}
+	return nil
 }
 
 func supersedes(o writeOptions) bool { return o.supersede }

@@ -114,7 +114,11 @@ func (c *Client) putTxn(ctx context.Context, t Target, units map[string][]byte, 
 		ifs, ops = append(ifs, guard), append(ops, dels...)
 	}
 	if o.rollout != nil {
-		guards, rops, err := c.rolloutOps(ctx, t, units, o)
+		to := make(map[string]string, len(units))
+		for u, v := range units {
+			to[u] = reconcile.Hash(v)
+		}
+		guards, rops, err := c.rolloutOps(ctx, t, to, o)
 		if err != nil {
 			return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
 		}
@@ -130,7 +134,9 @@ func (c *Client) putTxn(ctx context.Context, t Target, units map[string][]byte, 
 // halts of every unit whose content it removes a part of.
 //
 // With OnlyWholeUnits, a unit whose drop-ins would stay in the registry is
-// not removed (see DropInsError).
+// not removed (see DropInsError). WithRollout stages the removal across
+// a group's hosts (a host keeps each key until its wave takes the
+// change), as for Put.
 func (c *Client) Remove(ctx context.Context, t Target, units []string, opts ...WriteOption) (int64, error) {
 	rev, _, err := c.remove(ctx, t, units, false, opts)
 	return rev, err
@@ -190,6 +196,11 @@ func (c *Client) remove(ctx context.Context, t Target, units []string, recursive
 		return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
 	}
 	o := newWriteOptions(opts)
+	if o.rollout != nil {
+		if err := rolloutTarget(t); err != nil {
+			return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
+		}
+	}
 	named := slices.Clone(units)
 	slices.Sort(named)
 	named = slices.Compact(named)
@@ -265,6 +276,17 @@ func (c *Client) remove(ctx context.Context, t Target, units []string, recursive
 				return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
 			}
 			ifs, ops = append(ifs, guard), append(ops, haltDels...)
+		}
+		if o.rollout != nil {
+			to := make(map[string]string, len(names))
+			for _, u := range names {
+				to[u] = "" // removed
+			}
+			guards, rops, err := c.rolloutOps(ctx, t, to, o)
+			if err != nil {
+				return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
+			}
+			ifs, ops = append(ifs, guards...), append(ops, rops...)
 		}
 		resp, err := c.commitWrite(ctx, writeTxn{op: "removal", target: t, keys: len(names), ifs: ifs, ops: ops})
 		var le *LimitError

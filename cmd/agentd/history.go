@@ -167,12 +167,13 @@ type revertOptions struct {
 	wait   bool
 	wf     waitFlags
 	asJSON bool
+	sf     strategyFlags // the rollout options
 }
 
 func newUnitRevertCmd() *cobra.Command {
 	o := &revertOptions{}
 	cmd := &cobra.Command{
-		Use:   "revert UNIT (--host H | --group G) [--to REVISION] [--wait]",
+		Use:   "revert UNIT (--host H | --group G) [--to REVISION] [--wait] [--canary N ...]",
 		Short: "Put back the previous version of a unit key, or the one stored at --to",
 		Long: `Put back a kept version of one unit key (see "agentd unit history"): the one
 before the current, or the one stored at --to REVISION. It is stored like
@@ -184,7 +185,14 @@ changes the key meanwhile.
 Putting back the content the key already holds is a no-op: said so, nothing
 stored, exit 0. A revision that is not kept, or no history at all, is an
 error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout,
-5 when superseded, 6 when --skip-unreachable skipped members.`,
+5 when superseded, 6 when --skip-unreachable skipped members.
+
+For a group, the rollout options of "agentd unit put" (--canary, --waves,
+--max-unavailable, --soak, --progress-deadline, --pause-after-canary,
+--auto-revert, --max-restarts, --gate-cmd, --supersede, --reason) make the
+revert a rollout, as for put (or, for a version that was a removal, as for
+rm): the group's members take the previous version in waves, each running
+the current one until its wave opens. With --wait, follow it to its end.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			unit := args[0]
@@ -198,6 +206,9 @@ error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout,
 			if cmd.Flags().Changed("to") && o.to < 1 {
 				return withCode(exitUsage, fmt.Errorf("unit revert: --to %d: want a revision shown by agentd unit history", o.to))
 			}
+			if err := o.sf.check(tg, o.wait, o.wf, false); err != nil {
+				return err
+			}
 			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
 				return o.revert(ctx, cmd, reg, tg, unit)
 			})
@@ -210,6 +221,7 @@ error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout,
 	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host runs the reverted version")
 	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
+	o.sf.bind(cmd, "unit revert", "nothing stored")
 	return cmd
 }
 
@@ -238,24 +250,34 @@ func (o *revertOptions) revert(ctx context.Context, cmd *cobra.Command, reg *reg
 			"%s already holds the content of revision %d%s: nothing stored\n", key, v.Revision, describe(v))
 		return nil
 	}
-	rev, err := storeVersion(ctx, cmd, reg, tg, unit, h, v)
+	r, opts, err := o.sf.stage(ctx, reg, tg, nil, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	rev, err := storeVersion(ctx, cmd, reg, tg, unit, h, v, opts...)
 	if err != nil {
 		return err
 	}
 	say(out, o.asJSON, map[string]any{"event": "reverted", "key": key, "to": v.Revision, "hash": v.Hash, "removed": v.Removed, "revision": rev},
 		"reverted %s to revision %d%s: stored as revision %d\n", key, v.Revision, describe(v), rev)
+	if r != nil {
+		announceRollout(ctx, out, o.asJSON, reg, r)
+	}
 	if !o.wait {
 		return nil
+	}
+	if r != nil {
+		return followPut(ctx, reg, r, o.wf, o.asJSON, out, cmd.ErrOrStderr())
 	}
 	return waitConverged(ctx, reg, waitSpec{target: tg, units: map[string][]byte{unit: v.Content}, removing: v.Removed, revision: rev, waitFlags: o.wf, json: o.asJSON}, out)
 }
 
 // storeVersion stores v as the newest version of unit (a removal is
 // removed) if the key is still at the revision its history h was read at,
-// and returns the revision of the write.
+// with extra options (a rollout), and returns the revision of the write.
 func storeVersion(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, unit string,
-	h registry.History, v registry.Version) (int64, error) {
-	opts := append(writeOptions(cmd), registry.IfModRevision(unit, h.ModRevision))
+	h registry.History, v registry.Version, extra ...registry.WriteOption) (int64, error) {
+	opts := append(append(writeOptions(cmd), registry.IfModRevision(unit, h.ModRevision)), extra...)
 	var (
 		rev int64
 		err error

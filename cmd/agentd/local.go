@@ -2,11 +2,14 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/agentd/agentd/control"
+	"github.com/agentd/agentd/reconcile"
 )
 
 // socketFlag binds --debug-socket with the agent's default for the mode.
@@ -33,7 +36,16 @@ func newStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Show every unit's state as the running agent sees it",
-		Args:  usageArgs(cobra.NoArgs),
+		Long: `Show every unit's state as the running agent sees it: a table of its units,
+then each unit's last health probe result, then one line per rollout of the
+host's groups that runs (see "agentd rollout"): its units, its wave, where
+this host stands in it and for how long, and how many of its hosts are
+healthy, e.g.
+
+  web.service: rollout r20251204-101500-1a2b3c4d wave 2 of 3, this host soaking (12 s of 30 s), 1/5 hosts healthy
+
+"agentd rollout status ID" shows the whole rollout.`,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := control.NewClient(resolveSocket(sock, user)).Status(cmd.Context())
 			if err != nil {
@@ -59,6 +71,11 @@ func newStatusCmd() *cobra.Command {
 				if s.Probe != "" {
 					fmt.Fprintf(out, "%s health probe (%s): %s\n", s.Unit, orDash(s.Health), s.Probe)
 				}
+			}
+			// The rollouts running (an agent older than them says none).
+			now := time.Now()
+			for _, ri := range r.Rollouts {
+				fmt.Fprintln(out, rolloutLine(ri, now))
 			}
 			return nil
 		},
@@ -149,4 +166,39 @@ func newDiffCmd() *cobra.Command {
 	socketFlag(cmd, &sock, &user)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// rolloutLine is one running rollout as `agentd status` shows it: its
+// units, where it stands, where this host stands, and why when it waits
+// or failed, e.g.
+//
+//	web.service: rollout r… wave 2 of 3, this host soaking (12 s of 30 s), 1/5 hosts healthy
+func rolloutLine(ri control.RolloutInfo, now time.Time) string {
+	at := fmt.Sprintf("wave %d of %d", ri.Wave, ri.Waves)
+	if ri.State != reconcile.RolloutRunning {
+		at = fmt.Sprintf("%s at %s", ri.State, at)
+	}
+	var host string
+	switch ri.HostState {
+	case "":
+		host = "this host not in it (it joined the group since)"
+	case reconcile.HostPending:
+		host = fmt.Sprintf("this host pending (wave %d)", ri.HostWave)
+	case reconcile.HostSoaking:
+		host = fmt.Sprintf("this host soaking (%s of %s)", ago(now.Sub(ri.HostSince)), ago(ri.Soak))
+	default:
+		host = fmt.Sprintf("this host %s (%s)", ri.HostState, ago(now.Sub(ri.HostSince)))
+	}
+	var why []string
+	if ri.Reason != "" {
+		why = append(why, ri.Reason)
+	}
+	if ri.HostReason != "" && ri.HostState == reconcile.HostFailed {
+		why = append(why, "this host: "+ri.HostReason)
+	}
+	line := fmt.Sprintf("%s: rollout %s %s, %s, %d/%d hosts healthy", strings.Join(ri.Units, ", "), ri.ID, at, host, ri.Healthy, ri.Hosts)
+	if len(why) > 0 {
+		line += " — " + strings.Join(why, "; ")
+	}
+	return line
 }

@@ -22,14 +22,16 @@ import (
 	"github.com/agentd/agentd/registry"
 )
 
-// Rollouts from the CLI: the strategy flags of `unit put` (a group put
-// then starts a rollout, reconcile.Rollout, written with the change in one
-// transaction), `put --wait` following it (and running --gate-cmd between
+// Rollouts from the CLI: the strategy flags of `unit put`, `unit rm` and
+// `unit revert` (a group write then starts a rollout, reconcile.Rollout,
+// written with the change in one transaction), `--wait` following it (and running --gate-cmd between
 // waves), and `agentd rollout ls|status|pause|resume|promote|abort`. The
 // CLI never moves a host: the agents do, from the record; the CLI reads
 // the phase every reader computes alike and writes only control fields.
 
-// strategyFlags are the rollout options of `unit put`.
+// strategyFlags are the rollout options of `unit put`, `unit rm` and
+// `unit revert`: one set of flags, checked alike, and one way to stage
+// the command's write as a rollout (stage) and follow it (followPut).
 type strategyFlags struct {
 	canary, waves, maxUnavailable string
 	soak, progressDeadline        time.Duration
@@ -38,9 +40,17 @@ type strategyFlags struct {
 	gateCmd                       string
 	supersede                     bool
 	reason                        string
+
+	// name is the command ("unit put") and nothing what its refusals
+	// say was written ("nothing stored"), for the errors.
+	name, nothing string
+	// s is the strategy the flags say, once checked: a rollout when
+	// s.IsRollout().
+	s reconcile.Strategy
 }
 
-func (f *strategyFlags) bind(cmd *cobra.Command) {
+func (f *strategyFlags) bind(cmd *cobra.Command, name, nothing string) {
+	f.name, f.nothing = name, nothing
 	fs := cmd.Flags()
 	fs.StringVar(&f.canary, "canary", "", "rollout: `N|N%` of the group's hosts take the change first, alone (the canary)")
 	fs.StringVar(&f.waves, "waves", "", "rollout: cumulative `WAVES` after the canary, e.g. 1,10%,100% (how many hosts have the change after each)")
@@ -55,8 +65,36 @@ func (f *strategyFlags) bind(cmd *cobra.Command) {
 	fs.StringVar(&f.reason, "reason", "", "rollout: `TEXT` saying why, recorded with it (rollout status shows it)")
 }
 
+// check parses the flags into f.s and refuses, as usage errors (exit 2,
+// before anything is read or written), any bad value and the options
+// where they cannot apply: to one host, --gate-cmd without --wait
+// (nothing would run it), --supersede or --reason without a rollout,
+// --skip-unreachable with a rollout.
+func (f *strategyFlags) check(tg registry.Target, wait bool, wf waitFlags, dryRun bool) error {
+	s, err := f.strategy()
+	if err != nil {
+		return err
+	}
+	f.s = s
+	if !s.IsRollout() {
+		if f.supersede || f.reason != "" {
+			return withCode(exitUsage, fmt.Errorf("%s: --supersede and --reason go with a rollout (--canary, --waves, --max-unavailable, --soak, …); %s", f.name, f.nothing))
+		}
+		return nil
+	}
+	switch {
+	case tg.Group == "":
+		return withCode(exitUsage, fmt.Errorf("%s: the rollout options stage a change across a group's hosts; %s is one host (use --group G, or drop them); %s", f.name, tg, f.nothing))
+	case s.GateCmd != "" && !wait && !dryRun:
+		return withCode(exitUsage, fmt.Errorf("%s: --gate-cmd is run by this command while it follows the rollout: add --wait; %s", f.name, f.nothing))
+	case wait && wf.skipUnreachable:
+		return withCode(exitUsage, fmt.Errorf("%s: --skip-unreachable does not apply to a rollout (a member without a live agent holds its wave; `agentd hosts forget H` retires it first); %s", f.name, f.nothing))
+	}
+	return nil
+}
+
 // strategy parses the flags into a validated strategy; any bad value is a
-// usage error (exit 2) and nothing is stored.
+// usage error (exit 2) and nothing is written.
 func (f *strategyFlags) strategy() (reconcile.Strategy, error) {
 	s := reconcile.Strategy{
 		Soak: f.soak, ProgressDeadline: f.progressDeadline,
@@ -96,35 +134,28 @@ func (f *strategyFlags) strategy() (reconcile.Strategy, error) {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return s, withCode(exitUsage, fmt.Errorf("unit put: %w; nothing stored", err))
+		return s, withCode(exitUsage, fmt.Errorf("%s: %w; %s", f.name, err, f.nothing))
 	}
 	return s, nil
 }
 
-// checkRolloutUse refuses, as usage errors, the rollout options where
-// they cannot apply: to one host, --gate-cmd without --wait (nothing
-// would run it), --supersede or --reason without a rollout.
-func (o *putOptions) checkRolloutUse(tg registry.Target) error {
-	if !o.strategy.IsRollout() {
-		if o.sf.supersede || o.sf.reason != "" {
-			return withCode(exitUsage, errors.New("unit put: --supersede and --reason go with a rollout (--canary, --waves, --max-unavailable, --soak, …); nothing stored"))
-		}
-		return nil
+// stage is what makes a checked write to tg a rollout when the flags say
+// so: the rollout (nil: not one) and opts with the option that writes it
+// in the write's own transaction (registry.WithRollout).
+func (f *strategyFlags) stage(ctx context.Context, reg *registry.Client, tg registry.Target, opts []registry.WriteOption, warn io.Writer) (*reconcile.Rollout, []registry.WriteOption, error) {
+	if !f.s.IsRollout() {
+		return nil, opts, nil
 	}
-	switch {
-	case tg.Group == "":
-		return withCode(exitUsage, fmt.Errorf("unit put: the rollout options stage a change across a group's hosts; %s is one host (use --group G, or drop them); nothing stored", tg))
-	case o.strategy.GateCmd != "" && !o.wait && !o.dryRun:
-		return withCode(exitUsage, errors.New("unit put: --gate-cmd is run by this command while it follows the rollout: add --wait; nothing stored"))
-	case o.wait && o.wf.skipUnreachable:
-		return withCode(exitUsage, errors.New("unit put: --skip-unreachable does not apply to a rollout (a member without a live agent holds its wave; `agentd hosts forget H` retires it first); nothing stored"))
+	r, err := f.newRollout(ctx, reg, tg.Group, warn)
+	if err != nil {
+		return nil, nil, err
 	}
-	return nil
+	return r, append(opts, registry.WithRollout(r, f.supersede)), nil
 }
 
-// newRollout is the rollout a put of o's strategy to group starts: the
+// newRollout is the rollout a write of f's strategy to group starts: the
 // group's members now (live or not), by name, cut into waves.
-func newRollout(ctx context.Context, reg *registry.Client, group string, s reconcile.Strategy, reason string, warn io.Writer) (*reconcile.Rollout, error) {
+func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, group string, warn io.Writer) (*reconcile.Rollout, error) {
 	known, err := reg.KnownHosts(ctx)
 	if err != nil {
 		return nil, err
@@ -139,7 +170,7 @@ func newRollout(ctx context.Context, reg *registry.Client, group string, s recon
 		}
 	}
 	if len(hosts) == 0 {
-		return nil, fmt.Errorf("unit put: no host has joined group %s: a rollout would have no host to go to (start agents with --group %s, or put without the rollout options); nothing stored", group, group)
+		return nil, fmt.Errorf("%s: no host has joined group %s: a rollout would have no host to go to (start agents with --group %s, or drop the rollout options); %s", f.name, group, group, f.nothing)
 	}
 	slices.Sort(hosts)
 	if len(down) > 0 {
@@ -148,9 +179,9 @@ func newRollout(ctx context.Context, reg *registry.Client, group string, s recon
 	}
 	now := time.Now().UTC()
 	return &reconcile.Rollout{
-		ID: registry.NewRolloutID(now), Group: group, Strategy: s,
-		Hosts: hosts, WaveEnds: s.WaveEnds(len(hosts)),
-		By: storedBy(), Reason: reason,
+		ID: registry.NewRolloutID(now), Group: group, Strategy: f.s,
+		Hosts: hosts, WaveEnds: f.s.WaveEnds(len(hosts)),
+		By: storedBy(), Reason: f.reason,
 	}, nil
 }
 
@@ -161,8 +192,8 @@ func plural(n int, one, many string) string {
 	return many
 }
 
-// announceRollout says which rollout the put started, and which it
-// superseded (read back: the put's transaction ended them).
+// announceRollout says which rollout a write started, and which it
+// superseded (read back: the write's transaction ended them).
 func announceRollout(ctx context.Context, out io.Writer, asJSON bool, reg *registry.Client, r *reconcile.Rollout) {
 	var superseded []string
 	if all, err := reg.Rollouts(ctx, r.Group); err == nil {
@@ -394,8 +425,8 @@ func (t *tailBuffer) lastLine() string {
 // errNoChange: a control write found nothing to change (not written).
 var errNoChange = errors.New("nothing to change")
 
-// followPut is `put --wait` on a rollout: it follows r to its end,
-// printing each host's and the phase's changes, and exits as the rollout
+// followPut is `--wait` on a rollout (put, rm, revert): it follows r to
+// its end, printing each host's and the phase's changes, and exits as the rollout
 // ended (0 done; 3 failed or aborted, after the revert if any; 5
 // superseded; 4 on --timeout: the rollout goes on).
 func followPut(ctx context.Context, reg *registry.Client, r *reconcile.Rollout, wf waitFlags, asJSON bool, out, errOut io.Writer) error {
@@ -665,10 +696,11 @@ func newRolloutCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "rollout",
 		Short: "Follow and steer rollouts: a group's change taken by its hosts in stages",
-		Long: `A unit put to a group with a strategy (--canary, --waves, --max-unavailable,
---soak, --progress-deadline, --pause-after-canary, --auto-revert,
---max-restarts, --gate-cmd) is a rollout: the group's members at that moment
-take the change in waves, each host healthy for --soak before it counts. The
+		Long: `A unit put, rm or revert to a group with a strategy (--canary, --waves,
+--max-unavailable, --soak, --progress-deadline, --pause-after-canary,
+--auto-revert, --max-restarts, --gate-cmd) is a rollout: the group's members
+at that moment take the change in waves, each host healthy for --soak before
+it counts (for a removal: each host stopped and removed the units). The
 agents drive it from its record in the registry; it goes on without the
 command that started it. These commands read it and write its control fields.`,
 	}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/agentd/agentd/control"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 )
@@ -260,4 +261,62 @@ func unitOfKey(key string) string {
 		return unit
 	}
 	return key
+}
+
+// controlBackend is what the debug socket serves: the agent, and the
+// rollouts its rolloutHand sees (`agentd status` shows them).
+type controlBackend struct {
+	*reconcile.Agent
+	rollouts *rolloutHand
+}
+
+func (b controlBackend) Rollouts() []control.RolloutInfo { return b.rollouts.running(time.Now()) }
+
+// running are the rollouts of the last snapshot that run at now — not
+// ended, or ended with this host still to go back from the change — and
+// where this host stands in each; nil before the first snapshot.
+func (h *rolloutHand) running(now time.Time) []control.RolloutInfo {
+	h.mu.Lock()
+	snap := h.snap
+	h.mu.Unlock()
+	if snap == nil {
+		return nil
+	}
+	var out []control.RolloutInfo
+	for _, r := range snap.Rollouts {
+		if r.Superseded(snap.Entries) {
+			continue
+		}
+		progress := snap.Progress[r.ID]
+		ph := r.Phase(progress, now)
+		mine := progress[h.host]
+		if ended(ph.State) && !(mine != nil && mine.State == reconcile.HostReverting) && !(reverts(r, ph) && mine.Took()) {
+			continue
+		}
+		var units []string
+		for key := range r.Units {
+			if u := unitOfKey(key); !slices.Contains(units, u) {
+				units = append(units, u)
+			}
+		}
+		slices.Sort(units)
+		ri := control.RolloutInfo{
+			ID: r.ID, Group: r.Group, Units: units, State: ph.State, Reason: ph.Reason,
+			Wave: phaseWave(registry.RolloutView{Rollout: r}, ph), Waves: len(r.WaveEnds), Hosts: len(r.Hosts),
+			Soak: r.Strategy.Soak, HostWave: r.Wave(h.host) + 1,
+		}
+		for _, host := range r.Hosts {
+			if p := progress[host]; p != nil && p.State == reconcile.HostHealthy {
+				ri.Healthy++
+			}
+		}
+		if ri.HostWave > 0 {
+			ri.HostState = reconcile.HostPending
+			if mine != nil {
+				ri.HostState, ri.HostSince, ri.HostReason = mine.State, mine.Since, mine.Reason
+			}
+		}
+		out = append(out, ri)
+	}
+	return out
 }

@@ -197,16 +197,26 @@ func (e *rolloutEnv) sim(ctx context.Context, fail func(host string) bool) error
 }
 
 // Every bad strategy value is a usage error with a clear message, and
-// nothing is stored.
-func TestRolloutPutRefusesBadStrategy(t *testing.T) {
+// nothing is stored: the same for put, rm and revert (one set of flags,
+// one check).
+func TestRolloutRefusesBadStrategy(t *testing.T) {
 	t.Parallel()
 	e := newRolloutEnv(t, "h1", "h2", "h3")
-	file := e.unit(t, "hello.service", "/bin/true")
-	if _, _, code := e.run(t, "unit", "put", file, "--group", "web"); code != 0 {
-		t.Fatalf("first put: exit %d", code)
+	v1, v2 := e.unit(t, "hello.service", "/bin/true"), e.unit(t, "hello.service", "/bin/sleep 1")
+	for _, tg := range []string{"web", "empty"} { // group empty: a history, no host
+		for _, file := range []string{v1, v2} {
+			if _, _, code := e.run(t, "unit", "put", file, "--group", tg); code != 0 {
+				t.Fatalf("put to %s: exit %d", tg, code)
+			}
+		}
 	}
 	before := e.dump(t)
-	v2 := e.unit(t, "hello.service", "/bin/false")
+	v3 := e.unit(t, "hello.service", "/bin/false")
+	commands := map[string][]string{
+		"unit put":    {"unit", "put", v3},
+		"unit rm":     {"unit", "rm", "hello.service"},
+		"unit revert": {"unit", "revert", "hello.service"},
+	}
 	for _, c := range []struct {
 		args []string
 		code int
@@ -230,22 +240,32 @@ func TestRolloutPutRefusesBadStrategy(t *testing.T) {
 		{[]string{"--supersede"}, exitUsage, "--supersede and --reason go with a rollout"},
 		{[]string{"--reason", "why"}, exitUsage, "--supersede and --reason go with a rollout"},
 		{[]string{"--canary", "1", "--wait", "--skip-unreachable"}, exitUsage, "--skip-unreachable does not apply to a rollout"},
+		// To one host, or to a group no host has joined.
+		{[]string{"--host", "h1", "--canary", "1"}, exitUsage, "hosts/h1 is one host"},
+		{[]string{"--group", "empty", "--canary", "1"}, exitError, "no host has joined group empty"},
 	} {
-		args := append([]string{"unit", "put", v2, "--group", "web"}, c.args...)
-		_, stderr, code := e.run(t, args...)
-		if code != c.code || !strings.Contains(stderr, c.want) {
-			t.Errorf("put %s: exit %d, want %d with %q; stderr:\n%s", strings.Join(c.args, " "), code, c.code, c.want, stderr)
+		for name, cmd := range commands {
+			args := append(slices.Clone(cmd), c.args...)
+			if !slices.Contains(c.args, "--host") && !slices.Contains(c.args, "--group") {
+				args = append(args, "--group", "web")
+			}
+			_, stderr, code := e.run(t, args...)
+			if code != c.code || !strings.Contains(stderr, c.want) {
+				t.Errorf("%s %s: exit %d, want %d with %q; stderr:\n%s", name, strings.Join(c.args, " "), code, c.code, c.want, stderr)
+			}
+			// Said by the command, and what it did not write (but for
+			// the flag parser's own words).
+			nothing := "nothing stored"
+			if name == "unit rm" {
+				nothing = "nothing removed"
+			}
+			if !strings.Contains(c.want, "invalid argument") && (!strings.Contains(stderr, "error: "+name+": ") || !strings.Contains(stderr, nothing)) {
+				t.Errorf("%s %s: stderr does not start with %q or lacks %q:\n%s", name, strings.Join(c.args, " "), name+": ", nothing, stderr)
+			}
 		}
 	}
-	// To one host, or to a group no host has joined.
-	if _, stderr, code := e.run(t, "unit", "put", v2, "--host", "h1", "--canary", "1"); code != exitUsage || !strings.Contains(stderr, "hosts/h1 is one host") {
-		t.Errorf("rollout to --host: exit %d\n%s", code, stderr)
-	}
-	if _, stderr, code := e.run(t, "unit", "put", v2, "--group", "empty", "--canary", "1"); code != exitError || !strings.Contains(stderr, "no host has joined group empty") {
-		t.Errorf("rollout to an empty group: exit %d\n%s", code, stderr)
-	}
 	if after := e.dump(t); !maps.Equal(before, after) {
-		t.Errorf("refused puts changed the registry:\nbefore %v\nafter  %v", slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
+		t.Errorf("refused writes changed the registry:\nbefore %v\nafter  %v", slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
 	}
 }
 

@@ -62,10 +62,7 @@ type putOptions struct {
 	asJSON    bool
 	instances []string
 	dryRun    bool
-	// sf are the rollout options; strategy is what they say (a rollout
-	// when strategy.IsRollout()).
-	sf       strategyFlags
-	strategy reconcile.Strategy
+	sf        strategyFlags // the rollout options
 }
 
 func newUnitPutCmd() *cobra.Command {
@@ -102,10 +99,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 			if err != nil {
 				return err
 			}
-			if o.strategy, err = o.sf.strategy(); err != nil {
-				return err
-			}
-			if err := o.checkRolloutUse(tg); err != nil {
+			if err := o.sf.check(tg, o.wait, o.wf, o.dryRun); err != nil {
 				return err
 			}
 			units, err := readUnits(args, o.instances)
@@ -128,7 +122,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 	cmd.Flags().StringArrayVar(&o.instances, "instance", nil, "run this template instance (empty key), e.g. web@1.service")
 	bindKeep(cmd)
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
-	o.sf.bind(cmd)
+	o.sf.bind(cmd, "unit put", "nothing stored")
 	return cmd
 }
 
@@ -188,14 +182,9 @@ func (o *putOptions) put(ctx context.Context, cmd *cobra.Command, reg *registry.
 			fmt.Fprintf(&warnings, "warning: the hosts' facts could not be read, so refusals are not known: %v\n", err)
 		}
 	}
-	opts := writeOptions(cmd)
-	var r *reconcile.Rollout
-	if o.strategy.IsRollout() {
-		var err error
-		if r, err = newRollout(ctx, reg, tg.Group, o.strategy, o.sf.reason, cmd.ErrOrStderr()); err != nil {
-			return err
-		}
-		opts = append(opts, registry.WithRollout(r, o.sf.supersede))
+	r, opts, err := o.sf.stage(ctx, reg, tg, writeOptions(cmd), cmd.ErrOrStderr())
+	if err != nil {
+		return err
 	}
 	rev, err := reg.Put(ctx, tg, units, opts...)
 	if err != nil {
@@ -230,12 +219,13 @@ type rmOptions struct {
 	wf        waitFlags
 	asJSON    bool
 	recursive bool
+	sf        strategyFlags // the rollout options
 }
 
 func newUnitRmCmd() *cobra.Command {
 	o := &rmOptions{}
 	cmd := &cobra.Command{
-		Use:   "rm UNIT... (--host H | --group G) [--recursive] [--wait]",
+		Use:   "rm UNIT... (--host H | --group G) [--recursive] [--wait] [--canary N ...]",
 		Short: "Remove units from the registry: each agent stops, disables and deletes them",
 		Long: `Remove unit keys from the registry, all in one transaction; each targeted agent
 stops, disables and deletes what it installed of them.
@@ -248,11 +238,23 @@ for that target. Nothing is removed when one of the keys is missing.
 With --wait, block until every targeted host (for a group, every member, live
 or not) has acted on this removal and removed them; exit 3 when a host fails,
 4 on --timeout, 5 when a later write superseded it, 6 when --skip-unreachable
-skipped members.`,
+skipped members.
+
+For a group, the rollout options of "agentd unit put" (--canary, --waves,
+--max-unavailable, --soak, --progress-deadline, --pause-after-canary,
+--auto-revert, --max-restarts, --gate-cmd, --supersede, --reason) make the
+removal a rollout: the group's members take it in waves, each keeping the
+units (and running them) until its wave opens; a host counts once it stopped
+and removed them (and stayed so for --soak). --auto-revert or "agentd rollout
+abort --revert" gives the hosts that removed them the units back. With --wait,
+follow the rollout to its end, exit codes as for put.`,
 		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tg, err := o.tf.target()
 			if err != nil {
+				return err
+			}
+			if err := o.sf.check(tg, o.wait, o.wf, false); err != nil {
 				return err
 			}
 			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
@@ -267,6 +269,7 @@ skipped members.`,
 	bindKeep(cmd)
 	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
+	o.sf.bind(cmd, "unit rm", "nothing removed")
 	return cmd
 }
 
@@ -274,15 +277,18 @@ skipped members.`,
 // too) in one transaction, says what it removed, and with --wait waits
 // for the hosts.
 func (o *rmOptions) remove(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, keys []string) error {
+	r, opts, err := o.sf.stage(ctx, reg, tg, writeOptions(cmd), cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
 	var (
 		rev     int64
 		removed = keys
-		err     error
 	)
 	if o.recursive {
-		rev, removed, err = reg.RemoveRecursive(ctx, tg, keys, writeOptions(cmd)...)
+		rev, removed, err = reg.RemoveRecursive(ctx, tg, keys, opts...)
 	} else {
-		rev, err = reg.Remove(ctx, tg, keys, append(writeOptions(cmd), registry.OnlyWholeUnits())...)
+		rev, err = reg.Remove(ctx, tg, keys, append(opts, registry.OnlyWholeUnits())...)
 	}
 	if errors.Is(err, registry.ErrDropInsStay) {
 		err = fmt.Errorf("%w (name them too, or give --recursive to remove each unit with all its drop-ins)", err)
@@ -295,8 +301,14 @@ func (o *rmOptions) remove(ctx context.Context, cmd *cobra.Command, reg *registr
 		say(out, o.asJSON, map[string]any{"event": "removed", "key": tg.String() + "/units/" + k, "revision": rev},
 			"removed %s/units/%s (revision %d)\n", tg.String(), k, rev)
 	}
+	if r != nil {
+		announceRollout(ctx, out, o.asJSON, reg, r)
+	}
 	if !o.wait {
 		return nil
+	}
+	if r != nil {
+		return followPut(ctx, reg, r, o.wf, o.asJSON, out, cmd.ErrOrStderr())
 	}
 	units := map[string][]byte{}
 	for _, k := range removed {

@@ -67,7 +67,7 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 	if err := rolloutTarget(t); err != nil {
 		return nil, nil, err
 	}
-	r.Group = t.Group
+	r.Group, r.After = t.Group, "" // After is found again on each attempt (a retried write)
 	names := slices.Sorted(maps.Keys(to))
 	ops := []clientv3.Op{clientv3.OpGet(c.rolloutGroup(t.Group), clientv3.WithPrefix())}
 	for _, u := range names {

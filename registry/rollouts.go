@@ -317,8 +317,9 @@ func (c *Client) decodeProgress(key, value []byte) (id, host string, p *reconcil
 // starts taking the change writes only if the record did not change
 // since (not paused, not aborted) and, under MaxUnavailable, no host's
 // progress moved since seen: it loses a race rather than exceed the
-// budget (false, nil: look again at the next snapshot).
-func (s *Session) RolloutStep(ctx context.Context, r *reconcile.Rollout, seen int64, w reconcile.RolloutWrite) (bool, error) {
+// budget (0, nil: look again at the next snapshot). It returns the
+// revision of its write: a snapshot older than that does not show it.
+func (s *Session) RolloutStep(ctx context.Context, r *reconcile.Rollout, seen int64, w reconcile.RolloutWrite) (int64, error) {
 	c := s.c
 	key := c.rolloutKey(r.Group, r.ID)
 	guard := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", r.ModRevision)}
@@ -326,7 +327,7 @@ func (s *Session) RolloutStep(ctx context.Context, r *reconcile.Rollout, seen in
 	if p := w.Progress; p != nil {
 		b, err := json.Marshal(p)
 		if err != nil {
-			return false, err
+			return 0, err
 		}
 		ops = append(ops, clientv3.OpPut(c.progressDir(r.ID)+s.member.Host, string(b)))
 		if p.State == reconcile.HostApplying && !r.Strategy.MaxUnavailable.IsZero() {
@@ -343,7 +344,7 @@ func (s *Session) RolloutStep(ctx context.Context, r *reconcile.Rollout, seen in
 		}
 		b, err := json.Marshal(next)
 		if err != nil {
-			return false, err
+			return 0, err
 		}
 		ops = append(ops, clientv3.OpPut(key, string(b)))
 	}
@@ -354,7 +355,10 @@ func (s *Session) RolloutStep(ctx context.Context, r *reconcile.Rollout, seen in
 	defer cancel()
 	resp, err := c.cli.Txn(rctx).If(guard...).Then(ops...).Commit()
 	if err != nil {
-		return false, fmt.Errorf("rollout %s: %w", r.ID, err)
+		return 0, fmt.Errorf("rollout %s: %w", r.ID, err)
 	}
-	return resp.Succeeded, nil
+	if !resp.Succeeded {
+		return 0, nil
+	}
+	return resp.Header.Revision, nil
 }

@@ -141,6 +141,11 @@ type unitState struct {
 	// rollouts by key; progress by key, with the rollout ID and host.
 	rollouts map[string]*reconcile.Rollout
 	progress map[string]progressEntry
+	// byID is the progress by rollout ID, then host. An inner map is
+	// replaced, not written to, when a host's progress changes: snapshots
+	// share them, and one host's step costs a copy of its rollout's map
+	// rather than rebuilding every rollout's.
+	byID map[string]map[string]*reconcile.HostProgress
 }
 
 type progressEntry struct {
@@ -150,7 +155,8 @@ type progressEntry struct {
 
 func newUnitState() *unitState {
 	return &unitState{entries: map[string]reconcile.Entry{}, halts: map[string]reconcile.Halt{},
-		rollouts: map[string]*reconcile.Rollout{}, progress: map[string]progressEntry{}}
+		rollouts: map[string]*reconcile.Rollout{}, progress: map[string]progressEntry{},
+		byID: map[string]map[string]*reconcile.HostProgress{}}
 }
 
 func (s *unitState) snapshot(rev int64) reconcile.Snapshot {
@@ -167,15 +173,11 @@ func (s *unitState) snapshot(rev int64) reconcile.Snapshot {
 		}
 	}
 	slices.SortFunc(snap.Rollouts, func(a, b *reconcile.Rollout) int { return strings.Compare(a.ID, b.ID) })
-	snap.Progress = map[string]map[string]*reconcile.HostProgress{}
-	for _, e := range s.progress {
-		if !ids[e.id] {
-			continue
+	snap.Progress = make(map[string]map[string]*reconcile.HostProgress, len(ids))
+	for id := range ids {
+		if m := s.byID[id]; m != nil {
+			snap.Progress[id] = m // never written to once handed out (setProgress)
 		}
-		if snap.Progress[e.id] == nil {
-			snap.Progress[e.id] = map[string]*reconcile.HostProgress{}
-		}
-		snap.Progress[e.id][e.host] = e.p
 	}
 	return snap
 }
@@ -199,7 +201,25 @@ func (s *unitState) delete(key string) {
 	}
 	delete(s.halts, key)
 	delete(s.rollouts, key)
-	delete(s.progress, key)
+	if e, ok := s.progress[key]; ok {
+		s.setProgress(e.id, e.host, nil)
+		delete(s.progress, key)
+	}
+}
+
+// setProgress sets (nil: removes) host's progress in rollout id, copying
+// the rollout's map.
+func (s *unitState) setProgress(id, host string, p *reconcile.HostProgress) {
+	m := maps.Clone(s.byID[id])
+	if m == nil {
+		m = map[string]*reconcile.HostProgress{}
+	}
+	if p == nil {
+		delete(m, host)
+	} else {
+		m[host] = p
+	}
+	s.byID[id] = m
 }
 
 func (w *unitWatch) put(s *unitState, kv *mvccpb.KeyValue) {
@@ -392,10 +412,11 @@ func (w *unitWatch) putRollout(s *unitState, kv *mvccpb.KeyValue) {
 	key := string(kv.Key)
 	if id, host, p, ok := w.c.decodeProgress(kv.Key, kv.Value); ok {
 		s.progress[key] = progressEntry{id: id, host: host, p: p}
+		s.setProgress(id, host, p)
 		return
 	}
 	if strings.HasPrefix(key, w.c.progressRoot()) {
-		delete(s.progress, key)
+		s.delete(key)
 		return
 	}
 	r, err := decodeRollout(kv.Value, kv.ModRevision)

@@ -181,8 +181,12 @@ func (h *rolloutHand) step(ctx context.Context, now time.Time) (next time.Time) 
 		if w.IsZero() {
 			continue
 		}
-		ok, err := s.RolloutStep(ctx, r, snap.Revision, w)
-		h.sent[r.ID] = snap.Revision
+		rev, err := s.RolloutStep(ctx, r, snap.Revision, w)
+		ok := rev > 0
+		// Look again only in a snapshot that shows this write (or, when it
+		// lost, one newer than what it was decided from): an older one
+		// would decide the same step again.
+		h.sent[r.ID] = max(snap.Revision, rev-1)
 		if ok && err == nil && w.Progress != nil && h.met != nil {
 			h.met.RolloutStep(w.Progress.State)
 		}

@@ -290,6 +290,9 @@ func TestDoorTLSListenerRefusesClientsWithoutACertificate(t *testing.T) {
 	}
 
 	// Control: curl's same request with the client certificate is stored.
+	// (The gateway reaches etcd's gRPC through one of its listeners, picked
+	// at random; through the TLS one it presents the server's certificate,
+	// which must then be good for client auth too: registrytest's is.)
 	ctl, err := exec.Command("curl", "-sS", "--max-time", "5", "--cacert", certs.CA, "--cert", certs.ClientCert, "--key", certs.ClientKey,
 		"-X", "POST", tlsEP+"/v3/kv/put", "-d", gatewayPut("/agentd/door-control", "x")).CombinedOutput()
 	if err != nil || !strings.Contains(string(ctl), `"revision"`) {

@@ -52,7 +52,7 @@ func (f *strategyFlags) bind(cmd *cobra.Command) {
 	fs.IntVar(&f.maxRestarts, "max-restarts", -1, "rollout: pause it when a host's unit restarted more than `N` times since it took the change (-1: off)")
 	fs.StringVar(&f.gateCmd, "gate-cmd", "", "rollout, with --wait: run `CMD` (sh -c, with AGENTD_ROLLOUT, AGENTD_GROUP, AGENTD_WAVE counted from 1) before each wave after the first; the wave opens when it exits 0, else the rollout pauses")
 	fs.BoolVar(&f.supersede, "supersede", false, "rollout: end a running rollout of the same keys (as superseded) instead of refusing")
-	fs.StringVar(&f.reason, "reason", "", "rollout: `TEXT` saying why, recorded with it (rollout status shows it)")
+	fs.StringVar(&f.reason, "reason", "", reasonHelp)
 }
 
 // strategy parses the flags into a validated strategy; any bad value is a
@@ -103,11 +103,11 @@ func (f *strategyFlags) strategy() (reconcile.Strategy, error) {
 
 // checkRolloutUse refuses, as usage errors, the rollout options where
 // they cannot apply: to one host, --gate-cmd without --wait (nothing
-// would run it), --supersede or --reason without a rollout.
+// would run it), --supersede without a rollout.
 func (o *putOptions) checkRolloutUse(tg registry.Target) error {
 	if !o.strategy.IsRollout() {
-		if o.sf.supersede || o.sf.reason != "" {
-			return withCode(exitUsage, errors.New("unit put: --supersede and --reason go with a rollout (--canary, --waves, --max-unavailable, --soak, …); nothing stored"))
+		if o.sf.supersede {
+			return withCode(exitUsage, errors.New("unit put: --supersede goes with a rollout (--canary, --waves, --max-unavailable, --soak, …); nothing stored"))
 		}
 		return nil
 	}

@@ -227,8 +227,8 @@ func TestRolloutPutRefusesBadStrategy(t *testing.T) {
 		{[]string{"--max-restarts", "-2"}, exitUsage, "--max-restarts -2: want 0 or more"},
 		{[]string{"--gate-cmd", "true"}, exitUsage, "--gate-cmd is run by this command while it follows the rollout: add --wait"},
 		{[]string{"--gate-cmd", " ", "--wait"}, exitUsage, "--gate-cmd: an empty command"},
-		{[]string{"--supersede"}, exitUsage, "--supersede and --reason go with a rollout"},
-		{[]string{"--reason", "why"}, exitUsage, "--supersede and --reason go with a rollout"},
+		{[]string{"--supersede"}, exitUsage, "--supersede goes with a rollout"},
+		{[]string{"--canary", "1", "--reason", "two\nlines"}, exitUsage, "--reason: invalid: reason has a control character (U+000A)"},
 		{[]string{"--canary", "1", "--wait", "--skip-unreachable"}, exitUsage, "--skip-unreachable does not apply to a rollout"},
 	} {
 		args := append([]string{"unit", "put", v2, "--group", "web"}, c.args...)

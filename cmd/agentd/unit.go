@@ -66,6 +66,7 @@ type putOptions struct {
 	// when strategy.IsRollout()).
 	sf       strategyFlags
 	strategy reconcile.Strategy
+	reason   string // --reason (sf binds it), checked
 }
 
 func newUnitPutCmd() *cobra.Command {
@@ -106,6 +107,9 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 				return err
 			}
 			if err := o.checkRolloutUse(tg); err != nil {
+				return err
+			}
+			if o.reason, err = reasonFlag(cmd); err != nil {
 				return err
 			}
 			units, err := readUnits(args, o.instances)
@@ -192,7 +196,7 @@ func (o *putOptions) put(ctx context.Context, cmd *cobra.Command, reg *registry.
 	var r *reconcile.Rollout
 	if o.strategy.IsRollout() {
 		var err error
-		if r, err = newRollout(ctx, reg, tg.Group, o.strategy, o.sf.reason, cmd.ErrOrStderr()); err != nil {
+		if r, err = newRollout(ctx, reg, tg.Group, o.strategy, o.reason, cmd.ErrOrStderr()); err != nil {
 			return err
 		}
 		opts = append(opts, registry.WithRollout(r, o.sf.supersede))
@@ -255,6 +259,9 @@ skipped members.`,
 			if err != nil {
 				return err
 			}
+			if _, err := reasonFlag(cmd); err != nil {
+				return err
+			}
 			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
 				return o.remove(ctx, cmd, reg, tg, args)
 			})
@@ -265,6 +272,7 @@ skipped members.`,
 	cmd.Flags().BoolVar(&o.recursive, "recursive", false, "also remove every drop-in of each UNIT in the registry for that target (one transaction)")
 	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host has removed the units")
 	bindKeep(cmd)
+	bindReason(cmd)
 	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	return cmd

@@ -349,3 +349,32 @@ func TestDoorInsecureTCPIsWarnedAboutAtEveryStart(t *testing.T) {
 		t.Errorf("%d warnings after the second start, want 2", n)
 	}
 }
+
+// doctor warns of any etcd that serves clients on plaintext TCP, an
+// external one too (here a test etcd on loopback http://), and says how to
+// close it; over TLS it sees none.
+func TestDoctorWarnsOfAPlaintextEtcd(t *testing.T) {
+	t.Parallel()
+	e := registrytest.StartEtcd(t)
+	o := &runOptions{host: "h1", groups: []string{"all"}}
+	o.etcd.endpoints = []string{e.Endpoint()}
+	o.etcd.prefix, o.etcd.timeout = registry.DefaultPrefix, 5*time.Second
+	checks := checkRegistry(t.Context(), o, false)
+	found := false
+	for _, c := range checks {
+		// (A test etcd advertises the port it was asked for: 0.)
+		if strings.Contains(c.Detail, "etcd serves clients on plaintext TCP at http://127.0.0.1:") {
+			found = c.Result == checkWarn && strings.Contains(c.Fix, "--client-cert-auth")
+		}
+	}
+	if !found {
+		t.Errorf("doctor against a plaintext etcd:\n%s", checksText(checks))
+	}
+
+	tlsE, certs := registrytest.StartEtcdTLS(t)
+	o.etcd.endpoints = []string{tlsE.TLSEndpoint()}
+	o.etcd.ca, o.etcd.cert, o.etcd.key = certs.CA, certs.ClientCert, certs.ClientKey
+	if text := checksText(checkRegistry(t.Context(), o, false)); !strings.Contains(text, "(no plaintext TCP)") || !strings.Contains(text, "https://127.0.0.1:") {
+		t.Errorf("doctor against a TLS etcd:\n%s", text)
+	}
+}

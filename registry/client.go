@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -64,6 +66,14 @@ type Client struct {
 	// settleDelay is settleDelay (watch.go); tests make it long to show
 	// that a transaction lands without waiting it out.
 	settleDelay time.Duration
+
+	// authName is the etcd user this client would run as with etcd's
+	// authentication on: its user name, else its client certificate's
+	// common name ("" with neither). EtcdUser asks etcd whether it is on.
+	authName string
+	authMu   sync.Mutex
+	authDone bool
+	etcdUser string
 }
 
 // Option adjusts a Client built by New.
@@ -102,6 +112,9 @@ func New(cli *clientv3.Client, prefix string, opts ...Option) *Client {
 		requestTimeout: defaultRequestTimeout,
 		lockProbe:      defaultLockProbe,
 		settleDelay:    settleDelay,
+	}
+	if cli != nil { // nil: a Client for key arithmetic only (tests)
+		c.authName = cli.Username
 	}
 	for _, o := range opts {
 		o(c)
@@ -166,6 +179,9 @@ func Dial(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, dialError(cfg.Endpoints, timeout, err)
 	}
 	c := New(cli, cfg.Prefix, WithLogger(cfg.Logger), WithResyncInterval(cfg.ResyncInterval))
+	if c.authName == "" && sec.TLS != nil && len(sec.TLS.Certificates) > 0 {
+		c.authName = certCommonName(sec.TLS.Certificates[0])
+	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if _, err := cli.Get(pctx, c.prefix+"/", clientv3.WithCountOnly()); err != nil {
@@ -260,6 +276,48 @@ func probeOne(ctx context.Context, hostport string, t *tls.Config) error {
 		return err
 	}
 	return nil
+}
+
+// certCommonName is the common name of a client certificate: the etcd
+// user a request without a token runs as over TLS when etcd's
+// authentication is on.
+func certCommonName(cert tls.Certificate) string {
+	leaf := cert.Leaf
+	if leaf == nil && len(cert.Certificate) > 0 {
+		leaf, _ = x509.ParseCertificate(cert.Certificate[0])
+	}
+	if leaf == nil {
+		return ""
+	}
+	return leaf.Subject.CommonName
+}
+
+// EtcdUser is the etcd user this client's requests run as: its user name
+// (--etcd-user; a password authenticated it), else the common name of its
+// client certificate — when etcd's authentication is on. It is "" when
+// authentication is off (every request is then anonymous, whatever name
+// was given) or the client has neither. etcd is asked once (AuthStatus,
+// which any client may call); a failure is returned and asked again next
+// time.
+func (c *Client) EtcdUser(ctx context.Context) (string, error) {
+	if c.authName == "" {
+		return "", nil
+	}
+	c.authMu.Lock()
+	defer c.authMu.Unlock()
+	if !c.authDone {
+		ctx, cancel := c.reqCtx(ctx)
+		defer cancel()
+		resp, err := c.cli.AuthStatus(ctx)
+		if err != nil {
+			return "", fmt.Errorf("ask etcd whether authentication is on: %w", err)
+		}
+		if resp.Enabled {
+			c.etcdUser = c.authName
+		}
+		c.authDone = true
+	}
+	return c.etcdUser, nil
 }
 
 // Close closes the underlying etcd client.

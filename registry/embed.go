@@ -42,19 +42,19 @@ const (
 
 // EmbedConfig configures a single-node etcd running inside the process.
 //
-// It has no peer listener. Its clients reach it on ClientURL, a unix socket
-// by default, and optionally from other machines on TLSURL, with TLS and
-// client-certificate authentication.
+// It has no peer listener. Its clients reach it on ClientURL, a unix socket,
+// and optionally from other machines on TLSURL, with TLS and
+// client-certificate authentication. A plaintext TCP listener exists only
+// when asked for by name (InsecureURL), or in tests (ForTests).
 type EmbedConfig struct {
 	Dir string // data directory (created 0700 if missing)
 	// ClientURL is the listener local clients (the agent itself, the CLI)
-	// use, and what Endpoint returns:
-	//   - unix:///path/etcd.sock: the socket is made 0600 and its directory
-	//     must be entered by its owner only (mode 0700 or narrower, owned by
-	//     this process's user), so only root (or the agent's user) reaches it;
-	//   - http://<loopback>:port: any local user can reach it (tests and
-	//     development only; a warning is logged outside tests).
-	// A plaintext listener on any other address is refused.
+	// use, and what Endpoint returns: unix:///path/etcd.sock. The socket is
+	// made 0600 and its directory must be entered by its owner only (mode
+	// 0700 or narrower, owned by this process's user), so only root (or the
+	// agent's user) reaches it. With ForTests it may instead be
+	// http://<loopback>:port; outside tests a plaintext ClientURL is
+	// refused (see InsecureURL).
 	ClientURL string
 	// TLSURL, when set, is a second client listener, https://host:port (any
 	// address; ClientURL must then be a unix socket), with TLS and
@@ -63,6 +63,13 @@ type EmbedConfig struct {
 	// the client certificates it accepts. All three are required.
 	TLSURL                          string
 	CertFile, KeyFile, ClientCAFile string
+	// InsecureURL, when set, is a plaintext TCP listener beside the socket,
+	// http://<loopback>:port (ClientURL must be a unix socket): every local
+	// user can reach it, and through it have units run as root. Only for an
+	// operator who asked for it by name (agentd run --embedded-insecure-tcp);
+	// the caller warns. InsecureEndpoint returns it. A non-loopback address
+	// is refused.
+	InsecureURL string
 	// PeerURL is ignored: the embedded etcd has no peer listener (it is a
 	// single member; a peer listener would let any local user send it raft
 	// messages). Kept so that older callers compile.
@@ -77,12 +84,13 @@ type EmbedConfig struct {
 
 // Embedded is a running in-process etcd.
 type Embedded struct {
-	etcd        *embed.Etcd
-	endpoint    string
-	tlsEndpoint string
-	grace       time.Duration
-	closeOnce   sync.Once
-	closing     atomic.Bool // silences etcd's shutdown noise in the log bridge
+	etcd             *embed.Etcd
+	endpoint         string
+	tlsEndpoint      string
+	insecureEndpoint string
+	grace            time.Duration
+	closeOnce        sync.Once
+	closing          atomic.Bool // silences etcd's shutdown noise in the log bridge
 
 	mu  sync.Mutex
 	gss []*grpc.Server // etcd's client-facing gRPC servers
@@ -101,10 +109,12 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 		return nil, fmt.Errorf("start embedded etcd: %w", err)
 	}
 	urls := []url.URL{*curl}
-	var tlsInfo transport.TLSInfo
+	var (
+		tlsInfo    transport.TLSInfo
+		turl, iurl *url.URL
+	)
 	if cfg.TLSURL != "" || cfg.CertFile != "" || cfg.KeyFile != "" || cfg.ClientCAFile != "" {
-		turl, err := parseEmbedTLSURL(cfg)
-		if err != nil {
+		if turl, err = parseEmbedTLSURL(cfg); err != nil {
 			return nil, fmt.Errorf("start embedded etcd: %w", err)
 		}
 		if curl.Scheme != "unix" {
@@ -114,6 +124,18 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 		tlsInfo = transport.TLSInfo{
 			CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, TrustedCAFile: cfg.ClientCAFile, ClientCertAuth: true,
 		}
+	}
+	if cfg.InsecureURL != "" {
+		if iurl, err = parseEmbedInsecureURL(cfg.InsecureURL, cfg.ForTests); err != nil {
+			return nil, fmt.Errorf("start embedded etcd: %w", err)
+		}
+		if curl.Scheme != "unix" {
+			return nil, errors.New("start embedded etcd: with a plaintext TCP listener the local one must be a unix socket")
+		}
+		if turl != nil && turl.Port() == "0" && iurl.Port() == "0" {
+			return nil, errors.New("start embedded etcd: port 0 for the TLS or the plaintext TCP listener, not both (their real ports could not be told apart)")
+		}
+		urls = append(urls, *iurl)
 	}
 	purl, _ := url.Parse(placeholderPeerURL)
 	ec := embed.NewConfig()
@@ -144,10 +166,6 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	if cfg.Logger != nil {
 		core := &slogCore{log: cfg.Logger.With("component", "etcd"), min: zapcore.ErrorLevel, mute: &em.closing}
 		ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(core))
-		if curl.Scheme == "http" && !cfg.ForTests {
-			cfg.Logger.Warn("embedded etcd on plaintext loopback TCP: every local user can reach it, and through it have units run as root; "+
-				"leave --embedded-listen unset to use the private unix socket", "url", curl.String())
-		}
 	}
 	timeout := embedStartTimeout
 	if cfg.ForTests {
@@ -194,6 +212,8 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 			em.endpoint = "unix://" + curl.Path
 		case curl.Scheme == "http":
 			em.endpoint = "http://" + l.Addr().String()
+		case iurl != nil && isListenerOf(l.Addr(), iurl, turl):
+			em.insecureEndpoint = "http://" + l.Addr().String()
 		default:
 			em.tlsEndpoint = "https://" + l.Addr().String()
 		}
@@ -201,9 +221,23 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	return em, nil
 }
 
+// isListenerOf reports whether the TCP listener at addr is the one asked
+// for by u rather than by other (nil: there is no other): the port asked
+// for, or, when u asked for port 0, not other's port.
+func isListenerOf(addr net.Addr, u, other *url.URL) bool {
+	_, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return false
+	}
+	if u.Port() != "0" {
+		return port == u.Port()
+	}
+	return other == nil || port != other.Port()
+}
+
 // parseEmbedURL checks the local client URL: a unix socket in a private
-// directory, or plaintext TCP on a loopback address.
-func parseEmbedURL(s string, allowPort0 bool) (*url.URL, error) {
+// directory, or, in tests only, plaintext TCP on a loopback address.
+func parseEmbedURL(s string, forTests bool) (*url.URL, error) {
 	if s == "" {
 		return nil, errors.New("no client URL given (want unix:///path/etcd.sock)")
 	}
@@ -231,13 +265,31 @@ func parseEmbedURL(s string, allowPort0 bool) (*url.URL, error) {
 	case u.Scheme == "https":
 		return nil, fmt.Errorf("client URL %q: TLS listeners go in TLSURL (with certificates); the local listener is a unix socket", s)
 	case u.Scheme != "http" || u.Port() == "":
-		return nil, fmt.Errorf("client URL %q: want unix:///path/etcd.sock, or http://127.0.0.1:port", s)
-	case !IsLoopbackHost(u.Host):
-		return nil, fmt.Errorf("client URL %q: a plaintext listener on a non-loopback address would let anyone who reaches it have units run as root: "+
-			"use https:// with a server certificate, key and client CA (client-certificate auth), or the default unix socket", s)
-	case u.Port() == "0" && !allowPort0:
-		return nil, fmt.Errorf("client URL %q: port 0 only in tests; a restart must find the same port", s)
+		return nil, fmt.Errorf("client URL %q: want unix:///path/etcd.sock", s)
+	case !forTests && IsLoopbackHost(u.Host):
+		return nil, fmt.Errorf("client URL %q: plaintext TCP would let every local user have units run as root; "+
+			"the local listener is a unix socket (a plaintext TCP listener beside it only as InsecureURL, asked for by name)", s)
 	}
+	return parseEmbedInsecureURL(s, forTests)
+}
+
+// parseEmbedInsecureURL checks a plaintext TCP listener:
+// http://<loopback>:port, port 0 in tests only.
+func parseEmbedInsecureURL(s string, forTests bool) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case u.Scheme != "http" || u.Port() == "" || (u.Path != "" && u.Path != "/"):
+		return nil, fmt.Errorf("plaintext TCP listener %q: want http://127.0.0.1:port", s)
+	case !IsLoopbackHost(u.Host):
+		return nil, fmt.Errorf("plaintext TCP listener %q: a plaintext listener on a non-loopback address would let anyone who reaches it have units run as root: "+
+			"use https:// with a server certificate, key and client CA (client-certificate auth), or the default unix socket", s)
+	case u.Port() == "0" && !forTests:
+		return nil, fmt.Errorf("plaintext TCP listener %q: port 0 only in tests; a restart must find the same port", s)
+	}
+	u.Path = ""
 	return u, nil
 }
 
@@ -308,6 +360,10 @@ func (e *Embedded) Endpoint() string { return e.endpoint }
 // TLSEndpoint is the TLS listener's URL with its real port, e.g.
 // "https://10.0.0.5:2379"; "" without one.
 func (e *Embedded) TLSEndpoint() string { return e.tlsEndpoint }
+
+// InsecureEndpoint is the plaintext TCP listener's URL (InsecureURL) with
+// its real port, e.g. "http://127.0.0.1:2379"; "" without one.
+func (e *Embedded) InsecureEndpoint() string { return e.insecureEndpoint }
 
 // Close stops etcd. Client streams still open (watches, lease keep-alives)
 // get a short grace (1 s, 100 ms with ForTests) and are then cut. Calling

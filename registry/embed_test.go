@@ -85,7 +85,18 @@ func TestEmbeddedRefusesOpenListeners(t *testing.T) {
 		"certificates without TLS URL": {EmbedConfig{ClientURL: "unix://" + filepath.Join(TestSocketDir(t), "s"),
 			CertFile: certs.ServerCert, KeyFile: certs.ServerKey, ClientCAFile: certs.CA}, "without an https:// listener"},
 		"TLS next to plaintext TCP": {EmbedConfig{ClientURL: "http://127.0.0.1:2379", TLSURL: "https://0.0.0.0:2379",
-			CertFile: certs.ServerCert, KeyFile: certs.ServerKey, ClientCAFile: certs.CA}, "must be a unix socket"},
+			CertFile: certs.ServerCert, KeyFile: certs.ServerKey, ClientCAFile: certs.CA, ForTests: true}, "must be a unix socket"},
+		"plaintext loopback outside tests": {EmbedConfig{ClientURL: "http://127.0.0.1:2379"}, "every local user have units run as root"},
+		"insecure listener on all": {EmbedConfig{ClientURL: "unix://" + filepath.Join(TestSocketDir(t), "s"), InsecureURL: "http://0.0.0.0:2379"},
+			"non-loopback"},
+		"insecure listener as https": {EmbedConfig{ClientURL: "unix://" + filepath.Join(TestSocketDir(t), "s"), InsecureURL: "https://127.0.0.1:2379"},
+			"want http://127.0.0.1:port"},
+		"insecure listener port 0 outside tests": {EmbedConfig{ClientURL: "unix://" + filepath.Join(TestSocketDir(t), "s"), InsecureURL: "http://127.0.0.1:0"},
+			"port 0 only in tests"},
+		"insecure listener next to plaintext TCP": {EmbedConfig{ClientURL: "http://127.0.0.1:2379", InsecureURL: "http://127.0.0.1:2380", ForTests: true},
+			"must be a unix socket"},
+		"insecure and TLS listeners both on port 0": {EmbedConfig{ClientURL: "unix://" + filepath.Join(TestSocketDir(t), "s"), InsecureURL: "http://127.0.0.1:0",
+			TLSURL: "https://127.0.0.1:0", CertFile: certs.ServerCert, KeyFile: certs.ServerKey, ClientCAFile: certs.CA, ForTests: true}, "not both"},
 		"TLS port 0 outside tests": {EmbedConfig{ClientURL: "unix://" + filepath.Join(TestSocketDir(t), "s"), TLSURL: "https://0.0.0.0:0",
 			CertFile: certs.ServerCert, KeyFile: certs.ServerKey, ClientCAFile: certs.CA}, "port 0 only in tests"},
 	} {
@@ -113,5 +124,43 @@ func TestEmbeddedSocketMissing(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("took %s, want an immediate answer", d)
+	}
+}
+
+// The three listeners together: the socket, the TLS listener (client
+// certificates only) and the plaintext one asked for by name; each
+// endpoint is reported with its real port, the plaintext one takes writes
+// with no credentials at all (the door it is), the TLS one refuses a
+// client without a certificate, and etcd advertises all three (what
+// doctor reads).
+func TestEmbeddedInsecureListenerBesideTheOthers(t *testing.T) {
+	t.Parallel()
+	certs := WriteTestCerts(t)
+	sock := filepath.Join(TestSocketDir(t), "etcd.sock")
+	insecure := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	e, err := StartEmbedded(ctxT(t), EmbedConfig{
+		Dir: t.TempDir(), ClientURL: "unix://" + sock, InsecureURL: insecure,
+		TLSURL: "https://127.0.0.1:0", CertFile: certs.ServerCert, KeyFile: certs.ServerKey, ClientCAFile: certs.CA,
+		ForTests: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	if e.Endpoint() != "unix://"+sock || e.InsecureEndpoint() != insecure || !strings.HasPrefix(e.TLSEndpoint(), "https://127.0.0.1:") || strings.HasSuffix(e.TLSEndpoint(), ":0") {
+		t.Fatalf("endpoints: %q %q %q", e.Endpoint(), e.InsecureEndpoint(), e.TLSEndpoint())
+	}
+	plain := NewTestClient(t, e.InsecureEndpoint())
+	mustPut(t, plain, Target{Host: "h1"}, "a.service", "A")
+	urls, err := plain.ClientURLs(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(urls, " "); !strings.Contains(got, "unix://"+sock) || !strings.Contains(got, insecure) || !strings.Contains(got, "https://127.0.0.1:") {
+		t.Errorf("advertised client URLs %q", got)
+	}
+	_, err = Dial(t.Context(), Config{Endpoints: []string{e.TLSEndpoint()}, CAFile: certs.CA, DialTimeout: time.Second})
+	if err == nil || !strings.Contains(err.Error(), "certificate required") {
+		t.Errorf("TLS without a client certificate: %v", err)
 	}
 }

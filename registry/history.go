@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/agentd/agentd/reconcile"
@@ -28,7 +29,7 @@ import (
 // and <seq> a 20-digit zero-padded sequence number, one more than the
 // newest kept record of that key. The value is JSON (historyRecord):
 // content (a string; contentBase64 instead when it is not UTF-8), hash,
-// size, user, time, removed. The same transaction deletes the records
+// size, user, etcdUser, reason, signer, time, removed. The same transaction deletes the records
 // beyond the newest Keep of that key (one range delete), so a key keeps at
 // most Keep versions whatever etcd compaction does: they are live keys.
 //
@@ -59,9 +60,14 @@ type WriteOption func(*writeOptions)
 
 type writeOptions struct {
 	by     string
-	keep   int
-	now    func() time.Time
-	expect map[string]int64
+	reason string // WithReason
+	signer string // SignedBy
+	// etcdUser is who etcd runs the write as (Client.EtcdUser), filled by
+	// the write itself.
+	etcdUser string
+	keep     int
+	now      func() time.Time
+	expect   map[string]int64
 	// wholeUnits: Remove refuses to leave drop-ins without their unit
 	// (OnlyWholeUnits).
 	wholeUnits bool
@@ -81,6 +87,48 @@ func newWriteOptions(opts []WriteOption) writeOptions {
 
 // StoredBy records who stores the version (the CLI passes "user@host").
 func StoredBy(who string) WriteOption { return func(o *writeOptions) { o.by = who } }
+
+// WithReason records why the version is stored (the CLI's --reason, like
+// Kubernetes' change-cause). It must pass ValidateReason, else the write
+// fails (ErrInvalid) and nothing is stored.
+func WithReason(why string) WriteOption { return func(o *writeOptions) { o.reason = why } }
+
+// SignedBy records who signed the change (the signature work, issue 26
+// item 1, fills it from the verified key; it is not verified here).
+func SignedBy(signer string) WriteOption { return func(o *writeOptions) { o.signer = signer } }
+
+// MaxReasonBytes is the longest reason a write takes (WithReason).
+const MaxReasonBytes = 1024
+
+// ValidateReason checks a reason given with a write: valid UTF-8, at most
+// MaxReasonBytes, one line with no control characters (it is shown in a
+// table and in the journal).
+func ValidateReason(why string) error {
+	switch {
+	case !utf8.ValidString(why):
+		return fmt.Errorf("%w: reason is not valid UTF-8", ErrInvalid)
+	case len(why) > MaxReasonBytes:
+		return fmt.Errorf("%w: reason is %d bytes long, more than %d: say it shorter (a ticket or URL)", ErrInvalid, len(why), MaxReasonBytes)
+	}
+	for i, r := range why {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: reason has a control character (%U) at byte %d: give one line of text", ErrInvalid, r, i)
+		}
+	}
+	return nil
+}
+
+// resolveWriteOptions is newWriteOptions for a write that is about to be
+// sent: the reason checked, and the etcd user the client runs as filled in.
+func (c *Client) resolveWriteOptions(ctx context.Context, opts []WriteOption) (writeOptions, error) {
+	o := newWriteOptions(opts)
+	if err := ValidateReason(o.reason); err != nil {
+		return o, err
+	}
+	var err error
+	o.etcdUser, err = c.EtcdUser(ctx)
+	return o, err
+}
 
 // KeepVersions sets how many versions of each written key are kept,
 // the new one included (n < 1 means DefaultKeep).
@@ -115,8 +163,16 @@ type Version struct {
 	Hash     string    `json:"hash"`     // SHA-256 of Content; "" for a removal
 	Size     int       `json:"size"`
 	User     string    `json:"user"` // who stored it: "user@host"; "" if not given
-	Removed  bool      `json:"removed"`
-	Content  []byte    `json:"-"`
+	// EtcdUser is the etcd user the write ran as, when etcd's
+	// authentication was on ("" when off). Like User, the writer says it:
+	// etcd checked that user's permissions for the write, nobody checks
+	// the record (a signature does: Signer).
+	EtcdUser string `json:"etcdUser"`
+	Reason   string `json:"reason"` // why: the writer's --reason; "" if not given
+	// Signer is who signed the change (issue 26 item 1); "" when unsigned.
+	Signer  string `json:"signer,omitempty"`
+	Removed bool   `json:"removed"`
+	Content []byte `json:"-"`
 }
 
 // History is what the registry keeps of one unit key: what it holds now
@@ -138,6 +194,9 @@ type historyRecord struct {
 	Hash          string    `json:"hash"`
 	Size          int       `json:"size"`
 	User          string    `json:"user"`
+	EtcdUser      string    `json:"etcdUser,omitempty"`
+	Reason        string    `json:"reason,omitempty"`
+	Signer        string    `json:"signer,omitempty"` // SignedBy (issue 26 item 1)
 	Time          time.Time `json:"time"`
 	Removed       bool      `json:"removed,omitempty"`
 }
@@ -226,7 +285,7 @@ func (c *Client) historyOps(t Target, names []string, values map[string][]byte, 
 	for _, u := range names {
 		s := st[u]
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.targetUnits(t)+u), "=", s.modRev))
-		rec := historyRecord{User: o.by, Time: now, Removed: removed}
+		rec := historyRecord{User: o.by, EtcdUser: o.etcdUser, Reason: o.reason, Signer: o.signer, Time: now, Removed: removed}
 		if !removed {
 			v := values[u]
 			rec.Hash, rec.Size = reconcile.Hash(v), len(v)
@@ -289,7 +348,7 @@ func (c *Client) History(ctx context.Context, t Target, unit string) (History, e
 			c.skipKey(kv.Key, "value is not a version record", err)
 			continue
 		}
-		v := Version{Revision: kv.CreateRevision, Time: rec.Time, User: rec.User, Removed: rec.Removed}
+		v := Version{Revision: kv.CreateRevision, Time: rec.Time, User: rec.User, EtcdUser: rec.EtcdUser, Reason: rec.Reason, Signer: rec.Signer, Removed: rec.Removed}
 		if !rec.Removed {
 			v.Content = []byte(rec.Content)
 			if rec.ContentBase64 != nil {

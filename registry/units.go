@@ -37,7 +37,10 @@ type Listed struct {
 // resumes their rollout. Putting the version that failed again leaves
 // its halt in place (delete it with etcdctl to retry that version).
 func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opts ...WriteOption) (int64, error) {
-	o := newWriteOptions(opts)
+	o, err := c.resolveWriteOptions(ctx, opts)
+	if err != nil {
+		return 0, fmt.Errorf("put %s: %w", t, err)
+	}
 	for range 10 {
 		w, err := c.putTxn(ctx, t, units, o)
 		if err != nil {
@@ -63,7 +66,11 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opt
 // writing anything: the names, the values and the size of the request it
 // would send (a LimitError in plain words), for `unit put --dry-run`.
 func (c *Client) CheckPut(ctx context.Context, t Target, units map[string][]byte, opts ...WriteOption) error {
-	w, err := c.putTxn(ctx, t, units, newWriteOptions(opts))
+	o, err := c.resolveWriteOptions(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("put %s: %w", t, err)
+	}
+	w, err := c.putTxn(ctx, t, units, o)
 	if err != nil {
 		return err
 	}
@@ -195,7 +202,10 @@ func (c *Client) remove(ctx context.Context, t Target, units []string, recursive
 	if err := errors.Join(errs...); err != nil {
 		return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
 	}
-	o := newWriteOptions(opts)
+	o, err := c.resolveWriteOptions(ctx, opts)
+	if err != nil {
+		return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
+	}
 	if o.rollout != nil {
 		if err := rolloutTarget(t); err != nil {
 			return 0, nil, fmt.Errorf("remove from %s: %w", t, err)

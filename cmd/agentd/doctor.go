@@ -71,7 +71,10 @@ wrong and how to fix it:
              wrote, and the saved registry snapshot (what the agent runs on
              when the registry is unreachable at start) parses
   registry   etcd answers with the configured endpoints, TLS and credentials;
-             how many keys this host has; whether a live agent holds this host
+             how many keys this host has; whether a live agent holds this host;
+             the listeners etcd serves clients on (warns of a plaintext TCP
+             one, e.g. the embedded etcd's with --embedded-insecure-tcp:
+             every local user can write the registry through it)
   clock      skew against etcd. etcd has no time API: doctor reads the Date
              header of etcd's /health endpoint (1 s resolution) and takes the
              midpoint of the request, so the figure is good to about ±0.5 s plus
@@ -356,8 +359,36 @@ func checkRegistry(ctx context.Context, o *runOptions, embedded bool) []check {
 	} else {
 		out = append(out, memberCheck(members, o.host, machineID()))
 	}
+	out = append(out, checkListeners(ctx, reg, embedded))
 	out = append(out, checkClock(ctx, o, eps[0], embedded))
 	return out
+}
+
+// checkListeners looks at the client URLs etcd advertises (for the
+// embedded etcd, each listener it has): a plaintext http:// one lets whoever
+// reaches it write the registry, and so have units run as root.
+func checkListeners(ctx context.Context, reg *registry.Client, embedded bool) check {
+	urls, err := reg.ClientURLs(ctx)
+	if err != nil {
+		return check{"registry", checkWarn, "cannot read which listeners etcd serves clients on: " + err.Error(), ""}
+	}
+	var plain []string
+	for _, u := range urls {
+		if strings.HasPrefix(u, "http://") {
+			plain = append(plain, u)
+		}
+	}
+	switch {
+	case len(plain) > 0 && embedded:
+		return check{"registry", checkWarn, insecureTCPWarning(strings.Join(plain, ",")),
+			"drop --embedded-insecure-tcp and the http:// --embedded-listen (AGENTD_EMBEDDED_INSECURE_TCP, AGENTD_EMBEDDED_LISTEN in /etc/default/agentd): " +
+				"local commands need only the unix socket; remote ones, --embedded-listen https://ADDR:PORT with --embedded-cert, --embedded-key and --embedded-ca"}
+	case len(plain) > 0:
+		return check{"registry", checkWarn, "etcd serves clients on plaintext TCP at " + strings.Join(plain, ",") +
+			": whoever reaches it can write the registry, and so have units run as root on every machine it targets, unless etcd's authentication stops them (and then passwords cross in clear)",
+			"serve etcd's clients over https:// with client-certificate auth (etcd --client-cert-auth --trusted-ca-file), and give the agents --etcd-ca, --etcd-cert and --etcd-key"}
+	}
+	return check{"registry", checkOK, "etcd serves clients on " + strings.Join(urls, ", ") + " (no plaintext TCP)", ""}
 }
 
 func memberCheck(members []reconcile.Member, host, machine string) check {

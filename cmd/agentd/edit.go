@@ -86,6 +86,9 @@ returns at once).`,
 			if _, _, err := reconcile.ParseKey(key); err != nil {
 				return withCode(exitUsage, fmt.Errorf("unit edit %s: %w", key, err))
 			}
+			if _, err := reasonFlag(cmd); err != nil {
+				return err
+			}
 			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
 				return o.edit(ctx, cmd, reg, tg, key)
 			})
@@ -98,6 +101,7 @@ returns at once).`,
 	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	bindKeep(cmd)
+	bindReason(cmd)
 	return cmd
 }
 

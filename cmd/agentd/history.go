@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"os/user"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -50,10 +52,42 @@ func bindKeep(cmd *cobra.Command) {
 	cmd.Flags().Var(&k, "keep", "versions of each key kept in the registry's history, this one included")
 }
 
+// reasonHelp is the help of --reason, on every command that stores
+// versions (put: strategyFlags binds it, for rollouts too).
+const reasonHelp = "`TEXT` saying why (Kubernetes' change-cause): kept with every version this stores (unit history shows it); " +
+	"a rollout's record keeps it too (rollout status shows it)"
+
+// bindReason adds --reason to a command that stores versions, unless it
+// has it already (strategyFlags binds it for put's rollouts: one flag, one
+// meaning).
+func bindReason(cmd *cobra.Command) {
+	if cmd.Flags().Lookup("reason") == nil {
+		cmd.Flags().String("reason", "", reasonHelp)
+	}
+}
+
+// reasonFlag is --reason, trimmed and checked (registry.ValidateReason):
+// a bad one is a usage error (exit 2), before anything is read or stored.
+func reasonFlag(cmd *cobra.Command) (string, error) {
+	f := cmd.Flags().Lookup("reason")
+	if f == nil {
+		return "", nil
+	}
+	why := strings.TrimSpace(f.Value.String())
+	if err := registry.ValidateReason(why); err != nil {
+		return "", withCode(exitUsage, fmt.Errorf("%s: --reason: %w; nothing stored", strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" "), err))
+	}
+	return why, nil
+}
+
 // writeOptions are the registry options of every command that stores
-// versions: who stores them, and --keep when the command has it.
+// versions: who stores them, why (--reason, checked by reasonFlag before),
+// and --keep when the command has it.
 func writeOptions(cmd *cobra.Command) []registry.WriteOption {
 	opts := []registry.WriteOption{registry.StoredBy(storedBy())}
+	if why, _ := reasonFlag(cmd); why != "" {
+		opts = append(opts, registry.WithReason(why))
+	}
 	if f := cmd.Flags().Lookup("keep"); f != nil {
 		if k, ok := f.Value.(*keepValue); ok {
 			opts = append(opts, registry.KeepVersions(int(*k)))
@@ -72,10 +106,16 @@ func newUnitHistoryCmd() *cobra.Command {
 		Use:   "history UNIT (--host H | --group G)",
 		Short: "List the kept versions of a unit key (unit file or drop-in)",
 		Long: `List the versions of one unit key kept in the registry, oldest first: the etcd
-revision that stored it, when, its hash and size, and who stored it (user@host
-of the agentd command). A removal is a version too. Every "unit put", "unit rm"
-and "unit revert" keeps the newest --keep (default 10) versions of each key it
-writes, under <prefix>/history/, whatever etcd compaction does.
+revision that stored it, when, its hash and size, who stored it (USER: user@host
+of the agentd command; ETCD USER: the etcd user it ran as, when etcd's
+authentication is on), and why (REASON: its --reason). A SIGNER column shows who
+signed a version, when one was signed. A removal is a version too. Every "unit
+put", "unit rm", "unit revert" and "unit edit" keeps the newest --keep (default
+10) versions of each key it writes, under <prefix>/history/, whatever etcd
+compaction does.
+
+The command that stores a version writes these fields: etcd checks that its
+user may write the keys, nobody checks what it says of itself.
 
 UNIT is a unit key: "hello.service", or a drop-in "hello.service.d/x.conf".`,
 		Args: usageArgs(cobra.ExactArgs(1)),
@@ -130,8 +170,13 @@ func printHistory(out io.Writer, key string, h registry.History) error {
 		return nil
 	}
 	cur := h.CurrentIndex()
+	signed := slices.ContainsFunc(h.Versions, func(v registry.Version) bool { return v.Signer != "" })
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "REVISION\tTIME\tHASH\tSIZE\tUSER\t")
+	header := "REVISION\tTIME\tHASH\tSIZE\tUSER\tETCD USER\t"
+	if signed {
+		header += "SIGNER\t"
+	}
+	fmt.Fprintln(tw, header+"REASON\t")
 	for i, v := range h.Versions {
 		hash, size, note := short(v.Hash), strconv.Itoa(v.Size), ""
 		if v.Removed {
@@ -140,11 +185,11 @@ func printHistory(out io.Writer, key string, h registry.History) error {
 		if i == cur {
 			note = "current"
 		}
-		who := v.User
-		if who == "" {
-			who = "-"
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t", v.Revision, v.Time.Local().Format(time.DateTime), hash, size, orDash(v.User), orDash(v.EtcdUser))
+		if signed {
+			fmt.Fprintf(tw, "%s\t", orDash(v.Signer))
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", v.Revision, v.Time.Local().Format(time.DateTime), hash, size, who, note)
+		fmt.Fprintf(tw, "%s\t%s\n", orDash(v.Reason), note)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -205,6 +250,9 @@ the current one until its wave opens. With --wait, follow it to its end.`,
 			}
 			if cmd.Flags().Changed("to") && o.to < 1 {
 				return withCode(exitUsage, fmt.Errorf("unit revert: --to %d: want a revision shown by agentd unit history", o.to))
+			}
+			if _, err := reasonFlag(cmd); err != nil {
+				return err
 			}
 			if err := o.sf.check(tg, o.wait, o.wf, false); err != nil {
 				return err

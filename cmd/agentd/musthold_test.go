@@ -457,20 +457,29 @@ func TestUserModeDefaults(t *testing.T) {
 // state directory, and the client commands reach it.
 func TestEmbeddedEtcdByDefault(t *testing.T) {
 	e := newEnv(t)
-	port := freePort(t)
-	e.endpoint = fmt.Sprintf("http://127.0.0.1:%d", port)
+	rt := filepath.Join(registrytest.SocketDir(t), "agentd")
+	e.endpoint = "unix://" + filepath.Join(rt, etcdSocket)
 	o := &runOptions{
 		host: "h1", groups: []string{"all"}, unitDir: e.h.UnitDir, stateDir: e.h.StateDir,
 		debugSocket: filepath.Join(e.h.Dir, "agentd.sock"), logLevel: "info", leaseTTL: 5 * time.Second,
-		embedClient: e.endpoint, embedPeer: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+		embedPeer:   fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
 		dialSystemd: e.agentDialer(), logOut: t.Output(),
 	}
-	o.etcd.prefix = registry.DefaultPrefix
+	o.etcd.prefix, o.etcd.runtimeDir = registry.DefaultPrefix, rt
 	o.etcd.timeout = 5 * time.Second
+	ready := make(chan *reconcile.Agent, 1)
+	o.ready = ready
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- runAgent(ctx, o) }()
 	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("agent exited at start: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent did not start in 30s")
+	}
 	e.put("hello.service", helloV1)
 	if _, err := os.Stat(filepath.Join(e.h.StateDir, "etcd", "member")); err != nil {
 		t.Fatalf("no etcd data in the state directory: %v", err)

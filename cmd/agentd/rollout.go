@@ -62,13 +62,13 @@ func (f *strategyFlags) bind(cmd *cobra.Command, name, nothing string) {
 	fs.IntVar(&f.maxRestarts, "max-restarts", -1, "rollout: pause it when a host's unit restarted more than `N` times since it took the change (-1: off)")
 	fs.StringVar(&f.gateCmd, "gate-cmd", "", "rollout, with --wait: run `CMD` (sh -c, with AGENTD_ROLLOUT, AGENTD_GROUP, AGENTD_WAVE counted from 1) before each wave after the first; the wave opens when it exits 0, else the rollout pauses")
 	fs.BoolVar(&f.supersede, "supersede", false, "rollout: end a running rollout of the same keys (as superseded) instead of refusing")
-	fs.StringVar(&f.reason, "reason", "", "rollout: `TEXT` saying why, recorded with it (rollout status shows it)")
+	fs.StringVar(&f.reason, "reason", "", reasonHelp)
 }
 
 // check parses the flags into f.s and refuses, as usage errors (exit 2,
 // before anything is read or written), any bad value and the options
 // where they cannot apply: to one host, --gate-cmd without --wait
-// (nothing would run it), --supersede or --reason without a rollout,
+// (nothing would run it), --supersede without a rollout,
 // --skip-unreachable with a rollout.
 func (f *strategyFlags) check(tg registry.Target, wait bool, wf waitFlags, dryRun bool) error {
 	s, err := f.strategy()
@@ -77,8 +77,8 @@ func (f *strategyFlags) check(tg registry.Target, wait bool, wf waitFlags, dryRu
 	}
 	f.s = s
 	if !s.IsRollout() {
-		if f.supersede || f.reason != "" {
-			return withCode(exitUsage, fmt.Errorf("%s: --supersede and --reason go with a rollout (--canary, --waves, --max-unavailable, --soak, …); %s", f.name, f.nothing))
+		if f.supersede {
+			return withCode(exitUsage, fmt.Errorf("%s: --supersede goes with a rollout (--canary, --waves, --max-unavailable, --soak, …); %s", f.name, f.nothing))
 		}
 		return nil
 	}
@@ -181,7 +181,7 @@ func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, gr
 	return &reconcile.Rollout{
 		ID: registry.NewRolloutID(now), Group: group, Strategy: f.s,
 		Hosts: hosts, WaveEnds: f.s.WaveEnds(len(hosts)),
-		By: storedBy(), Reason: f.reason,
+		By: storedBy(), Reason: strings.TrimSpace(f.reason),
 	}, nil
 }
 

@@ -237,8 +237,8 @@ func TestRolloutRefusesBadStrategy(t *testing.T) {
 		{[]string{"--max-restarts", "-2"}, exitUsage, "--max-restarts -2: want 0 or more"},
 		{[]string{"--gate-cmd", "true"}, exitUsage, "--gate-cmd is run by this command while it follows the rollout: add --wait"},
 		{[]string{"--gate-cmd", " ", "--wait"}, exitUsage, "--gate-cmd: an empty command"},
-		{[]string{"--supersede"}, exitUsage, "--supersede and --reason go with a rollout"},
-		{[]string{"--reason", "why"}, exitUsage, "--supersede and --reason go with a rollout"},
+		{[]string{"--supersede"}, exitUsage, "--supersede goes with a rollout"},
+		{[]string{"--canary", "1", "--reason", "two\nlines"}, exitUsage, "--reason: invalid: reason has a control character (U+000A)"},
 		{[]string{"--canary", "1", "--wait", "--skip-unreachable"}, exitUsage, "--skip-unreachable does not apply to a rollout"},
 		// To one host, or to a group no host has joined.
 		{[]string{"--host", "h1", "--canary", "1"}, exitUsage, "hosts/h1 is one host"},
@@ -256,7 +256,7 @@ func TestRolloutRefusesBadStrategy(t *testing.T) {
 			// Said by the command, and what it did not write (but for
 			// the flag parser's own words).
 			nothing := "nothing stored"
-			if name == "unit rm" {
+			if name == "unit rm" && !strings.Contains(c.want, "--reason") {
 				nothing = "nothing removed"
 			}
 			if !strings.Contains(c.want, "invalid argument") && (!strings.Contains(stderr, "error: "+name+": ") || !strings.Contains(stderr, nothing)) {

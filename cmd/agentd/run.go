@@ -47,6 +47,11 @@ type runOptions struct {
 	registryTimeout time.Duration
 	fleetLockAddr   string
 	fleetLockTTL    time.Duration
+
+	// embedInsecureTCP is --embedded-insecure-tcp: an http:// --embedded-listen
+	// (plaintext loopback TCP, beside the socket) asked for by name.
+	embedInsecureTCP bool
+
 	// wedgeFile is a test-only fault (hidden --test-wedge-file): while the
 	// file exists the reconcile loop blocks (see wedgeSystemd).
 	wedgeFile string
@@ -82,7 +87,10 @@ runtime directory, mode 0700: only root can reach it; with --user,
 $XDG_RUNTIME_DIR/agentd/etcd.sock), so one machine needs nothing else and the
 client commands on it find it with no flags. It has no peer listener. To let
 other machines in, --embedded-listen https://ADDR:PORT adds a TLS listener that
-accepts only client certificates signed by --embedded-ca.
+accepts only client certificates signed by --embedded-ca. A plaintext TCP
+listener (--embedded-listen http://127.0.0.1:PORT) lets every local user have
+units run as root: it is refused unless --embedded-insecure-tcp is given too,
+and then the agent warns at every start and "agentd doctor" reports it.
 
 Under systemd (contrib/systemd/agentd.service, Type=notify) it reports READY=1
 after its first successful reconcile pass, or after --registry-timeout with the
@@ -123,7 +131,9 @@ of the group answers alike. There is no authentication: listen on loopback
 	fs.StringVar(&o.embedClient, "embedded-listen", "",
 		"without --etcd-endpoints: where the embedded etcd listens besides its unix socket (default: only the socket, "+defaultEndpoint+
 			", or $XDG_RUNTIME_DIR/agentd/etcd.sock with --user). https://ADDR:PORT adds a TLS listener with client-certificate auth "+
-			"(needs --embedded-cert, --embedded-key, --embedded-ca); http:// is accepted on loopback only, instead of the socket, and lets every local user in")
+			"(needs --embedded-cert, --embedded-key, --embedded-ca); http://127.0.0.1:PORT, plaintext, only with --embedded-insecure-tcp")
+	fs.BoolVar(&o.embedInsecureTCP, "embedded-insecure-tcp", false,
+		"allow a plaintext http:// --embedded-listen on loopback: every local user can then write units that run as root (the agent warns at every start; doctor reports it)")
 	fs.StringVar(&o.embedCert, "embedded-cert", "", "certificate of the embedded etcd's https:// --embedded-listen")
 	fs.StringVar(&o.embedKey, "embedded-key", "", "key of --embedded-cert")
 	fs.StringVar(&o.embedCA, "embedded-ca", "", "CA of the client certificates the embedded etcd's https:// listener accepts (client-certificate auth)")
@@ -218,8 +228,8 @@ func (o *runOptions) defaults() error {
 // embedConfig turns the --embedded-* flags into the embedded etcd's
 // configuration: its unix socket in the runtime directory (created 0700, or
 // tightened to 0700), plus an https:// listener with client-certificate
-// auth; or, for tests and development, plaintext loopback TCP instead of
-// the socket. Anything else is refused.
+// auth, or, with --embedded-insecure-tcp only, a plaintext loopback TCP
+// listener. Anything else is refused.
 func (o *runOptions) embedConfig() (registry.EmbedConfig, error) {
 	cfg := registry.EmbedConfig{
 		Dir:      filepath.Join(o.stateDir, "etcd"),
@@ -227,24 +237,32 @@ func (o *runOptions) embedConfig() (registry.EmbedConfig, error) {
 	}
 	listen := o.embedClient
 	tlsFlags := o.embedCert != "" || o.embedKey != "" || o.embedCA != ""
+	if o.embedInsecureTCP && !strings.HasPrefix(listen, "http://") {
+		return cfg, withCode(exitUsage, fmt.Errorf("--embedded-insecure-tcp goes with an http://127.0.0.1:PORT --embedded-listen, not %q; "+
+			"drop it (the default unix socket and an https:// listener need no such flag)", listen))
+	}
 	switch {
 	case listen == "" || strings.HasPrefix(listen, "https://") || strings.HasPrefix(listen, "unix://"):
 	case strings.HasPrefix(listen, "http://"):
 		u, err := url.Parse(listen)
-		if err != nil || u.Port() == "" {
-			return cfg, withCode(exitUsage, fmt.Errorf("--embedded-listen %q: want https://ADDR:PORT, or http://127.0.0.1:PORT", listen))
+		if err != nil || u.Port() == "" || (u.Path != "" && u.Path != "/") {
+			return cfg, withCode(exitUsage, fmt.Errorf("--embedded-listen %q: want https://ADDR:PORT", listen))
 		}
 		if !registry.IsLoopbackHost(u.Host) {
 			return cfg, withCode(exitUsage, fmt.Errorf("--embedded-listen %s: plaintext etcd on a non-loopback address would let anyone who reaches it have units run as root here; "+
 				"use https:// with --embedded-cert, --embedded-key and --embedded-ca (client-certificate auth), or leave it unset for the private unix socket", listen))
 		}
+		if !o.embedInsecureTCP {
+			return cfg, withCode(exitUsage, fmt.Errorf("--embedded-listen %s: plaintext TCP lets every local user write units that run as root here; "+
+				"use https:// with --embedded-cert, --embedded-key and --embedded-ca (client-certificate auth), or leave it unset for the private unix socket "+
+				"(to open this door anyway, add --embedded-insecure-tcp)", listen))
+		}
 		if tlsFlags {
 			return cfg, withCode(exitUsage, fmt.Errorf("--embedded-cert, --embedded-key and --embedded-ca need an https:// --embedded-listen, not %s", listen))
 		}
-		cfg.ClientURL = listen
-		return cfg, nil
+		cfg.InsecureURL = listen
 	default:
-		return cfg, withCode(exitUsage, fmt.Errorf("--embedded-listen %q: want https://ADDR:PORT (or http://127.0.0.1:PORT)", listen))
+		return cfg, withCode(exitUsage, fmt.Errorf("--embedded-listen %q: want https://ADDR:PORT", listen))
 	}
 	if strings.HasPrefix(listen, "https://") {
 		if o.embedCert == "" || o.embedKey == "" || o.embedCA == "" {
@@ -368,6 +386,13 @@ func newAgentRun(o *runOptions) (*agentRun, error) {
 	return r, nil
 }
 
+// insecureTCPWarning is what the agent logs at every start with
+// --embedded-insecure-tcp, and what doctor says of a plaintext listener.
+func insecureTCPWarning(endpoint string) string {
+	return "the embedded etcd listens on plaintext TCP at " + endpoint + " (--embedded-insecure-tcp): every local user can write the registry there, " +
+		"and so have units run as root on this machine and every machine this registry targets"
+}
+
 // defaultFleetLockTTL is --fleetlock-ttl: long enough for a machine to
 // reboot and its Zincati to say steady-state, short enough that a machine
 // that never comes back does not hold its group's rollouts for long.
@@ -381,6 +406,10 @@ func (r *agentRun) startEtcd(ctx context.Context) (*registry.Embedded, error) {
 	o, log := r.o, r.log
 	r.endpoints = o.etcd.endpoints
 	var ecfg *registry.EmbedConfig
+	if len(r.endpoints) > 0 && (o.embedClient != "" || o.embedCert != "" || o.embedKey != "" || o.embedCA != "" || o.embedInsecureTCP) {
+		return nil, withCode(exitUsage, errors.New("--embedded-listen, --embedded-cert, --embedded-key, --embedded-ca and --embedded-insecure-tcp configure the embedded etcd, "+
+			"which runs only without --etcd-endpoints: drop them, or drop --etcd-endpoints"))
+	}
 	if len(r.endpoints) == 0 {
 		c, err := o.embedConfig()
 		if err != nil {
@@ -411,7 +440,10 @@ func (r *agentRun) startEtcd(ctx context.Context) (*registry.Embedded, error) {
 		return nil, err // "start embedded etcd: …"
 	}
 	r.endpoints = []string{emb.Endpoint()}
-	log.Info("embedded etcd running", "endpoint", emb.Endpoint(), "tls_endpoint", emb.TLSEndpoint(), "dir", ecfg.Dir)
+	log.Info("embedded etcd running", "endpoint", emb.Endpoint(), "tls_endpoint", emb.TLSEndpoint(), "insecure_endpoint", emb.InsecureEndpoint(), "dir", ecfg.Dir)
+	if ep := emb.InsecureEndpoint(); ep != "" {
+		log.Warn(insecureTCPWarning(ep), "insecure_endpoint", ep)
+	}
 	return emb, nil
 }
 

@@ -102,6 +102,9 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 			if err := o.sf.check(tg, o.wait, o.wf, o.dryRun); err != nil {
 				return err
 			}
+			if _, err := reasonFlag(cmd); err != nil {
+				return err
+			}
 			units, err := readUnits(args, o.instances)
 			if err != nil {
 				return err
@@ -252,6 +255,9 @@ follow the rollout to its end, exit codes as for put.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tg, err := o.tf.target()
 			if err != nil {
+				return err
+			}
+			if _, err := reasonFlag(cmd); err != nil {
 				return err
 			}
 			if err := o.sf.check(tg, o.wait, o.wf, false); err != nil {

@@ -82,6 +82,9 @@ func (c *Certs) leaf(t testing.TB, file, name string, ca *x509.Certificate, caKe
 	}
 	if usage == x509.ExtKeyUsageServerAuth {
 		tmpl.IPAddresses, tmpl.DNSNames = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}, []string{"localhost"}
+		// etcd's HTTP gateway may reach etcd's gRPC through the TLS
+		// listener, presenting the server's certificate as a client's.
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageClientAuth)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {

@@ -340,6 +340,22 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 	}
 }
 
+// rolloutSettleMax bounds how long settle waits for the rollouts' watchers
+// (see settle); etcd answers a progress request within milliseconds unless
+// a watcher of the stream is catching up.
+const rolloutSettleMax = time.Second
+
+// rolloutsSeen says every rollout prefix's watcher has shown the target
+// revision.
+func (w *unitWatch) rolloutsSeen(seen []bool) bool {
+	for i, p := range w.prefixes {
+		if !seen[i] && strings.HasPrefix(p, w.c.rolloutsRoot()+"groups/") {
+			return false
+		}
+	}
+	return true
+}
+
 // settle collects the rest of the transactions up to *rev: it returns once
 // every prefix's watcher has delivered a response at *rev or later (an
 // event, or the progress notification it asks for), or after settleDelay.
@@ -348,6 +364,7 @@ func (w *unitWatch) settle(ctx, wctx context.Context, state *unitState, rev *int
 	if len(w.prefixes) == 1 {
 		return nil
 	}
+	start := time.Now()
 	timer := time.NewTimer(w.c.settleDelay)
 	defer timer.Stop()
 	target := *rev
@@ -361,6 +378,15 @@ func (w *unitWatch) settle(ctx, wctx context.Context, state *unitState, rev *int
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-timer.C:
+			// A rollout's record must come with the keys it stages (a
+			// host outside the first wave would otherwise run the change
+			// for the moment between them): its group's watcher is waited
+			// for, asking again, up to rolloutSettleMax.
+			if !w.rolloutsSeen(seen) && time.Since(start) < rolloutSettleMax {
+				_ = w.c.cli.RequestProgress(wctx)
+				timer.Reset(w.c.settleDelay)
+				continue
+			}
 			return nil
 		case it := <-merged:
 			if _, err := w.apply(state, rev, it); err != nil {

@@ -319,3 +319,44 @@ func (r *Rollout) previous(entries []Entry, prev func(key string) (*string, int6
 	slices.SortFunc(out, CompareEntries)
 	return out
 }
+
+// HoldUnconfirmed keeps each group key written after upTo (the revision up
+// to which the rollouts are known complete) as it was in prev: such a key
+// may be staged by a rollout whose record has not arrived yet, and a host
+// outside its first wave must not run it meanwhile. A key that was not in
+// prev stays out. upTo 0 (not known, e.g. a saved snapshot) holds nothing.
+// A removal cannot be dated (the key is gone): it is not held. It says
+// whether it held anything: the snapshot then speaks for upTo only.
+func HoldUnconfirmed(entries, prev []Entry, upTo int64) ([]Entry, bool) {
+	if upTo <= 0 {
+		return entries, false
+	}
+	held := false
+	for _, e := range entries {
+		if e.Scope == ScopeGroup && e.ModRevision > upTo {
+			held = true
+			break
+		}
+	}
+	if !held {
+		return entries, false
+	}
+	was := make(map[[2]string]Entry, len(prev))
+	for _, e := range prev {
+		if e.Scope == ScopeGroup {
+			was[[2]string{e.Group, e.Unit}] = e
+		}
+	}
+	out := make([]Entry, 0, len(entries))
+	for _, e := range entries {
+		if e.Scope == ScopeGroup && e.ModRevision > upTo {
+			if old, ok := was[[2]string{e.Group, e.Unit}]; ok {
+				out = append(out, old)
+			}
+			continue
+		}
+		out = append(out, e)
+	}
+	slices.SortFunc(out, CompareEntries)
+	return out, true
+}

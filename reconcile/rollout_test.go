@@ -282,3 +282,24 @@ func TestRolloutOverlayFollowsAnAbortedOne(t *testing.T) {
 		}
 	}
 }
+
+// A group key written after the rollouts are known complete is held at
+// what the host ran: its rollout's record may not have arrived yet.
+func TestHoldUnconfirmed(t *testing.T) {
+	prev := []Entry{{Scope: ScopeGroup, Group: "web", Unit: "a.service", Value: []byte("v1"), ModRevision: 5}}
+	now := []Entry{
+		{Scope: ScopeGroup, Group: "web", Unit: "a.service", Value: []byte("v2"), ModRevision: 9},
+		{Scope: ScopeGroup, Group: "web", Unit: "b.service", Value: []byte("b"), ModRevision: 9},
+		{Scope: ScopeHost, Unit: "c.service", Value: []byte("c"), ModRevision: 9},
+	}
+	got, held := HoldUnconfirmed(now, prev, 8)
+	if !held || len(got) != 2 || got[0].Unit != "c.service" || string(got[1].Value) != "v1" {
+		t.Fatalf("held %v: %+v", held, got)
+	}
+	if got, held := HoldUnconfirmed(now, prev, 9); held || len(got) != 3 {
+		t.Fatalf("confirmed: held %v, %+v", held, got)
+	}
+	if got, held := HoldUnconfirmed(now, prev, 0); held || len(got) != 3 {
+		t.Fatalf("unknown: held %v, %+v", held, got)
+	}
+}

@@ -61,6 +61,10 @@ type Snapshot struct {
 	// ID then host. Overlay applies them to Entries.
 	Rollouts []*Rollout
 	Progress map[string]map[string]*HostProgress
+	// RolloutsRevision is how far the rollouts are known complete: a
+	// group key written after it may belong to a rollout whose record has
+	// not arrived yet (HoldUnconfirmed).
+	RolloutsRevision int64
 }
 
 // Halt stops a group's rollout of one unit version after a host failed it

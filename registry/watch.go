@@ -103,7 +103,11 @@ func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnap
 			}
 			continue
 		}
-		onSnapshot(state.snapshot(rev))
+		w.shown = make([]int64, len(w.prefixes))
+		for i := range w.shown {
+			w.shown[i] = rev
+		}
+		onSnapshot(w.snapshot(state, rev))
 		if c.testAfterRead != nil {
 			c.testAfterRead()
 		}
@@ -129,6 +133,32 @@ type unitWatch struct {
 	c        *Client
 	log      *slog.Logger
 	prefixes []string
+	// shown is, per prefix, the revision up to which its watcher has
+	// delivered every event (a progress notification's revision, or its
+	// newest event's): Snapshot.RolloutsRevision is the lowest of the
+	// rollout prefixes'.
+	shown []int64
+	// handedRollouts is the RolloutsRevision of the last snapshot handed
+	// out: when a progress notification moves it, a snapshot goes out
+	// again (a unit change held back for it can go on).
+	handedRollouts int64
+}
+
+// snapshot is state's snapshot at rev, with how far the rollouts are known.
+func (w *unitWatch) snapshot(state *unitState, rev int64) reconcile.Snapshot {
+	snap := state.snapshot(rev)
+	snap.RolloutsRevision = rev
+	for i, p := range w.prefixes {
+		if w.isRolloutPrefix(p) && w.shown[i] < snap.RolloutsRevision {
+			snap.RolloutsRevision = w.shown[i]
+		}
+	}
+	w.handedRollouts = snap.RolloutsRevision
+	return snap
+}
+
+func (w *unitWatch) isRolloutPrefix(p string) bool {
+	return strings.HasPrefix(p, w.c.rolloutsRoot()+"groups/")
 }
 
 // unitState is what the watched keys hold, by full key, and the entries
@@ -322,6 +352,9 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 			return err
 		}
 		if !changed {
+			if w.handedRollouts < rev && w.rolloutsRevision(rev) > w.handedRollouts {
+				onSnapshot(w.snapshot(state, rev))
+			}
 			continue
 		}
 		// A host's rollout progress is written alone, or with its
@@ -330,14 +363,26 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 		// progress notification from every agent of the fleet at each
 		// host's step (N² requests per rollout).
 		if w.prefixes[it.from] == w.c.progressRoot() {
-			onSnapshot(state.snapshot(rev))
+			onSnapshot(w.snapshot(state, rev))
 			continue
 		}
 		if err := w.settle(ctx, wctx, state, &rev, it.from, merged); err != nil {
 			return err
 		}
-		onSnapshot(state.snapshot(rev))
+		onSnapshot(w.snapshot(state, rev))
 	}
+}
+
+// rolloutsRevision is how far every rollout prefix's watcher has shown
+// (at most rev).
+func (w *unitWatch) rolloutsRevision(rev int64) int64 {
+	low := rev
+	for i, p := range w.prefixes {
+		if w.isRolloutPrefix(p) && w.shown[i] < low {
+			low = w.shown[i]
+		}
+	}
+	return low
 }
 
 // rolloutSettleMax bounds how long settle waits for the rollouts' watchers
@@ -349,7 +394,7 @@ const rolloutSettleMax = time.Second
 // revision.
 func (w *unitWatch) rolloutsSeen(seen []bool) bool {
 	for i, p := range w.prefixes {
-		if !seen[i] && strings.HasPrefix(p, w.c.rolloutsRoot()+"groups/") {
+		if !seen[i] && w.isRolloutPrefix(p) {
 			return false
 		}
 	}
@@ -421,7 +466,11 @@ func (w *unitWatch) apply(state *unitState, rev *int64, it watchItem) (bool, err
 	if resp.Canceled {
 		return false, fmt.Errorf("watch %s canceled by etcd: %s", w.prefixes[0], resp.CancelReason)
 	}
+	if resp.IsProgressNotify() {
+		w.shown[it.from] = max(w.shown[it.from], resp.Header.Revision)
+	}
 	for _, ev := range resp.Events {
+		w.shown[it.from] = max(w.shown[it.from], ev.Kv.ModRevision)
 		switch ev.Type {
 		case clientv3.EventTypePut:
 			w.put(state, ev.Kv)

@@ -60,9 +60,20 @@ func newRolloutHand(host string, log *slog.Logger, session func() *registry.Sess
 // would batch it with the next change (up to its MaxBatchDelay) for
 // nothing, and the last-known-good store would save it for nothing.
 func (h *rolloutHand) overlay(s reconcile.Snapshot) (reconcile.Snapshot, bool) {
+	h.mu.Lock()
+	var prev []reconcile.Entry
+	if h.handed != nil {
+		prev = h.handed.Entries
+	}
+	h.mu.Unlock()
 	stored := s
 	if len(s.Rollouts) > 0 {
 		s.Entries = reconcile.Overlay(s.Entries, h.host, s.Rollouts, s.Progress)
+	}
+	var held bool
+	if s.Entries, held = reconcile.HoldUnconfirmed(s.Entries, prev, s.RolloutsRevision); held {
+		// The pass record must not claim the held write's revision.
+		s.Revision = s.RolloutsRevision
 	}
 	mark := progressMark(s)
 	h.mu.Lock()

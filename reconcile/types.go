@@ -61,6 +61,11 @@ type Snapshot struct {
 	// ID then host. Overlay applies them to Entries.
 	Rollouts []*Rollout
 	Progress map[string]map[string]*HostProgress
+	// Signatures are the signature records beside the unit keys
+	// (<p>/hosts/<h>/signatures/<key>, <p>/groups/<g>/signatures/<key>),
+	// as Entries: Unit is the unit key they sign for, Value the
+	// SignatureRecord's JSON. Read with the keys, at the same revision.
+	Signatures []Entry
 }
 
 // Halt stops a group's rollout of one unit version after a host failed it

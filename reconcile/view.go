@@ -75,7 +75,35 @@ func newView(cfg Config, mem remembered, h inbox, pathsChanged func(map[string]b
 		sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log, obs: cfg.Observer, check: cfg.CheckFocus,
 		cache: newCache(), focus: newFocus(), mem: memory{drifted: map[string]string{}},
 		rem: mem, hand: h, pathsChanged: pathsChanged,
+		desired: struct {
+			snap *Snapshot
+			desiredState
+		}{desiredState: desiredState{trust: newTrustState(cfg.Trust)}},
 	}
+}
+
+// accepted logs the signed changes the last snapshot brought (who signed
+// which key, at which sequence) and saves the marks when they moved. A
+// failed save is logged: the marks are kept in memory and saved with the
+// next change.
+func (v *view) accepted() {
+	keys, marks := v.desired.trust.takeAccepted()
+	for _, k := range keys {
+		what := "signed change accepted"
+		if k.Removed {
+			what = "signed removal accepted"
+		}
+		v.log.Info(k.Unit+": "+what+": "+k.Key+" signed by "+k.Signer.String(), "unit", k.Unit, "key", k.Key, "signer", k.Signer.Fingerprint,
+			"principals", k.Signer.Principals, "seq", k.Seq, "revert", k.Revert)
+	}
+	if marks == nil || v.desired.trust.cfg.SaveMarks == nil {
+		return
+	}
+	if err := v.desired.trust.cfg.SaveMarks(marks); err != nil {
+		v.log.Warn("cannot save the sequence numbers of the signed changes accepted; a restart forgets them (replays of older versions would be accepted again)", "err", err)
+		return
+	}
+	v.desired.trust.changed = false
 }
 
 // What the loop asks of the view about a pass, beyond observe.

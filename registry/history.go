@@ -69,6 +69,10 @@ type writeOptions struct {
 	// rollout of the same keys instead of refusing.
 	rollout   *reconcile.Rollout
 	supersede bool
+	// signer signs each key written (SignWith); revert says the write is
+	// a revert (Reverting).
+	signer ChangeSigner
+	revert bool
 }
 
 func newWriteOptions(opts []WriteOption) writeOptions {
@@ -156,17 +160,23 @@ func (c *Client) historyKey(t Target, unit string, seq int64) string {
 type keyState struct {
 	modRev int64   // 0: absent
 	seqs   []int64 // kept history records, ascending
+	// sigRev is the ModRevision of the key's signature record (0: none)
+	// and sigSeq its sequence number.
+	sigRev int64
+	sigSeq uint64
 }
 
 // readKeys reads, at one revision (returned), the ModRevision of every
-// unit key of t in names and the sequence numbers of their history records
-// (keys only). With dropIns, every drop-in in the registry of a unit in
+// unit key of t in names, the sequence numbers of their history records
+// (keys only) and their signature records. With dropIns, every drop-in in the registry of a unit in
 // names ("<unit>.d/…") is read too, named or not.
 func (c *Client) readKeys(ctx context.Context, t Target, names []string, dropIns bool) (map[string]*keyState, int64, error) {
 	units, hist := c.targetUnits(t), c.historyUnits(t)
+	sigs := c.signatureRoot(t)
 	resp, err := c.cli.Txn(ctx).Then(
 		clientv3.OpGet(units, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(hist, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(sigs, clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, 0, fmt.Errorf("read %s: %w", units, err)
@@ -198,6 +208,13 @@ func (c *Client) readKeys(ctx context.Context, t Target, names []string, dropIns
 		}
 		if seq, err := strconv.ParseInt(rest[i+1:], 10, 64); err == nil && seq > 0 {
 			s.seqs = append(s.seqs, seq)
+		}
+	}
+	for _, kv := range resp.Responses[2].GetResponseRange().GetKvs() {
+		if s, ok := st[strings.TrimPrefix(string(kv.Key), sigs)]; ok {
+			var r reconcile.SignatureRecord
+			_ = json.Unmarshal(kv.Value, &r) // a record that does not decode counts as sequence 0
+			s.sigRev, s.sigSeq = kv.ModRevision, r.Seq
 		}
 	}
 	for _, s := range st {

@@ -24,7 +24,7 @@ func (f fakeVerifier) VerifyChange(msg, armored []byte) (Signer, error) {
 	who := Signer{Fingerprint: parts[1]}
 	p, ok := f[parts[1]]
 	if !ok {
-		return who, fmt.Errorf("signed by a key that is not an allowed signer (%s)", parts[1])
+		return who, errors.New("not an allowed signer (no line of allowed_signers holds the key)")
 	}
 	who.Principals = p
 	sum := sha256.Sum256(msg)
@@ -93,7 +93,7 @@ func TestSignedChanges(t *testing.T) {
 			refused: "refused: bad signature: " + key + ": signed by SHA256:alice (alice@example.com): signed for /agentd/groups/db/units/a.service, not for this key"},
 		{name: "an unknown key",
 			s:       Snapshot{Entries: []Entry{host("a.service", v1)}, Signatures: []Entry{sigRecord("hosts/h1", "a.service", []byte(v1), 5, false, "SHA256:mallory")}},
-			refused: "refused: bad signature: " + key + ": signed by SHA256:mallory: signed by a key that is not an allowed signer"},
+			refused: "refused: bad signature: " + key + ": signed by SHA256:mallory: not an allowed signer"},
 		{name: "a truncated signature",
 			s: Snapshot{Entries: []Entry{host("a.service", v1)}, Signatures: []Entry{func() Entry {
 				e := signed("a.service", v1, 5)

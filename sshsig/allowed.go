@@ -46,7 +46,7 @@ type Signer struct {
 
 var (
 	// ErrUnknownKey: no line of the allowed signers holds the signing key.
-	ErrUnknownKey = errors.New("signed by a key that is not an allowed signer")
+	ErrUnknownKey = errors.New("not an allowed signer")
 	// ErrNotAllowed: the key is there, but not for this namespace or not
 	// at this time.
 	ErrNotAllowed = errors.New("signing key not allowed")
@@ -218,7 +218,7 @@ func (as *AllowedSigners) Verify(armored []byte, namespace string, msg []byte, n
 	if why != nil {
 		return who, why
 	}
-	return who, fmt.Errorf("%w (%s is not in %s)", ErrUnknownKey, who.Fingerprint, as.Path)
+	return who, fmt.Errorf("%w (no line of %s holds the key)", ErrUnknownKey, as.Path)
 }
 
 // matchList matches s against a comma-separated list of patterns (*, ?;

@@ -98,6 +98,7 @@ returns at once).`,
 	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	bindKeep(cmd)
+	bindSign(cmd)
 	return cmd
 }
 

@@ -51,13 +51,17 @@ func bindKeep(cmd *cobra.Command) {
 }
 
 // writeOptions are the registry options of every command that stores
-// versions: who stores them, and --keep when the command has it.
+// versions: who stores them, --keep when the command has it, and the
+// signature of --sign-key when it was given.
 func writeOptions(cmd *cobra.Command) []registry.WriteOption {
 	opts := []registry.WriteOption{registry.StoredBy(storedBy())}
 	if f := cmd.Flags().Lookup("keep"); f != nil {
 		if k, ok := f.Value.(*keepValue); ok {
 			opts = append(opts, registry.KeepVersions(int(*k)))
 		}
+	}
+	if sign, ok := signOption(cmd); ok {
+		opts = append(opts, sign)
 	}
 	return opts
 }
@@ -206,6 +210,7 @@ error (exit 1). --wait as for put: exit 3 when a host fails, 4 on --timeout,
 	o.ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	o.tf.bind(cmd)
 	bindKeep(cmd)
+	bindSign(cmd)
 	cmd.Flags().Int64Var(&o.to, "to", 0, "the revision to put back (default: the version before the current)")
 	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host runs the reverted version")
 	o.wf.bind(cmd)
@@ -255,7 +260,7 @@ func (o *revertOptions) revert(ctx context.Context, cmd *cobra.Command, reg *reg
 // and returns the revision of the write.
 func storeVersion(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, unit string,
 	h registry.History, v registry.Version) (int64, error) {
-	opts := append(writeOptions(cmd), registry.IfModRevision(unit, h.ModRevision))
+	opts := append(writeOptions(cmd), registry.IfModRevision(unit, h.ModRevision), registry.Reverting())
 	var (
 		rev int64
 		err error

@@ -539,6 +539,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.jobs.wg.Wait()
 	defer a.probes.wg.Wait()
 	defer a.facts.start(ctx)()
+	defer a.view.marks.start(ctx)()
 	if a.out.pub != nil {
 		var wg sync.WaitGroup
 		defer wg.Wait()

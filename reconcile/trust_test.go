@@ -1,14 +1,18 @@
 package reconcile
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // fakeVerifier accepts "sig <signer> <sha256 of the message>" from the
@@ -250,5 +254,47 @@ func TestSignedChangeMessage(t *testing.T) {
 	got = string(SignedChange{Key: "/p/groups/web/units/a.service", Target: "groups/web", Seq: 8, Revert: true}.Message())
 	if !strings.Contains(got, "content removed\n") || !strings.Contains(got, "revert yes\n") {
 		t.Errorf("removal message:\n%s", got)
+	}
+}
+
+// The marks are saved off the loop: the newest win, a failed save is
+// retried, and what is pending when the agent stops is saved then.
+func TestMarksSavedOffTheLoop(t *testing.T) {
+	var mu sync.Mutex
+	var saved []map[string]Mark
+	fail := 1
+	o := newMarksOut(&Trust{SaveMarks: func(m map[string]Mark) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if fail > 0 {
+			fail--
+			return errors.New("disk full")
+		}
+		saved = append(saved, m)
+		return nil
+	}}, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithCancel(context.Background())
+	wait := o.start(ctx)
+	o.offer(map[string]Mark{"k": {Seq: 1}})
+	last := func() Mark {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(saved) == 0 {
+			return Mark{}
+		}
+		return saved[len(saved)-1]["k"]
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for last().Seq != 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if last().Seq != 1 {
+		t.Fatal("a failed save was not retried")
+	}
+	o.offer(map[string]Mark{"k": {Seq: 2}})
+	cancel()
+	wait()
+	if last().Seq != 2 {
+		t.Fatalf("the marks pending at stop were not saved: %+v", last())
 	}
 }

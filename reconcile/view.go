@@ -38,6 +38,10 @@ type view struct {
 	// hash, while a record refers to them (remember, pruneKept).
 	kept map[string][]byte
 
+	// marks saves the signature check's marks (nil: not checked, or not
+	// saved).
+	marks *marksOut
+
 	rem  remembered // what the agent remembers and runs: read, never written
 	hand inbox      // the snapshot and what changed in; the units whose signals matter out (rescan)
 	// pathsChanged is told which paths changed ("": any of them).
@@ -79,13 +83,14 @@ func newView(cfg Config, mem remembered, h inbox, pathsChanged func(map[string]b
 			snap *Snapshot
 			desiredState
 		}{desiredState: desiredState{trust: newTrustState(cfg.Trust)}},
+		marks: newMarksOut(cfg.Trust, cfg.Log),
 	}
 }
 
 // accepted logs the signed changes the last snapshot brought (who signed
-// which key, at which sequence) and saves the marks when they moved. A
-// failed save is logged: the marks are kept in memory and saved with the
-// next change.
+// which key, at which sequence) and hands the marks, when they moved, to
+// their saver (marksOut): the pass does not wait for the state
+// directory's fsyncs.
 func (v *view) accepted() {
 	keys, marks := v.desired.trust.takeAccepted()
 	for _, k := range keys {
@@ -96,13 +101,10 @@ func (v *view) accepted() {
 		v.log.Info(k.Unit+": "+what+": "+k.Key+" signed by "+k.Signer.String(), "unit", k.Unit, "key", k.Key, "signer", k.Signer.Fingerprint,
 			"principals", k.Signer.Principals, "seq", k.Seq, "revert", k.Revert)
 	}
-	if marks == nil || v.desired.trust.cfg.SaveMarks == nil {
+	if marks == nil || v.marks == nil {
 		return
 	}
-	if err := v.desired.trust.cfg.SaveMarks(marks); err != nil {
-		v.log.Warn("cannot save the sequence numbers of the signed changes accepted; a restart forgets them (replays of older versions would be accepted again)", "err", err)
-		return
-	}
+	v.marks.offer(marks)
 	v.desired.trust.changed = false
 }
 

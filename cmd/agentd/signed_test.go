@@ -281,9 +281,18 @@ func TestSignedChanges(t *testing.T) {
 	e.refusedWith(t, "hello.service", "refused: unsigned: "+helloKey+": removed from the registry without a signed removal")
 	kept("unsigned removal without a record")
 
-	// Put back signed, then a signed removal: stopped and removed.
+	// Put back signed, edited signed, then a signed removal: stopped and removed.
 	if out, code := e.putWith("hello.service", helloV1, signed...); code != 0 {
 		t.Fatalf("signed put back: exit %d\n%s", code, out)
+	}
+	// unit edit signs too.
+	t.Setenv("VISUAL", "")
+	t.Setenv("EDITOR", editorScript(t, dir, `sed -i 's/sleep 1001/sleep 1002/' "$1"`))
+	if out, code := e.cli("unit", "edit", "hello.service", "--host", e.host, "--yes", "--timeout", "20s", "--sign-key", e.alice.file); code != 0 {
+		t.Fatalf("signed edit: exit %d\n%s", code, out)
+	}
+	if got, _ := e.readLocal("hello.service"); got != helloV2 {
+		t.Fatalf("after the signed edit the file is %q", got)
 	}
 	if out, code := e.cli("unit", "rm", "hello.service", "--host", e.host, "--wait", "--timeout", "20s", "--sign-key", e.alice.file); code != 0 {
 		t.Fatalf("signed rm: exit %d\n%s", code, out)

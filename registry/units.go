@@ -63,7 +63,11 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opt
 // writing anything: the names, the values and the size of the request it
 // would send (a LimitError in plain words), for `unit put --dry-run`.
 func (c *Client) CheckPut(ctx context.Context, t Target, units map[string][]byte, opts ...WriteOption) error {
-	w, err := c.putTxn(ctx, t, units, newWriteOptions(opts))
+	o := newWriteOptions(opts)
+	if o.signer != nil {
+		o.signer = sizeOnly{o.signer} // a dry run signs nothing (no passphrase, no touch of a security key)
+	}
+	w, err := c.putTxn(ctx, t, units, o)
 	if err != nil {
 		return err
 	}

@@ -364,6 +364,12 @@ func (t *trustState) checkKey(e Entry, hash string, rec Entry, hasRec bool) (Sig
 	if removed {
 		what = "its removal"
 	}
+	var r SignatureRecord
+	decodeErr := error(nil)
+	if hasRec {
+		decodeErr = json.Unmarshal(rec.Value, &r)
+		hasRec = decodeErr != nil || r.Signature != "" // a record without a signature: an unsigned write kept its sequence
+	}
 	if !hasRec {
 		if kept {
 			return SignedKey{Unit: unit, Key: key, Seq: m.Seq, Kept: true}, nil
@@ -374,12 +380,11 @@ func (t *trustState) checkKey(e Entry, hash string, rec Entry, hasRec bool) (Sig
 		}
 		return SignedKey{}, &RefusedError{Why: RefusedUnsigned, Key: key, Detail: detail}
 	}
-	var r SignatureRecord
-	if err := json.Unmarshal(rec.Value, &r); err != nil {
+	if decodeErr != nil {
 		if kept {
 			return SignedKey{Unit: unit, Key: key, Seq: m.Seq, Kept: true}, nil
 		}
-		return SignedKey{}, &RefusedError{Why: RefusedBadSig, Key: key, Detail: "its signature record is not JSON: " + err.Error()}
+		return SignedKey{}, &RefusedError{Why: RefusedBadSig, Key: key, Detail: "its signature record is not JSON: " + decodeErr.Error()}
 	}
 	c := SignedChange{Key: key, Target: tg.Name, Hash: hash, Seq: r.Seq, Revert: r.Revert}
 	who, err := t.cfg.Verifier.VerifyChange(c.Message(), []byte(r.Signature))

@@ -105,6 +105,10 @@ func TestSignedChanges(t *testing.T) {
 				return e
 			}()}},
 			refused: "refused: bad signature: " + key + ": malformed SSH signature"},
+		{name: "a record an unsigned put emptied is unsigned",
+			s: Snapshot{Entries: []Entry{host("a.service", v1)}, Signatures: []Entry{{Scope: ScopeHost, Unit: "a.service",
+				Value: []byte(`{"key":"/agentd/hosts/h1/units/a.service","seq":9}`)}}},
+			refused: "refused: unsigned: " + key + ": sha256 "},
 		{name: "a record that is not JSON",
 			s:       Snapshot{Entries: []Entry{host("a.service", v1)}, Signatures: []Entry{{Scope: ScopeHost, Unit: "a.service", Value: []byte("{")}}},
 			refused: "refused: bad signature: " + key + ": its signature record is not JSON"},

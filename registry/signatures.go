@@ -22,8 +22,9 @@ import (
 // record in one response, and the agent's least-privilege role, which
 // reads those prefixes, reads them too. A removal stores a record that
 // says "removed" (the key is gone; its record stays). A write without
-// SignWith deletes the record of each key it writes, so the agent says
-// "unsigned" rather than judging an old signature against new content.
+// SignWith empties the record of each key it writes (no signature, the
+// sequence kept), so the agent says "unsigned" rather than judging an old
+// signature against new content.
 //
 // The sequence number of a record is the writer's clock in milliseconds,
 // or one more than the key's previous record when that is higher: it
@@ -96,8 +97,14 @@ func (c *Client) signatureOps(t Target, names []string, values map[string][]byte
 		s, key := st[u], c.signatureRoot(t)+u
 		if o.signer == nil {
 			if s.sigRev != 0 {
+				// No signature, but the sequence stays: the next signed
+				// write continues from it whatever its writer's clock says.
+				b, err := json.Marshal(reconcile.SignatureRecord{Key: c.targetUnits(t) + u, Seq: s.sigSeq, Removed: removed})
+				if err != nil {
+					return nil, nil, err
+				}
 				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", s.sigRev))
-				ops = append(ops, clientv3.OpDelete(key))
+				ops = append(ops, clientv3.OpPut(key, string(b)))
 			}
 			continue
 		}

@@ -86,19 +86,25 @@ func TestSignedWrites(t *testing.T) {
 		t.Fatalf("snapshot after the removal: %+v", snap)
 	}
 
-	// A group's keys are signed for the group; an unsigned put clears the
-	// record of each key it writes.
-	putBy(t, c, web, "b.service", "B1", SignWith(fakeSigner{}))
-	if s, _ := sigOf(t, c, web, "b.service"); s.Key != "/agentd/groups/web/units/b.service" || !strings.Contains(s.Signature, "target groups/web\n") {
-		t.Errorf("group record %+v", s)
+	// A group's keys are signed for the group; an unsigned put empties
+	// the record of each key it writes, keeping its sequence: the next
+	// signed put goes on from it, whatever its clock says.
+	putBy(t, c, web, "b.service", "B1", SignWith(fakeSigner{}), clock)
+	sb, _ := sigOf(t, c, web, "b.service")
+	if sb.Key != "/agentd/groups/web/units/b.service" || !strings.Contains(sb.Signature, "target groups/web\n") {
+		t.Errorf("group record %+v", sb)
 	}
 	rev = putBy(t, c, web, "b.service", "B2")
-	if _, ok := sigOf(t, c, web, "b.service"); ok {
-		t.Error("an unsigned put left the old signature in place")
+	if s, ok := sigOf(t, c, web, "b.service"); !ok || s.Signature != "" || s.Seq != sb.Seq || s.Hash != "" {
+		t.Errorf("after an unsigned put the record is %+v (ok %v): want no signature, sequence %d", s, ok, sb.Seq)
 	}
 	snap = r.waitFor(t, "the unsigned put", 10*time.Second, func(s reconcile.Snapshot) bool { return s.Revision >= rev })
-	if len(snap.Signatures) != 1 || snap.Signatures[0].Unit != "a.service" {
+	if len(snap.Signatures) != 2 {
 		t.Errorf("signatures after the unsigned put: %+v", snap.Signatures)
+	}
+	putBy(t, c, web, "b.service", "B3", SignWith(fakeSigner{}), withClock(func() time.Time { return time.UnixMilli(5) }))
+	if s, _ := sigOf(t, c, web, "b.service"); s.Seq != sb.Seq+1 {
+		t.Errorf("a signed put after an unsigned one, with a clock behind: sequence %d, want %d", s.Seq, sb.Seq+1)
 	}
 	// The records are not unit keys: ls and the agent's entries skip them.
 	ls, err := c.List(ctxT(t), nil)

@@ -139,6 +139,9 @@ func (s *signKey) loadAgent() error {
 	}
 	var have []string
 	for _, sg := range signers {
+		if _, cert := sg.PublicKey().(*ssh.Certificate); cert {
+			continue // allowed_signers lists keys: a certificate's signature would name the certificate
+		}
 		fp := ssh.FingerprintSHA256(sg.PublicKey())
 		if s.id == "" || sameFingerprint(fp, s.id) {
 			s.signer, s.conn = &changeSigner{s: sg}, conn
@@ -147,7 +150,7 @@ func (s *signKey) loadAgent() error {
 		have = append(have, fp)
 	}
 	conn.Close()
-	if len(signers) == 0 {
+	if len(have) == 0 {
 		return withCode(exitUsage, errors.New("--sign-key ssh-agent: the agent holds no key (ssh-add one)"))
 	}
 	return withCode(exitUsage, fmt.Errorf("--sign-key-id %s: the ssh-agent holds no such key (it holds %s)", s.id, strings.Join(have, ", ")))

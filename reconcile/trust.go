@@ -459,24 +459,27 @@ func (t *trustState) fresh() *trustState {
 
 // marksOut saves the marks off the loop (Trust.SaveMarks: an atomic,
 // fsynced write of the state directory's file, a few ms, up to tens under
-// load, that no change should wait for): the newest marks win, a failed
-// save is retried with backoff, and the last marks are saved when the
-// agent stops. A crash within those milliseconds forgets the newest
-// marks: the versions they accepted are accepted again at restart.
+// load, that no change should wait for): a quarter of a second after they
+// moved — after the pass's own file writes and their fsyncs, which it
+// would otherwise compete with — the newest marks win, a failed save is
+// retried with backoff, and the last marks are saved when the agent stops.
+// A crash within that time forgets the newest marks: the versions they
+// accepted are accepted again at restart.
 type marksOut struct {
-	save func(map[string]Mark) error
-	log  *slog.Logger
-	mu   sync.Mutex
-	want map[string]Mark
-	gen  uint64
-	wake chan struct{}
+	save  func(map[string]Mark) error
+	log   *slog.Logger
+	delay time.Duration
+	mu    sync.Mutex
+	want  map[string]Mark
+	gen   uint64
+	wake  chan struct{}
 }
 
 func newMarksOut(t *Trust, log *slog.Logger) *marksOut {
 	if t == nil || t.SaveMarks == nil {
 		return nil
 	}
-	return &marksOut{save: t.SaveMarks, log: log, wake: make(chan struct{}, 1)}
+	return &marksOut{save: t.SaveMarks, log: log, delay: 250 * time.Millisecond, wake: make(chan struct{}, 1)}
 }
 
 func (o *marksOut) offer(m map[string]Mark) {
@@ -527,6 +530,11 @@ func (o *marksOut) run(ctx context.Context) {
 			}
 			return
 		case <-o.wake:
+			select {
+			case <-ctx.Done():
+				continue // saved on the way out
+			case <-time.After(o.delay):
+			}
 		case <-retry.C:
 		}
 		if err := flush(); err != nil {

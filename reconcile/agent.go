@@ -227,6 +227,11 @@ type Config struct {
 	// what a full one does.
 	CheckFocus bool
 
+	// Trust, when set, makes the agent refuse every change of a registry
+	// key that an allowed signer did not sign (trust.go); nil: none is
+	// checked.
+	Trust *Trust
+
 	// Pause, when set, is called at named points of a pass ("files-written":
 	// files are on disk, the daemon-reload not done; "reloaded": reloaded,
 	// no job started; "jobs-started": the pass's jobs under way, its
@@ -534,6 +539,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.jobs.wg.Wait()
 	defer a.probes.wg.Wait()
 	defer a.facts.start(ctx)()
+	defer a.view.marks.start(ctx)()
 	if a.out.pub != nil {
 		var wg sync.WaitGroup
 		defer wg.Wait()

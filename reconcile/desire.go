@@ -28,7 +28,11 @@ type DesiredUnit struct {
 	Instance bool                   // an empty-valued instance key: run Name from its template
 	Policy   Policy
 	// Err, when set, blocks the unit: it is reported and nothing is applied.
+	// A change not signed as --allowed-signers asks is a *RefusedError.
 	Err error
+	// Signed says how each of its keys passed the signature check (only
+	// with Config.Trust): who signed what, for the journal.
+	Signed []SignedKey
 }
 
 // Files returns the unit's files sorted by path.
@@ -76,6 +80,8 @@ type desiredState struct {
 	entries []Entry            // the last snapshot's, sorted
 	byUnit  map[string][]Entry // the same, by the unit they are for, sorted
 	units   map[string]*DesiredUnit
+	// trust checks the signatures (trust.go); nil: not asked for.
+	trust *trustState
 }
 
 // desiredChange is a unit whose keys changed: old or now is nil when the
@@ -113,14 +119,26 @@ func (d *desiredState) update(s Snapshot) []desiredChange {
 		}
 	})
 	d.entries = now
+	if d.trust != nil {
+		d.trust.update(s.Signatures, dirty)
+	}
 	changes := make([]desiredChange, 0, len(dirty))
 	for _, name := range slices.Sorted(maps.Keys(dirty)) {
 		c := desiredChange{name: name, old: d.units[name]}
-		if es := d.byUnit[name]; len(es) > 0 {
+		es := d.byUnit[name]
+		if len(es) > 0 {
 			c.now = desireUnit(name, es)
+		}
+		if d.trust != nil {
+			c.now = d.trust.check(name, es, c.now)
+		}
+		if c.now != nil {
 			d.units[name] = c.now
 		} else {
 			delete(d.units, name)
+		}
+		if c.old == nil && c.now == nil {
+			continue // a signature record of nothing this host runs
 		}
 		changes = append(changes, c)
 	}

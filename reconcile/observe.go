@@ -21,8 +21,11 @@ func (v *view) observe(ctx context.Context) (desired map[string]*DesiredUnit, un
 	if snap != v.desired.snap {
 		changes := v.desired.update(*snap)
 		v.desired.snap = snap
+		if v.desired.trust != nil {
+			v.accepted()
+		}
 		if v.check {
-			checkDesired(v.desired.units, *snap)
+			checkDesired(v.desired.units, *snap, v.desired.trust)
 		}
 		halts := map[string]Halt{}
 		for _, h := range snap.Halts {

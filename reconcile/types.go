@@ -65,6 +65,11 @@ type Snapshot struct {
 	// group key written after it may belong to a rollout whose record has
 	// not arrived yet (HoldUnconfirmed).
 	RolloutsRevision int64
+	// Signatures are the signature records beside the unit keys
+	// (<p>/hosts/<h>/signatures/<key>, <p>/groups/<g>/signatures/<key>),
+	// as Entries: Unit is the unit key they sign for, Value the
+	// SignatureRecord's JSON. Read with the keys, at the same revision.
+	Signatures []Entry
 }
 
 // Halt stops a group's rollout of one unit version after a host failed it

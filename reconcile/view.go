@@ -38,6 +38,10 @@ type view struct {
 	// hash, while a record refers to them (remember, pruneKept).
 	kept map[string][]byte
 
+	// marks saves the signature check's marks (nil: not checked, or not
+	// saved).
+	marks *marksOut
+
 	rem  remembered // what the agent remembers and runs: read, never written
 	hand inbox      // the snapshot and what changed in; the units whose signals matter out (rescan)
 	// pathsChanged is told which paths changed ("": any of them).
@@ -75,7 +79,33 @@ func newView(cfg Config, mem remembered, h inbox, pathsChanged func(map[string]b
 		sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log, obs: cfg.Observer, check: cfg.CheckFocus,
 		cache: newCache(), focus: newFocus(), mem: memory{drifted: map[string]string{}},
 		rem: mem, hand: h, pathsChanged: pathsChanged,
+		desired: struct {
+			snap *Snapshot
+			desiredState
+		}{desiredState: desiredState{trust: newTrustState(cfg.Trust)}},
+		marks: newMarksOut(cfg.Trust, cfg.Log),
 	}
+}
+
+// accepted logs the signed changes the last snapshot brought (who signed
+// which key, at which sequence) and hands the marks, when they moved, to
+// their saver (marksOut): the pass does not wait for the state
+// directory's fsyncs.
+func (v *view) accepted() {
+	keys, marks := v.desired.trust.takeAccepted()
+	for _, k := range keys {
+		what := "signed change accepted"
+		if k.Removed {
+			what = "signed removal accepted"
+		}
+		v.log.Info(k.Unit+": "+what+": "+k.Key+" signed by "+k.Signer.String(), "unit", k.Unit, "key", k.Key, "signer", k.Signer.Fingerprint,
+			"principals", k.Signer.Principals, "seq", k.Seq, "revert", k.Revert)
+	}
+	if marks == nil || v.marks == nil {
+		return
+	}
+	v.marks.offer(marks)
+	v.desired.trust.changed = false
 }
 
 // What the loop asks of the view about a pass, beyond observe.

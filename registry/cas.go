@@ -63,12 +63,12 @@ func (c *Client) HostSnapshot(ctx context.Context, host string, groups []string)
 	gs := slices.Clone(groups)
 	slices.Sort(gs)
 	gs = slices.Compact(gs)
-	w := &unitWatch{c: c, log: c.log.With("host", host), prefixes: []string{c.hostUnits(host)}}
+	w := &unitWatch{c: c, log: c.log.With("host", host), prefixes: []string{c.targetRoot(Target{Host: host})}}
 	for _, g := range gs {
 		if err := ValidateName("group", g); err != nil {
 			return reconcile.Snapshot{}, fmt.Errorf("read: %w", err)
 		}
-		w.prefixes = append(w.prefixes, c.groupUnits(g), c.groupHalts(g))
+		w.prefixes = append(w.prefixes, c.targetRoot(Target{Group: g}), c.groupHalts(g))
 	}
 	state, rev, err := w.read(ctx)
 	if err != nil {

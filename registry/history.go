@@ -59,9 +59,9 @@ const DefaultKeep = 10
 type WriteOption func(*writeOptions)
 
 type writeOptions struct {
-	by     string
-	reason string // WithReason
-	signer string // SignedBy
+	by       string
+	reason   string // WithReason
+	signedBy string // SignedBy
 	// etcdUser is who etcd runs the write as (Client.EtcdUser), filled by
 	// the write itself.
 	etcdUser string
@@ -75,6 +75,10 @@ type writeOptions struct {
 	// rollout of the same keys instead of refusing.
 	rollout   *reconcile.Rollout
 	supersede bool
+	// signer signs each key written (SignWith); revert says the write is
+	// a revert (Reverting).
+	signer ChangeSigner
+	revert bool
 }
 
 func newWriteOptions(opts []WriteOption) writeOptions {
@@ -95,7 +99,7 @@ func WithReason(why string) WriteOption { return func(o *writeOptions) { o.reaso
 
 // SignedBy records who signed the change (the signature work, issue 26
 // item 1, fills it from the verified key; it is not verified here).
-func SignedBy(signer string) WriteOption { return func(o *writeOptions) { o.signer = signer } }
+func SignedBy(signer string) WriteOption { return func(o *writeOptions) { o.signedBy = signer } }
 
 // MaxReasonBytes is the longest reason a write takes (WithReason).
 const MaxReasonBytes = 1024
@@ -215,17 +219,23 @@ func (c *Client) historyKey(t Target, unit string, seq int64) string {
 type keyState struct {
 	modRev int64   // 0: absent
 	seqs   []int64 // kept history records, ascending
+	// sigRev is the ModRevision of the key's signature record (0: none)
+	// and sigSeq its sequence number.
+	sigRev int64
+	sigSeq uint64
 }
 
 // readKeys reads, at one revision (returned), the ModRevision of every
-// unit key of t in names and the sequence numbers of their history records
-// (keys only). With dropIns, every drop-in in the registry of a unit in
+// unit key of t in names, the sequence numbers of their history records
+// (keys only) and their signature records. With dropIns, every drop-in in the registry of a unit in
 // names ("<unit>.d/…") is read too, named or not.
 func (c *Client) readKeys(ctx context.Context, t Target, names []string, dropIns bool) (map[string]*keyState, int64, error) {
 	units, hist := c.targetUnits(t), c.historyUnits(t)
+	sigs := c.signatureRoot(t)
 	resp, err := c.cli.Txn(ctx).Then(
 		clientv3.OpGet(units, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(hist, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(sigs, clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, 0, fmt.Errorf("read %s: %w", units, err)
@@ -259,6 +269,13 @@ func (c *Client) readKeys(ctx context.Context, t Target, names []string, dropIns
 			s.seqs = append(s.seqs, seq)
 		}
 	}
+	for _, kv := range resp.Responses[2].GetResponseRange().GetKvs() {
+		if s, ok := st[strings.TrimPrefix(string(kv.Key), sigs)]; ok {
+			var r reconcile.SignatureRecord
+			_ = json.Unmarshal(kv.Value, &r) // a record that does not decode counts as sequence 0
+			s.sigRev, s.sigSeq = kv.ModRevision, r.Seq
+		}
+	}
 	for _, s := range st {
 		slices.Sort(s.seqs)
 	}
@@ -285,7 +302,10 @@ func (c *Client) historyOps(t Target, names []string, values map[string][]byte, 
 	for _, u := range names {
 		s := st[u]
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.targetUnits(t)+u), "=", s.modRev))
-		rec := historyRecord{User: o.by, EtcdUser: o.etcdUser, Reason: o.reason, Signer: o.signer, Time: now, Removed: removed}
+		rec := historyRecord{User: o.by, EtcdUser: o.etcdUser, Reason: o.reason, Signer: o.signedBy, Time: now, Removed: removed}
+		if o.signer != nil && rec.Signer == "" {
+			rec.Signer = o.signer.Fingerprint() // the key that signs this write (SignWith)
+		}
 		if !removed {
 			v := values[u]
 			rec.Hash, rec.Size = reconcile.Hash(v), len(v)

@@ -78,7 +78,7 @@ func AgentPermissions(prefix, host string, groups []string) ([]Permission, error
 	c := New(nil, prefix) // key layout only; no connection
 	perms := []Permission{
 		{Key: c.prefix + "/", Why: "connection probe: a count-only get of this one key, which holds nothing"},
-		{Key: c.hostsRoot() + host + "/", Prefix: true, Why: "its own unit keys (watched)"},
+		{Key: c.hostsRoot() + host + "/", Prefix: true, Why: "its own unit keys and their signatures (watched)"},
 		{Key: c.agentKey(host), Write: true, Why: "its membership record, bound to its lease (compared and read when joining; guards every status report)"},
 		{Key: c.hostStatus(host), Prefix: true, Write: true, Why: "its unit statuses and pass record, bound to its lease (put, listed, stale ones deleted)"},
 		{Key: c.memberKey(host), Write: true, Why: "its member record, without a lease (put at join, every minute, and at leave)"},
@@ -87,7 +87,7 @@ func AgentPermissions(prefix, host string, groups []string) ([]Permission, error
 	}
 	for _, g := range gs {
 		perms = append(perms,
-			Permission{Key: c.groupsRoot() + g + "/", Prefix: true, Why: "group " + g + "'s unit keys (watched; read before recording a halt)"},
+			Permission{Key: c.groupsRoot() + g + "/", Prefix: true, Why: "group " + g + "'s unit keys and their signatures (watched; read before recording a halt)"},
 			Permission{Key: c.groupHalts(g), Prefix: true, Write: true, Why: "group " + g + "'s rollout halts (watched; written when this host fails a version)"},
 			Permission{Key: c.prefix + "/locks/groups/" + g + "/", Prefix: true, Write: true, Why: "group " + g + "'s MaxUnavailable= queues (read and watched; its own slot keys written and deleted)"},
 			Permission{Key: c.rolloutGroup(g), Prefix: true, Write: true, Why: "group " + g + "'s rollouts (watched; written to end one that completed or failed, or to pause one whose unit restarts too often)"},

@@ -70,6 +70,9 @@ func (c *Client) CheckPut(ctx context.Context, t Target, units map[string][]byte
 	if err != nil {
 		return fmt.Errorf("put %s: %w", t, err)
 	}
+	if o.signer != nil {
+		o.signer = sizeOnly{o.signer} // a dry run signs nothing (no passphrase, no touch of a security key)
+	}
 	w, err := c.putTxn(ctx, t, units, o)
 	if err != nil {
 		return err
@@ -113,6 +116,11 @@ func (c *Client) putTxn(ctx context.Context, t Target, units map[string][]byte, 
 		return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
 	}
 	ops = append(ops, hist...)
+	sifs, sops, err := c.signatureOps(t, names, units, false, st, o)
+	if err != nil {
+		return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
+	}
+	ifs, ops = append(ifs, sifs...), append(ops, sops...)
 	if t.Group != "" {
 		dels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool { return putClears(h, units) })
 		if err != nil {
@@ -273,11 +281,17 @@ func (c *Client) remove(ctx context.Context, t Target, units []string, recursive
 				ifs = append(ifs, clientv3.Compare(clientv3.ModRevision(root+u+".d/"), "<", readRev+1).WithPrefix())
 			}
 		}
-		ops := make([]clientv3.Op, 0, len(names)+len(hist))
+		sifs, sops, err := c.signatureOps(t, names, nil, true, st, o)
+		if err != nil {
+			return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
+		}
+		ifs = append(ifs, sifs...)
+		ops := make([]clientv3.Op, 0, len(names)+len(hist)+len(sops))
 		for _, u := range names {
 			ops = append(ops, clientv3.OpDelete(root+u))
 		}
 		ops = append(ops, hist...)
+		ops = append(ops, sops...)
 		if t.Group != "" {
 			haltDels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool {
 				return slices.ContainsFunc(names, func(u string) bool { return partOf(u, h.Unit) })

@@ -36,7 +36,10 @@ const healthyWatch = 10 * time.Second
 var errWatchClosed = errors.New("watch channel closed")
 
 // Watch delivers the unit keys meant for host: <p>/hosts/<host>/units/ and
-// <p>/groups/<g>/units/ for each of groups; and the halts of those groups,
+// <p>/groups/<g>/units/ for each of groups, with their signature records
+// (<p>/hosts/<host>/signatures/, …: Snapshot.Signatures; each target is one
+// watched prefix, so a key and its record written together arrive
+// together); and the halts of those groups,
 // <p>/halts/groups/<g>/, in Snapshot.Halts (sorted by Scope, Unit; a halt
 // whose value does not decode is left out and logged).
 //
@@ -72,9 +75,9 @@ func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnap
 		}
 	}
 	log := c.log.With("host", host)
-	w := &unitWatch{c: c, log: log, prefixes: []string{c.hostUnits(host)}}
+	w := &unitWatch{c: c, log: log, prefixes: []string{c.targetRoot(Target{Host: host})}}
 	for _, g := range gs {
-		w.prefixes = append(w.prefixes, c.groupUnits(g), c.groupHalts(g), c.rolloutGroup(g))
+		w.prefixes = append(w.prefixes, c.targetRoot(Target{Group: g}), c.groupHalts(g), c.rolloutGroup(g))
 	}
 	w.prefixes = append(w.prefixes, c.progressRoot())
 
@@ -167,7 +170,10 @@ func (w *unitWatch) isRolloutPrefix(p string) bool {
 type unitState struct {
 	entries map[string]reconcile.Entry
 	sorted  []reconcile.Entry
-	halts   map[string]reconcile.Halt
+	// sigs are the signature records, kept as entries are.
+	sigs       map[string]reconcile.Entry
+	sortedSigs []reconcile.Entry
+	halts      map[string]reconcile.Halt
 	// rollouts by key; progress by key, with the rollout ID and host.
 	rollouts map[string]*reconcile.Rollout
 	progress map[string]progressEntry
@@ -184,7 +190,7 @@ type progressEntry struct {
 }
 
 func newUnitState() *unitState {
-	return &unitState{entries: map[string]reconcile.Entry{}, halts: map[string]reconcile.Halt{},
+	return &unitState{entries: map[string]reconcile.Entry{}, sigs: map[string]reconcile.Entry{}, halts: map[string]reconcile.Halt{},
 		rollouts: map[string]*reconcile.Rollout{}, progress: map[string]progressEntry{},
 		byID: map[string]map[string]*reconcile.HostProgress{}}
 }
@@ -192,6 +198,9 @@ func newUnitState() *unitState {
 func (s *unitState) snapshot(rev int64) reconcile.Snapshot {
 	halts := slices.SortedFunc(maps.Values(s.halts), compareHalts)
 	snap := reconcile.Snapshot{Revision: rev, Entries: slices.Clone(s.sorted), Halts: halts}
+	if len(s.sortedSigs) > 0 {
+		snap.Signatures = slices.Clone(s.sortedSigs)
+	}
 	if len(s.rollouts) == 0 {
 		return snap
 	}
@@ -213,22 +222,33 @@ func (s *unitState) snapshot(rev int64) reconcile.Snapshot {
 }
 
 func (s *unitState) setEntry(key string, e reconcile.Entry) {
-	i, found := slices.BinarySearchFunc(s.sorted, e, reconcile.CompareEntries)
+	setSorted(s.entries, &s.sorted, key, e)
+}
+
+// setSorted puts e under key in byKey and in its place in sorted.
+func setSorted(byKey map[string]reconcile.Entry, sorted *[]reconcile.Entry, key string, e reconcile.Entry) {
+	i, found := slices.BinarySearchFunc(*sorted, e, reconcile.CompareEntries)
 	if found {
-		s.sorted[i] = e
+		(*sorted)[i] = e
 	} else {
-		s.sorted = slices.Insert(s.sorted, i, e)
+		*sorted = slices.Insert(*sorted, i, e)
 	}
-	s.entries[key] = e
+	byKey[key] = e
+}
+
+// deleteSorted takes key out of byKey and sorted.
+func deleteSorted(byKey map[string]reconcile.Entry, sorted *[]reconcile.Entry, key string) {
+	if e, ok := byKey[key]; ok {
+		if i, found := slices.BinarySearchFunc(*sorted, e, reconcile.CompareEntries); found {
+			*sorted = slices.Delete(*sorted, i, i+1)
+		}
+		delete(byKey, key)
+	}
 }
 
 func (s *unitState) delete(key string) {
-	if e, ok := s.entries[key]; ok {
-		if i, found := slices.BinarySearchFunc(s.sorted, e, reconcile.CompareEntries); found {
-			s.sorted = slices.Delete(s.sorted, i, i+1)
-		}
-		delete(s.entries, key)
-	}
+	deleteSorted(s.entries, &s.sorted, key)
+	deleteSorted(s.sigs, &s.sortedSigs, key)
 	delete(s.halts, key)
 	delete(s.rollouts, key)
 	if e, ok := s.progress[key]; ok {
@@ -268,6 +288,10 @@ func (w *unitWatch) put(s *unitState, kv *mvccpb.KeyValue) {
 	}
 	t, unit, ok := w.c.parseUnitKey(string(kv.Key))
 	if !ok {
+		if t, unit, ok := w.c.parseSignatureKey(string(kv.Key)); ok {
+			e := reconcile.Entry{Scope: t.Scope(), Group: t.Group, Unit: unit, Value: kv.Value, ModRevision: kv.ModRevision}
+			setSorted(s.sigs, &s.sortedSigs, string(kv.Key), e)
+		}
 		return // not a unit key (e.g. <p>/hosts/h/other); ignore
 	}
 	e := reconcile.Entry{Scope: reconcile.ScopeHost, Unit: unit, Value: kv.Value, ModRevision: kv.ModRevision}

@@ -102,6 +102,7 @@ returns at once).`,
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	bindKeep(cmd)
 	bindReason(cmd)
+	bindSign(cmd)
 	return cmd
 }
 

@@ -82,7 +82,8 @@ func reasonFlag(cmd *cobra.Command) (string, error) {
 
 // writeOptions are the registry options of every command that stores
 // versions: who stores them, why (--reason, checked by reasonFlag before),
-// and --keep when the command has it.
+// --keep when the command has it, and the signature of --sign-key when it
+// was given.
 func writeOptions(cmd *cobra.Command) []registry.WriteOption {
 	opts := []registry.WriteOption{registry.StoredBy(storedBy())}
 	if why, _ := reasonFlag(cmd); why != "" {
@@ -92,6 +93,9 @@ func writeOptions(cmd *cobra.Command) []registry.WriteOption {
 		if k, ok := f.Value.(*keepValue); ok {
 			opts = append(opts, registry.KeepVersions(int(*k)))
 		}
+	}
+	if sign, ok := signOption(cmd); ok {
+		opts = append(opts, sign)
 	}
 	return opts
 }
@@ -265,6 +269,7 @@ the current one until its wave opens. With --wait, follow it to its end.`,
 	o.ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	o.tf.bind(cmd)
 	bindKeep(cmd)
+	bindSign(cmd)
 	cmd.Flags().Int64Var(&o.to, "to", 0, "the revision to put back (default: the version before the current)")
 	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host runs the reverted version")
 	o.wf.bind(cmd)
@@ -325,7 +330,7 @@ func (o *revertOptions) revert(ctx context.Context, cmd *cobra.Command, reg *reg
 // with extra options (a rollout), and returns the revision of the write.
 func storeVersion(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, unit string,
 	h registry.History, v registry.Version, extra ...registry.WriteOption) (int64, error) {
-	opts := append(append(writeOptions(cmd), registry.IfModRevision(unit, h.ModRevision)), extra...)
+	opts := append(append(writeOptions(cmd), registry.IfModRevision(unit, h.ModRevision), registry.Reverting()), extra...)
 	var (
 		rev int64
 		err error

@@ -10,6 +10,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -23,12 +25,14 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/crypto/ssh"
 
 	"github.com/agentd/agentd/control"
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
+	"github.com/agentd/agentd/sshsig"
 )
 
 // perfCell is one cell of a benchmark: an etcd shared by the systems it
@@ -67,6 +71,55 @@ type perfSys struct {
 	log     *versionLog
 	reloads func() int // daemon-reloads systemd completed
 	agent   bool       // publishes statuses: settle waits for them
+	// signer, when set, signs every unit written for this system (a
+	// signature record beside each key, in the same transaction), and its
+	// agent runs with --allowed-signers naming it; seq is the last
+	// sequence number given.
+	signer ssh.Signer
+	seq    uint64
+}
+
+// signedSys makes s an agent that applies only signed changes: an
+// ed25519 key, and an allowed_signers file naming it.
+func (s *perfSys) signed(b *testing.B) string {
+	b.Helper()
+	_, priv, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if s.signer, err = ssh.NewSignerFromKey(priv); err != nil {
+		b.Fatal(err)
+	}
+	file := filepath.Join(s.h.Dir, "allowed_signers")
+	line := `bench namespaces="agentd" ` + string(ssh.MarshalAuthorizedKey(s.signer.PublicKey()))
+	if err := os.WriteFile(file, []byte(line), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return file
+}
+
+// unitKVs are the keys and values that give s's units their versions:
+// the unit files, and for a signed system their signature records
+// (what agentd unit put --sign-key stores), signed before any clock starts.
+func (c *perfCell) unitKVs(s *perfSys, versions map[string]string) map[string][]byte {
+	c.b.Helper()
+	kvs := map[string][]byte{}
+	for u, v := range versions {
+		content := perfUnit(s.logPath, v)
+		kvs[unitKey(s.host, u)] = content
+		if s.signer == nil {
+			continue
+		}
+		s.seq++
+		ch := reconcile.SignedChange{Key: unitKey(s.host, u), Target: "hosts/" + s.host, Hash: reconcile.Hash(content), Seq: s.seq}
+		sig, err := sshsig.Sign(s.signer, reconcile.SignatureNamespace, ch.Message())
+		if err != nil {
+			c.b.Fatal(err)
+		}
+		rec, _ := json.Marshal(reconcile.SignatureRecord{Key: ch.Key, Hash: ch.Hash, Seq: ch.Seq, Signature: string(sig)})
+		kvs[registry.DefaultPrefix+"/hosts/"+s.host+"/signatures/"+u] = rec
+	}
+	return kvs
 }
 
 func (c *perfCell) newSys(name, host string) *perfSys {
@@ -83,7 +136,12 @@ func (c *perfCell) agentInProcess(s *perfSys) {
 	c.b.Helper()
 	s.agent = true
 	e := &env{t: c.b, quiet: true, h: s.h, endpoint: c.endpoint, reg: c.reg, host: s.host}
-	e.startAgent()
+	var edit func(o *runOptions)
+	if s.signer != nil {
+		file := filepath.Join(s.h.Dir, "allowed_signers")
+		edit = func(o *runOptions) { o.allowedSigners = file }
+	}
+	e.startAgentOn([]string{c.endpoint}, edit)
 	c.waitMember(s.host)
 }
 
@@ -130,10 +188,7 @@ func (c *perfCell) versions(units []string) map[string]string {
 // every unit logged its new version.
 func (c *perfCell) put(s *perfSys, versions map[string]string, concurrent bool) time.Duration {
 	c.b.Helper()
-	kvs := map[string][]byte{}
-	for u, v := range versions {
-		kvs[unitKey(s.host, u)] = perfUnit(s.logPath, v)
-	}
+	kvs := c.unitKVs(s, versions)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second+100*time.Millisecond*time.Duration(len(kvs)))
 	defer cancel()
 	quiesce(c.managers...)
@@ -198,6 +253,12 @@ func perfUnits(n int) []string {
 //
 //	go test ./cmd/agentd -run '^$' -bench '^BenchmarkPerfPutToRunning$' -benchtime 1x -timeout 60m
 //	AGENTD_BENCH_UNITS=1 AGENTD_BENCH_CHANGES=20 go test ./cmd/agentd -run '^$' -bench '^BenchmarkPerfPutToRunning$' -benchtime 1x
+//
+// AGENTD_BENCH_SIGNED=1 adds, in the same cell and interleaved with the
+// others, a second agent run with --allowed-signers whose changes are
+// signed (ed25519; the signing is done before the clock starts): what
+// checking the signatures adds to a change (signed-delta-ms: its p50
+// against the unsigned agent's; signed-floor-delta-ms: against the floor).
 func BenchmarkPerfPutToRunning(b *testing.B) {
 	for _, n := range benchInts(b, "AGENTD_BENCH_UNITS", []int{1, 100, 1000}) {
 		b.Run(fmt.Sprintf("units=%d", n), func(b *testing.B) { benchPutToRunning(b, n) })
@@ -209,13 +270,16 @@ func benchPutToRunning(b *testing.B, n int) {
 	c := newPerfCell(b)
 	units := perfUnits(n)
 	ag, fl := c.newSys("agentd", "h1"), c.newSys("floor", "floor")
+	systems := []*perfSys{ag, fl}
+	var sg *perfSys // the agent with --allowed-signers (AGENTD_BENCH_SIGNED=1)
+	if os.Getenv("AGENTD_BENCH_SIGNED") == "1" {
+		sg = c.newSys("agentd-signed", "h2")
+		sg.signed(b)
+		systems = append(systems, sg)
+	}
 	install := c.versions(units)
-	for _, s := range []*perfSys{ag, fl} {
-		kvs := map[string][]byte{}
-		for u, v := range install {
-			kvs[unitKey(s.host, u)] = perfUnit(s.logPath, v)
-		}
-		if err := putTxn(context.Background(), c.raw, kvs); err != nil {
+	for _, s := range systems {
+		if err := putTxn(context.Background(), c.raw, c.unitKVs(s, install)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -235,6 +299,9 @@ func benchPutToRunning(b *testing.B, n int) {
 	flStart := startup(fl, func() { c.floorInProcess(fl, false) })
 	b.Logf("units=%d installed: startup sync (start → all %d running) agentd %.0f ms, floor %.0f ms",
 		n, n, ms(agStart), ms(flStart))
+	if sg != nil {
+		b.Logf("units=%d installed: startup sync agentd --allowed-signers %.0f ms", n, ms(startup(sg, func() { c.agentInProcess(sg) })))
+	}
 
 	// direct is the floor driven by the benchmark itself (write, Reload,
 	// RestartUnit, no etcd), on each system's own systemd: two systemd
@@ -274,14 +341,22 @@ func benchPutToRunning(b *testing.B, n int) {
 	const unmanaged = "direct.service" // on the agent's systemd: not in the registry
 
 	for b.Loop() {
-		var agLat, flLat, dLat, daLat []time.Duration
+		var agLat, flLat, dLat, daLat, sgLat []time.Duration
 		agReloads, flReloads := ag.reloads(), fl.reloads()
+		sgReloads := 0
+		if sg != nil {
+			sgReloads = sg.reloads()
+		}
 		for i := range changes {
 			unit := units[i%n]
 			v := c.versions([]string{unit})
 			agent := func() {
 				agLat = append(agLat, c.put(ag, v, false))
 				c.settle(ag, v)
+				if sg != nil { // the signed agent right after the unsigned one, on its own systemd
+					sgLat = append(sgLat, c.put(sg, v, false))
+					c.settle(sg, v)
+				}
 			}
 			floor := func() { flLat = append(flLat, c.put(fl, v, false)) }
 			dFl := func() { dLat = append(dLat, direct(unit, c.versions([]string{unit})[unit])) }
@@ -306,6 +381,9 @@ func benchPutToRunning(b *testing.B, n int) {
 		time.Sleep(200 * time.Millisecond) // the last Reloading signal
 		// direct does exactly one Reload per change on each systemd.
 		agReloads, flReloads = ag.reloads()-agReloads-changes, fl.reloads()-flReloads-changes
+		if sg != nil {
+			sgReloads = sg.reloads() - sgReloads // no direct change on its systemd
+		}
 		report := func(name string, lat []time.Duration) {
 			b.ReportMetric(ms(percentile(lat, 0.50)), name+"-p50-ms")
 			b.ReportMetric(ms(percentile(lat, 0.90)), name+"-p90-ms")
@@ -321,17 +399,31 @@ func benchPutToRunning(b *testing.B, n int) {
 		own := (p50(agLat) - p50(daLat)) - (p50(flLat) - p50(dLat))
 		b.ReportMetric(ms(delta), "p50-delta-ms")
 		b.ReportMetric(ms(own), "p50-delta-own-ms")
+		if sg != nil {
+			report("agentd-signed", sgLat)
+			b.ReportMetric(ms(p50(sgLat)-p50(agLat)), "signed-delta-ms")
+			b.ReportMetric(ms(p50(sgLat)-p50(flLat)), "signed-floor-delta-ms")
+		}
 		b.Logf("units=%d, %d changes, ms         p50     p90     p99     max   reloads", n, changes)
 		for _, r := range []struct {
 			name    string
 			lat     []time.Duration
 			reloads int
-		}{{"agentd", agLat, agReloads}, {"floor", flLat, flReloads}, {"direct", dLat, changes}, {"direct, agentd's systemd", daLat, changes}} {
+		}{{"agentd", agLat, agReloads}, {"floor", flLat, flReloads}, {"direct", dLat, changes}, {"direct, agentd's systemd", daLat, changes},
+			{"agentd --allowed-signers", sgLat, sgReloads}} {
+			if len(r.lat) == 0 {
+				continue
+			}
 			b.Logf("  %-24s %7.1f %7.1f %7.1f %7.1f   %d", r.name, ms(p50(r.lat)), ms(percentile(r.lat, 0.9)),
 				ms(percentile(r.lat, 0.99)), ms(slices.Max(r.lat)), r.reloads)
 		}
 		b.Logf("  target p50 within 10 ms of the floor: agentd − floor = %+.1f ms (%s); each against a direct change on its own systemd: (agentd − direct there) − (floor − direct there) = %+.1f ms (%s)",
 			ms(delta), verdict(delta <= 10*time.Millisecond), ms(own), verdict(own <= 10*time.Millisecond))
+		if sg != nil {
+			sd := p50(sgLat) - p50(flLat)
+			b.Logf("  --allowed-signers: agentd signed − unsigned = %+.1f ms; signed − floor = %+.1f ms (%s)",
+				ms(p50(sgLat)-p50(agLat)), ms(sd), verdict(sd <= 10*time.Millisecond))
+		}
 	}
 }
 

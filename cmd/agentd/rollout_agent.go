@@ -79,7 +79,8 @@ func (h *rolloutHand) overlay(s reconcile.Snapshot) (reconcile.Snapshot, bool) {
 	h.mu.Lock()
 	h.snap = &stored
 	last, lastMark := h.handed, h.progressMark
-	handOn := last == nil || mark == lastMark || !sameEntries(last.Entries, s.Entries) || !slices.Equal(last.Halts, s.Halts)
+	handOn := last == nil || mark == lastMark || !sameEntries(last.Entries, s.Entries) || !slices.Equal(last.Halts, s.Halts) ||
+		!sameEntries(last.Signatures, s.Signatures)
 	if handOn {
 		h.handed = &s
 	}

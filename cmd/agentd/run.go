@@ -24,6 +24,7 @@ import (
 	"github.com/agentd/agentd/probe"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/sshsig"
 	"github.com/agentd/agentd/systemd"
 	"github.com/agentd/agentd/unitdir"
 )
@@ -52,6 +53,9 @@ type runOptions struct {
 	// (plaintext loopback TCP, beside the socket) asked for by name.
 	embedInsecureTCP bool
 
+	// allowedSigners is --allowed-signers: only changes its signers signed
+	// are applied.
+	allowedSigners string
 	// wedgeFile is a test-only fault (hidden --test-wedge-file): while the
 	// file exists the reconcile loop blocks (see wedgeSystemd).
 	wedgeFile string
@@ -148,6 +152,9 @@ of the group answers alike. There is no authentication: listen on loopback
 		"serve the FleetLock protocol (Zincati's fleet_lock strategy) at http://ADDR/, e.g. 127.0.0.1:9190 (default: off). No authentication: bind it to loopback or protect it")
 	fs.DurationVar(&o.fleetLockTTL, "fleetlock-ttl", defaultFleetLockTTL,
 		"a FleetLock client's reboot slots are freed this long after its last pre-reboot if it never calls steady-state (whole seconds; longer than a reboot takes)")
+	fs.StringVar(&o.allowedSigners, "allowed-signers", "",
+		"apply only changes signed (agentd unit put --sign-key) by a key of this file (ssh-keygen's allowed_signers format: principals [namespaces=\"agentd\"] key); "+
+			"anything else is refused and the running version kept (default: no signature needed)")
 	fs.StringVar(&o.wedgeFile, "test-wedge-file", "", "test only: while this file exists the reconcile loop blocks")
 	_ = fs.MarkHidden("test-wedge-file")
 	fs.StringVar(&o.pauseAt, "test-pause-at", "", "test only: at this point of a pass (files-written, reloaded, jobs-started, job-done) write <state-dir>/paused-at-<point> and block, so a test can kill the agent there")
@@ -344,6 +351,12 @@ type agentRun struct {
 	manifest *unitdir.Manifest
 	lkg      *lastKnownGood
 
+	// allowed is --allowed-signers (nil without it); trust and marks the
+	// signature check it makes and the signed versions accepted (openTrust).
+	allowed *sshsig.AllowedSigners
+	trust   *reconcile.Trust
+	marks   *unitdir.SignedMarks
+
 	reporter *sessionReporter
 	rollouts *rolloutHand // this host's part in its groups' rollouts
 	agent    *reconcile.Agent
@@ -362,6 +375,9 @@ func newAgentRun(o *runOptions) (*agentRun, error) {
 	}
 	log = log.With("host", o.host)
 	r := &agentRun{o: o, log: log, svc: newService(log), met: metrics.New(version)}
+	if r.allowed, err = o.loadAllowedSigners(); err != nil {
+		return nil, err
+	}
 	r.met.SetGroups(o.groups)
 	if o.fleetLockAddr != "" {
 		if o.fleetLockTTL < time.Second {
@@ -473,12 +489,17 @@ func (r *agentRun) openLocal(ctx context.Context) error {
 	if r.manifest, err = unitdir.OpenManifest(o.stateDir); err != nil {
 		return err
 	}
-	r.lkg, err = openLastKnownGood(o.stateDir, o.host, o.etcd.prefix, o.groups, log)
-	return err
+	if r.lkg, err = openLastKnownGood(o.stateDir, o.host, o.etcd.prefix, o.groups, log); err != nil {
+		return err
+	}
+	return r.openTrust()
 }
 
 // closeLocal closes what openLocal opened, in the reverse order.
 func (r *agentRun) closeLocal() {
+	if r.marks != nil {
+		r.marks.Close()
+	}
 	if r.lkg != nil {
 		r.lkg.Close()
 	}
@@ -515,6 +536,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 		Prober:            probe.Runner{},
 		HeartbeatInterval: svc.heartbeatInterval(),
 		Pause:             pauseAt(o.pauseAt, o.stateDir, log),
+		Trust:             r.trust,
 		// Test only: every pass also plans every unit and panics if the
 		// units it left out would have been planned differently.
 		CheckFocus: os.Getenv(checkFocusEnv) == "1",

@@ -124,6 +124,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	cmd.Flags().StringArrayVar(&o.instances, "instance", nil, "run this template instance (empty key), e.g. web@1.service")
 	bindKeep(cmd)
+	bindSign(cmd)
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
 	o.sf.bind(cmd, "unit put", "nothing stored")
 	return cmd
@@ -273,6 +274,7 @@ follow the rollout to its end, exit codes as for put.`,
 	cmd.Flags().BoolVar(&o.recursive, "recursive", false, "also remove every drop-in of each UNIT in the registry for that target (one transaction)")
 	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host has removed the units")
 	bindKeep(cmd)
+	bindSign(cmd)
 	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	o.sf.bind(cmd, "unit rm", "nothing removed")

@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"fmt"
+	"github.com/agentd/agentd/internal/citest"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -114,12 +115,7 @@ func TestCommandHungIsKilledWithItsGroup(t *testing.T) {
 // User= and Group=: the command runs as them (the agent is root), with
 // their supplementary groups only.
 func TestCommandAsUser(t *testing.T) {
-	if os.Getuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI=true: this test switches users and must run as root")
-		}
-		t.Skip("not root: cannot switch users")
-	}
+	citest.NeedRoot(t, "the probe command switches users")
 	nobody, err := user.Lookup("nobody")
 	if err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/base64"
 	"fmt"
+	"github.com/agentd/agentd/internal/citest"
 	"io"
 	"net/url"
 	"os"
@@ -122,12 +123,7 @@ func gatewayPut(key, value string) string {
 // against endpoint and returns what it printed.
 func asNobody(t *testing.T, endpoint string) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to run a process as uid 65534; CI runs as root")
-		}
-		t.Skip("needs root to run a process as uid 65534 (under CI=true this fails instead)")
-	}
+	citest.NeedRoot(t, "to run a process as uid 65534")
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatal("curl is needed to try etcd's HTTP gateway as a local user would: apt-get install curl")
 	}

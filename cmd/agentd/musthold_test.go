@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/agentd/agentd/internal/citest"
 	"net"
 	"os"
 	"os/exec"
@@ -489,12 +490,7 @@ func TestEmbeddedEtcdByDefault(t *testing.T) {
 // Item 1: the README's first command, run as a user would (with free ports).
 func TestDemo(t *testing.T) {
 	t.Parallel() // waits on timers and HealthySec, not the CPU
-	if os.Getuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("the demo needs root, like the harness; CI runs as root")
-		}
-		t.Skip("the demo needs root, like the harness (under CI=true this fails instead, above)")
-	}
+	citest.NeedRoot(t, "the demo, like the harness")
 	cmd := exec.Command("bash", "../../contrib/demo.sh")
 	out, err := cmd.CombinedOutput()
 	t.Logf("make demo:\n%s", out)

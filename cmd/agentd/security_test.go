@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/agentd/agentd/internal/citest"
 	"io"
 	"net"
 	"os"
@@ -198,12 +199,7 @@ func TestSecurityNobodyCannotReachEmbeddedEtcd(t *testing.T) {
 // then the socket, and checks that the helper then connects.
 func assertNobodyDenied(t *testing.T, sock string, control bool) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("needs root to run a process as uid 65534; CI runs as root")
-		}
-		t.Skip("needs root to run a process as uid 65534 (under CI=true this fails instead)")
-	}
+	citest.NeedRoot(t, "to run a process as uid 65534")
 	bin := nobodyCopy(t)
 	run := func() string {
 		t.Helper()

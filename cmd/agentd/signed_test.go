@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/agentd/agentd/internal/citest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,10 +27,7 @@ func sshTool(t testing.TB, name string) string {
 	t.Helper()
 	p, err := exec.LookPath(name)
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s: %v (.ci/run installs openssh-client)", name, err)
-		}
-		t.Skipf("%s: %v", name, err)
+		citest.Unavailable(t, "%s (openssh-client): %v", name, err)
 	}
 	return p
 }

@@ -11,6 +11,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"github.com/agentd/agentd/internal/citest"
 	"io"
 	"os"
 	"os/exec"
@@ -95,10 +96,7 @@ func bootTest(t testing.TB, machine, root string, setup func(c *Container) error
 	t.Helper()
 	c, err := bootContainer(t.Name(), machine, root, setup)
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("systemd-nspawn harness: %v", err)
-		}
-		t.Skipf("systemd-nspawn harness unavailable: %v", err)
+		citest.Unavailable(t, "systemd-nspawn harness unavailable: %v", err)
 	}
 	t.Logf("container %s booted in %s (PID 1 is host PID %d)", machine, c.BootTime.Round(time.Millisecond), c.Leader)
 	t.Cleanup(func() {

@@ -99,25 +99,7 @@ func (d *desiredState) update(s Snapshot) []desiredChange {
 	}
 	now := SortedEntries(s.Entries)
 	dirty := map[string]bool{}
-	DiffEntries(d.entries, now, func(e Entry, gone bool) {
-		name := keyUnit(e.Unit)
-		dirty[name] = true
-		es := d.byUnit[name]
-		i, found := slices.BinarySearchFunc(es, e, CompareEntries)
-		switch {
-		case gone:
-			es = slices.Delete(es, i, i+1)
-		case found:
-			es[i] = e
-		default:
-			es = slices.Insert(es, i, e)
-		}
-		if len(es) == 0 {
-			delete(d.byUnit, name)
-		} else {
-			d.byUnit[name] = es
-		}
-	})
+	indexByUnit(d.byUnit, d.entries, now, dirty)
 	d.entries = now
 	if d.trust != nil {
 		d.trust.update(s.Signatures, dirty)
@@ -253,4 +235,29 @@ func StatusName(key string) string {
 func dedupe(s []string) []string {
 	slices.Sort(s)
 	return slices.Compact(s)
+}
+
+// indexByUnit applies the difference between the sorted entries old and
+// now to byUnit (each unit's entries, sorted) and marks the units it
+// touched in dirty.
+func indexByUnit(byUnit map[string][]Entry, old, now []Entry, dirty map[string]bool) {
+	DiffEntries(old, now, func(e Entry, gone bool) {
+		name := keyUnit(e.Unit)
+		dirty[name] = true
+		es := byUnit[name]
+		i, found := slices.BinarySearchFunc(es, e, CompareEntries)
+		switch {
+		case gone:
+			es = slices.Delete(es, i, i+1)
+		case found:
+			es[i] = e
+		default:
+			es = slices.Insert(es, i, e)
+		}
+		if len(es) == 0 {
+			delete(byUnit, name)
+		} else {
+			byUnit[name] = es
+		}
+	})
 }

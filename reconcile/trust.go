@@ -227,25 +227,7 @@ func (t *trustState) target(e Entry) (SignedTarget, bool) {
 // mark: a key gone while the agent was away).
 func (t *trustState) update(sigs []Entry, dirty map[string]bool) {
 	now := SortedEntries(sigs)
-	DiffEntries(t.sigs, now, func(e Entry, gone bool) {
-		name := keyUnit(e.Unit)
-		dirty[name] = true
-		es := t.byUnit[name]
-		i, found := slices.BinarySearchFunc(es, e, CompareEntries)
-		switch {
-		case gone:
-			es = slices.Delete(es, i, i+1)
-		case found:
-			es[i] = e
-		default:
-			es = slices.Insert(es, i, e)
-		}
-		if len(es) == 0 {
-			delete(t.byUnit, name)
-		} else {
-			t.byUnit[name] = es
-		}
-	})
+	indexByUnit(t.byUnit, t.sigs, now, dirty)
 	t.sigs = now
 	if !t.primed {
 		t.primed = true

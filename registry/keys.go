@@ -130,20 +130,26 @@ func (c *Client) targetUnits(t Target) string {
 // parseUnitKey splits "<p>/hosts/<h>/units/<unit>" or
 // "<p>/groups/<g>/units/<unit>" into its parts; ok is false for any other key.
 func (c *Client) parseUnitKey(key string) (t Target, unit string, ok bool) {
+	return c.parseTargetKey(key, "/units/")
+}
+
+// parseTargetKey splits "<p>/hosts/<h><sep><unit>" or
+// "<p>/groups/<g><sep><unit>" into its parts; ok is false for any other key.
+func (c *Client) parseTargetKey(key, sep string) (t Target, unit string, ok bool) {
 	var rest string
+	group := false
 	if r, found := strings.CutPrefix(key, c.hostsRoot()); found {
 		rest = r
 	} else if r, found := strings.CutPrefix(key, c.groupsRoot()); found {
-		rest = r
-		t.Group = "-" // marker, replaced below
+		rest, group = r, true
 	} else {
 		return Target{}, "", false
 	}
-	name, unit, found := strings.Cut(rest, "/units/")
+	name, unit, found := strings.Cut(rest, sep)
 	if !found || name == "" || unit == "" || strings.Contains(name, "/") {
 		return Target{}, "", false
 	}
-	if t.Group != "" {
+	if group {
 		t.Group = name
 	} else {
 		t.Host = name

@@ -55,24 +55,7 @@ func (c *Client) signatureRoot(t Target) string { return c.targetRoot(t) + "sign
 // parseSignatureKey splits "<p>/hosts/<h>/signatures/<unit>" (or groups/);
 // ok is false for any other key.
 func (c *Client) parseSignatureKey(key string) (t Target, unit string, ok bool) {
-	var rest string
-	if r, found := strings.CutPrefix(key, c.hostsRoot()); found {
-		rest = r
-	} else if r, found := strings.CutPrefix(key, c.groupsRoot()); found {
-		rest, t.Group = r, "-"
-	} else {
-		return Target{}, "", false
-	}
-	name, unit, found := strings.Cut(rest, "/signatures/")
-	if !found || name == "" || unit == "" || strings.Contains(name, "/") {
-		return Target{}, "", false
-	}
-	if t.Group != "" {
-		t.Group = name
-	} else {
-		t.Host = name
-	}
-	return t, unit, true
+	return c.parseTargetKey(key, "/signatures/")
 }
 
 // SignedTargets are the unit key roots of host and its groups, as the

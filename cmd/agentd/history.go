@@ -255,10 +255,7 @@ the current one until its wave opens. With --wait, follow it to its end.`,
 			if cmd.Flags().Changed("to") && o.to < 1 {
 				return withCode(exitUsage, fmt.Errorf("unit revert: --to %d: want a revision shown by agentd unit history", o.to))
 			}
-			if _, err := reasonFlag(cmd); err != nil {
-				return err
-			}
-			if err := o.sf.check(tg, o.wait, o.wf, false); err != nil {
+			if err := o.sf.check(cmd, tg, o.wait, o.wf, false); err != nil {
 				return err
 			}
 			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {

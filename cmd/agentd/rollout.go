@@ -65,12 +65,15 @@ func (f *strategyFlags) bind(cmd *cobra.Command, name, nothing string) {
 	fs.StringVar(&f.reason, "reason", "", reasonHelp)
 }
 
-// check parses the flags into f.s and refuses, as usage errors (exit 2,
+// check checks --reason (reasonFlag), parses the flags into f.s and refuses, as usage errors (exit 2,
 // before anything is read or written), any bad value and the options
 // where they cannot apply: to one host, --gate-cmd without --wait
 // (nothing would run it), --supersede without a rollout,
 // --skip-unreachable with a rollout.
-func (f *strategyFlags) check(tg registry.Target, wait bool, wf waitFlags, dryRun bool) error {
+func (f *strategyFlags) check(cmd *cobra.Command, tg registry.Target, wait bool, wf waitFlags, dryRun bool) error {
+	if _, err := reasonFlag(cmd); err != nil {
+		return err
+	}
 	s, err := f.strategy()
 	if err != nil {
 		return err

@@ -99,10 +99,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 			if err != nil {
 				return err
 			}
-			if err := o.sf.check(tg, o.wait, o.wf, o.dryRun); err != nil {
-				return err
-			}
-			if _, err := reasonFlag(cmd); err != nil {
+			if err := o.sf.check(cmd, tg, o.wait, o.wf, o.dryRun); err != nil {
 				return err
 			}
 			units, err := readUnits(args, o.instances)
@@ -258,10 +255,7 @@ follow the rollout to its end, exit codes as for put.`,
 			if err != nil {
 				return err
 			}
-			if _, err := reasonFlag(cmd); err != nil {
-				return err
-			}
-			if err := o.sf.check(tg, o.wait, o.wf, false); err != nil {
+			if err := o.sf.check(cmd, tg, o.wait, o.wf, false); err != nil {
 				return err
 			}
 			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {

@@ -71,12 +71,15 @@ func Classify(name string, old, new []File) Change {
 	if sameFiles(old, new) {
 		return Change{Kind: ChangeNone}
 	}
+	old, oldConf := splitConfig(old)
+	new, newConf := splitConfig(new)
 	oldOpts, err1 := parseOptions(old)
 	newOpts, err2 := parseOptions(new)
 	if err := firstErr(err1, err2); err != nil {
 		return Change{Kind: ChangeRestart, Note: "could not compare options (" + err.Error() + "); restarting to be safe"}
 	}
 	triggers := reloadTriggers(newOpts)
+	restartOn, reloadOn := fileTriggers(newOpts, "RestartTriggers"), fileTriggers(newOpts, "ReloadTriggers")
 	var diff []optKey
 	for _, k := range unionKeys(oldOpts, newOpts) {
 		if !slices.Equal(oldOpts[k], newOpts[k]) {
@@ -101,6 +104,18 @@ func Classify(name string, old, new []File) Change {
 		allInstall = allInstall && k.section == "Install"
 		allReload = allReload && (k.name == "ExecReload" || triggers[k.name] || triggers[k.section+"."+k.name])
 		allMountOpts = allMountOpts && k.section == "Mount" && k.name == "Options"
+	}
+	for _, dest := range changedConfig(oldConf, newConf) {
+		switch {
+		case restartOn[dest]:
+			effective = append(effective, "file "+dest+" (RestartTriggers=)")
+			allInstall, allReload, allMountOpts = false, false, false
+		case reloadOn[dest]:
+			effective = append(effective, "file "+dest+" (ReloadTriggers=)")
+			allInstall, allMountOpts = false, false
+		default:
+			inert = append(inert, "file "+dest+" (no trigger names it)")
+		}
 	}
 	switch {
 	case len(effective) == 0:
@@ -165,6 +180,51 @@ func reloadTriggers(opts map[optKey][]string) map[string]bool {
 			for _, f := range strings.Fields(v) {
 				t[f] = true
 			}
+		}
+	}
+	return t
+}
+
+// splitConfig separates the config files of a set (configfile.go), which
+// systemd never reads, from its unit file and drop-ins.
+func splitConfig(files []File) (unitFiles []File, config map[string][]byte) {
+	for _, f := range files {
+		if _, dest, ok := ConfigDest(f.Path); ok {
+			if config == nil {
+				config = map[string][]byte{}
+			}
+			config[dest] = f.Content
+			continue
+		}
+		unitFiles = append(unitFiles, f)
+	}
+	return unitFiles, config
+}
+
+// changedConfig are the config files added, removed or changed, sorted.
+func changedConfig(old, new map[string][]byte) []string {
+	var ds []string
+	for d, b := range new {
+		if ob, ok := old[d]; !ok || !bytes.Equal(ob, b) {
+			ds = append(ds, d)
+		}
+	}
+	for d := range old {
+		if _, ok := new[d]; !ok {
+			ds = append(ds, d)
+		}
+	}
+	slices.Sort(ds)
+	return ds
+}
+
+// fileTriggers reads [X-Agentd] RestartTriggers= or ReloadTriggers= (a
+// list: an empty assignment clears it) as a set of paths.
+func fileTriggers(opts map[optKey][]string, key string) map[string]bool {
+	t := map[string]bool{}
+	for _, v := range resetList(opts[optKey{"X-Agentd", key}]) {
+		for _, f := range strings.Fields(v) {
+			t[f] = true
 		}
 	}
 	return t

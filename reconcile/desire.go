@@ -11,7 +11,7 @@ import (
 
 // DesiredFile is one file the registry wants in the unit directory.
 type DesiredFile struct {
-	Path    string // relative to the unit directory: "x.service" or "x.service.d/y.conf"
+	Path    string // the key suffix: "x.service", "x.service.d/y.conf" (both in the unit directory) or "x.service.files/etc/x/y.conf"
 	Content []byte
 	Hash    string
 	Source  string // "host" or "group:<name>"
@@ -24,7 +24,7 @@ type DesiredFile struct {
 type DesiredUnit struct {
 	Name     string
 	File     *DesiredFile           // the unit file itself; nil for an instance key or drop-ins only
-	DropIns  map[string]DesiredFile // by path
+	DropIns  map[string]DesiredFile // by path: the drop-ins and the config files (configfile.go)
 	Instance bool                   // an empty-valued instance key: run Name from its template
 	Policy   Policy
 	// Err, when set, blocks the unit: it is reported and nothing is applied.
@@ -51,6 +51,12 @@ func (u *DesiredUnit) Files() []DesiredFile {
 		fs = append(fs, u.DropIns[p])
 	}
 	return fs
+}
+
+// UnitFiles are the files systemd reads: Files without the config files.
+func (u *DesiredUnit) UnitFiles() []DesiredFile {
+	fs := u.Files()
+	return slices.DeleteFunc(fs, func(f DesiredFile) bool { return IsConfigPath(f.Path) })
 }
 
 // Hash is the hash of the unit file ("" when the registry has none).
@@ -184,7 +190,11 @@ func desireUnit(name string, es []Entry) *DesiredUnit {
 			block(fmt.Errorf("%s: empty value (only a template instance such as foo@1.service may be empty)", path))
 			continue
 		}
-		if err := validateValue(u.Name, e.Value); err != nil {
+		validate := validateValue
+		if IsConfigPath(path) {
+			validate = func(string, []byte) error { return validateConfigValue(e.Value) }
+		}
+		if err := validate(u.Name, e.Value); err != nil {
 			block(fmt.Errorf("%s: %w", path, err))
 			continue
 		}
@@ -203,7 +213,7 @@ func desireUnit(name string, es []Entry) *DesiredUnit {
 	if u.File != nil {
 		src = u.File.Content
 	} else {
-		for _, f := range u.Files() {
+		for _, f := range u.UnitFiles() {
 			src = append(src, f.Content...)
 			src = append(src, '\n')
 		}
@@ -216,13 +226,33 @@ func desireUnit(name string, es []Entry) *DesiredUnit {
 	if p.Probe.Cmd != "" && len(u.DropIns) > 0 {
 		// HealthCmd= runs as the unit does: drop-ins may set User=.
 		var all [][]byte
-		for _, f := range u.Files() {
+		for _, f := range u.UnitFiles() {
 			all = append(all, f.Content)
 		}
 		p.Probe.User, p.Probe.Group = serviceCreds(all...)
 	}
+	if err := checkTriggers(u.Name, p, u.DropIns); err != nil {
+		u.Err = err
+		return u
+	}
 	u.Policy = p
 	return u
+}
+
+// checkTriggers refuses a RestartTriggers= or ReloadTriggers= that names a
+// file outside the unit's set: a trigger that can never fire is a typo.
+func checkTriggers(name string, p Policy, files map[string]DesiredFile) error {
+	for _, t := range []struct {
+		key   string
+		paths string
+	}{{"RestartTriggers", p.RestartTriggers}, {"ReloadTriggers", p.ReloadTriggers}} {
+		for _, dest := range strings.Fields(t.paths) {
+			if _, ok := files[ConfigKey(name, dest)]; !ok {
+				return fmt.Errorf("[X-Agentd] %s= names %s, which is not a file of %s's set (put it with the unit: agentd unit put --file %s=SRC)", t.key, dest, name, dest)
+			}
+		}
+	}
+	return nil
 }
 
 // StatusName is the name an invalid registry key is reported under: escaped

@@ -45,6 +45,9 @@ func fileHashes(fs []DesiredFile) map[string]string {
 
 // UnitOfPath returns the unit a managed path belongs to.
 func UnitOfPath(path string) string {
+	if u, _, ok := ConfigDest(path); ok {
+		return u
+	}
 	if u, _, ok := strings.Cut(path, ".d/"); ok {
 		return u
 	}
@@ -634,6 +637,9 @@ func CanReload(name string, files []File) bool {
 	}
 	has := false
 	for _, f := range files {
+		if IsConfigPath(f.Path) {
+			continue
+		}
 		for _, kv := range iniEntries(f.Content) {
 			if kv.sec == "Service" && kv.key == "ExecReload" {
 				has = kv.val != ""

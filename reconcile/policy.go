@@ -43,6 +43,13 @@ type Policy struct {
 	// Probe is the health probes (HealthCmd=, HealthURL=, HealthTCP=, …):
 	// checked during HealthySec and after it (see probe.go).
 	Probe Probes
+	// RestartTriggers and ReloadTriggers are config files of the unit's set
+	// (configfile.go) whose change restarts or reloads it, as Home
+	// Manager's X-Restart-Triggers=; a config file no trigger names is
+	// written without touching the unit. Absolute paths, checked to be in
+	// the set (checkTriggers). Space-separated, so that a Policy stays
+	// comparable (sameDesired).
+	RestartTriggers, ReloadTriggers string
 	// HasInstall says the file has an [Install] section with keys, i.e.
 	// there is something for `enable` to do.
 	HasInstall bool
@@ -121,6 +128,10 @@ func ParsePolicy(content []byte) (Policy, error) {
 				if err != nil || p.MaxUnavailable < 1 {
 					err = fmt.Errorf("bad MaxUnavailable=%s: want an integer ≥ 1", val)
 				}
+			case "RestartTriggers":
+				p.RestartTriggers, err = parseTriggers(p.RestartTriggers, key, val)
+			case "ReloadTriggers":
+				p.ReloadTriggers, err = parseTriggers(p.ReloadTriggers, key, val)
 			default:
 				var known bool
 				known, err = parseProbeKey(&p.Probe, key, val)
@@ -129,7 +140,7 @@ func ParsePolicy(content []byte) (Policy, error) {
 				case strings.HasPrefix(key, "Health"):
 					err = fmt.Errorf("unknown key %s= (the health keys are HealthySec and the probes' %s)", key, probeKeys)
 				default:
-					err = fmt.Errorf("unknown key %s= (known: State, Enable, OnChange, Rollback, HealthySec, MaxUnavailable, %s)", key, probeKeys)
+					err = fmt.Errorf("unknown key %s= (known: State, Enable, OnChange, Rollback, HealthySec, MaxUnavailable, RestartTriggers, ReloadTriggers, %s)", key, probeKeys)
 				}
 			}
 			if err != nil {
@@ -148,6 +159,21 @@ func ParsePolicy(content []byte) (Policy, error) {
 		p.Enable = p.HasInstall && p.State == StateStarted
 	}
 	return p, nil
+}
+
+// parseTriggers reads a list of config file paths as systemd reads a list
+// setting: each assignment adds, an empty one clears.
+func parseTriggers(list, key, val string) (string, error) {
+	if val == "" {
+		return "", nil
+	}
+	for _, dest := range strings.Fields(val) {
+		if err := ValidateDest(dest); err != nil {
+			return list, fmt.Errorf("bad %s=: %w", key, err)
+		}
+		list = strings.TrimSpace(list + " " + dest)
+	}
+	return list, nil
 }
 
 // DefaultHealthy is HealthySec= when the unit does not set it.

@@ -171,12 +171,25 @@ const maxFileName = 255
 
 // ParseKey splits a registry key suffix (what follows ".../units/") into the
 // file path relative to the unit directory and the unit it belongs to. It
-// accepts "<unit>" and "<unit>.d/<name>.conf" (a drop-in) and nothing else:
+// accepts "<unit>", "<unit>.d/<name>.conf" (a drop-in) and
+// "<unit>.files/<path>" (a config file, configfile.go) and nothing else:
 // no type-wide ("service.d/") drop-ins, which would reach reserved units too.
 // This is the one rule for unit keys, shared by the agent (which blocks a
 // unit whose key it refuses) and the registry client (which refuses to
 // write it); errors for reserved units wrap ErrReserved.
 func ParseKey(key string) (path, unit string, err error) {
+	if unitPart, dest, ok := ConfigDest(key); ok {
+		if err := ValidateUnitName(unitPart); err != nil {
+			if errors.Is(err, ErrReserved) {
+				return "", "", fmt.Errorf("config file %q: %w", key, err)
+			}
+			return "", "", err
+		}
+		if err := ValidateDest(dest); err != nil {
+			return "", "", fmt.Errorf("invalid config file key %q: %w", key, err)
+		}
+		return key, unitPart, nil
+	}
 	if unitPart, dropIn, ok := strings.Cut(key, ".d/"); ok {
 		if err := ValidateUnitName(unitPart); err != nil {
 			if errors.Is(err, ErrReserved) {

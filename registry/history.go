@@ -227,8 +227,9 @@ type keyState struct {
 
 // readKeys reads, at one revision (returned), the ModRevision of every
 // unit key of t in names, the sequence numbers of their history records
-// (keys only) and their signature records. With dropIns, every drop-in in the registry of a unit in
-// names ("<unit>.d/…") is read too, named or not.
+// (keys only) and their signature records. With dropIns, every drop-in
+// and config file in the registry of a unit in names ("<unit>.d/…",
+// "<unit>.files/…") is read too, named or not.
 func (c *Client) readKeys(ctx context.Context, t Target, names []string, dropIns bool) (map[string]*keyState, int64, error) {
 	units, hist := c.targetUnits(t), c.historyUnits(t)
 	sigs := c.signatureRoot(t)
@@ -247,7 +248,7 @@ func (c *Client) readKeys(ctx context.Context, t Target, names []string, dropIns
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
 		u := strings.TrimPrefix(string(kv.Key), units)
 		if _, ok := st[u]; !ok && dropIns {
-			if owner, _, ok := strings.Cut(u, ".d/"); ok && slices.Contains(names, owner) {
+			if owner := reconcile.UnitOfPath(u); owner != u && slices.Contains(names, owner) {
 				st[u] = &keyState{}
 			}
 		}

@@ -240,7 +240,8 @@ func (c *Client) remove(ctx context.Context, t Target, units []string, recursive
 			hasDrop = map[string]bool{}
 		)
 		for _, k := range slices.Sorted(maps.Keys(st)) {
-			owner, _, isDrop := strings.Cut(k, ".d/")
+			owner := reconcile.UnitOfPath(k)
+			isDrop := owner != k // a drop-in or a config file of owner's set
 			switch {
 			case st[k].modRev != 0 && isDrop:
 				hasDrop[owner] = true
@@ -277,8 +278,10 @@ func (c *Client) remove(ctx context.Context, t Target, units []string, recursive
 			return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
 		}
 		for _, u := range named {
-			if (recursive || o.wholeUnits) && !strings.Contains(u, ".d/") {
-				ifs = append(ifs, clientv3.Compare(clientv3.ModRevision(root+u+".d/"), "<", readRev+1).WithPrefix())
+			if (recursive || o.wholeUnits) && reconcile.UnitOfPath(u) == u {
+				for _, set := range []string{".d/", reconcile.FilesDir} {
+					ifs = append(ifs, clientv3.Compare(clientv3.ModRevision(root+u+set), "<", readRev+1).WithPrefix())
+				}
 			}
 		}
 		sifs, sops, err := c.signatureOps(t, names, nil, true, st, o)

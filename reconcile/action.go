@@ -1,6 +1,9 @@
 package reconcile
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // Kind is what the agent does to one unit in one pass.
 type Kind int
@@ -194,6 +197,17 @@ func (w Wait) String() string {
 
 // Changes reports whether the action touches files (and so needs a daemon-reload).
 func (a Action) Changes() bool { return len(a.Steps.Writes) > 0 || len(a.Steps.Removes) > 0 }
+
+// changesUnitFiles says whether a write or removal is of a file systemd
+// reads: a config file alone (configfile.go) needs no daemon-reload.
+func (a Action) changesUnitFiles() bool {
+	for _, w := range a.Steps.Writes {
+		if !IsConfigPath(w.Path) {
+			return true
+		}
+	}
+	return slices.ContainsFunc(a.Steps.Removes, func(p string) bool { return !IsConfigPath(p) })
+}
 
 // LocalFile is what the unit directory holds at one path.
 type LocalFile struct {

@@ -189,7 +189,7 @@ func ReloadNeeded(plan []Action, cur Current) (bool, string) {
 		return true, "a daemon-reload owed by an interrupted pass"
 	}
 	for _, a := range plan {
-		if a.Changes() || a.Steps.Enable || a.Steps.Disable {
+		if a.changesUnitFiles() || a.Steps.Enable || a.Steps.Disable {
 			return true, "unit files changed"
 		}
 	}
@@ -548,6 +548,9 @@ func planChange(a *Action, st UnitState, changed bool, rec UnitRecord, d *Desire
 		}
 		if a.Kind == KindUpdate && !changed {
 			a.Kind = KindNone // nothing to write: just record that it runs current content
+		}
+		if a.Kind == KindUpdate && !a.changesUnitFiles() {
+			a.Reason = "config files only, no daemon-reload, no job (" + c.Reason() + ")"
 		}
 		a.Reason = what + "; " + a.Reason
 	}

@@ -14,6 +14,7 @@ const (
 	DoRestart   = "restart"
 	DoReload    = "reload"
 	DoUpdate    = "daemon-reload only"
+	DoWrite     = "config files only" // written, no daemon-reload, no job
 	DoStopStart = "stop-start"
 	DoStop      = "stop"
 	DoHeld      = "held"
@@ -205,6 +206,9 @@ func Describe(a Action) (do, reason string) {
 		}
 		if a.Steps.Enable && a.Steps.Disable {
 			return DoUpdate, a.Reason + " (re-enabled)"
+		}
+		if !a.changesUnitFiles() {
+			return DoWrite, a.Reason
 		}
 		return DoUpdate, a.Reason
 	case KindWait:

@@ -82,6 +82,9 @@ func actionMessage(act Action) string {
 	case KindStop:
 		return "stopped unit"
 	case KindUpdate:
+		if !act.changesUnitFiles() {
+			return "wrote config files, the unit left alone (no trigger names them)"
+		}
 		return "replaced unit file (daemon-reload only)"
 	case KindNone:
 		if act.Record.Ran {

@@ -61,6 +61,7 @@ type putOptions struct {
 	wf        waitFlags
 	asJSON    bool
 	instances []string
+	files     []string // --file DEST=SRC[:MODE[:OWNER]]
 	dryRun    bool
 	sf        strategyFlags // the rollout options
 }
@@ -74,6 +75,14 @@ func newUnitPutCmd() *cobra.Command {
 base name; a file inside a directory named <unit>.d is stored as the drop-in
 <unit>.d/<name>.conf. --instance NAME stores an empty key that runs that
 instance of its template (e.g. --instance web@1.service).
+
+--file DEST=SRC[:MODE[:OWNER]] adds a config file to the unit's set, stored
+as <unit>.files/<DEST>: each host writes it at DEST (only under a root its
+agent was started with, agentd run --file-root), with the unit file and
+drop-ins of the put, before one daemon-reload; a rollback or revert puts
+the whole set back. [X-Agentd] RestartTriggers=DEST or ReloadTriggers=DEST
+restart or reload the unit when that file changes; a file no trigger names
+is written without touching the unit.
 
 With --wait, block until every targeted host (for a group, every member, live
 or not) has acted on this write and reports the new hash and the unit in its
@@ -106,6 +115,9 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 			if err != nil {
 				return err
 			}
+			if err := addConfigFiles(units, o.files); err != nil {
+				return err
+			}
 			if o.dryRun {
 				return dryRunPut(cmd, &o.ef, tg, units, o.wait, o.asJSON)
 			}
@@ -120,6 +132,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	cmd.Flags().StringArrayVar(&o.instances, "instance", nil, "run this template instance (empty key), e.g. web@1.service")
+	cmd.Flags().StringArrayVar(&o.files, "file", nil, fileHelp)
 	bindKeep(cmd)
 	bindSign(cmd)
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
@@ -160,6 +173,13 @@ func readUnits(paths, instances []string) (map[string][]byte, error) {
 func checkUnitFile(key string, b []byte) error {
 	_, unit, err := reconcile.ParseKey(key)
 	if err != nil {
+		return err
+	}
+	if reconcile.IsConfigPath(key) {
+		if err := reconcile.ValidateContent(b); err != nil {
+			return err
+		}
+		_, err := reconcile.DecodeConfigFile(b) // a config file (unit edit of one)
 		return err
 	}
 	if err := reconcile.ValidateContent(b); err != nil {

@@ -192,7 +192,7 @@ func TestRemoveRefusesToLeaveDropInsWithoutTheirUnit(t *testing.T) {
 	if !errors.As(err, &de) || !errors.Is(err, ErrDropInsStay) {
 		t.Fatalf("Remove of a unit with a drop-in left = %v, want a DropInsError", err)
 	}
-	if want := "drop-ins in the registry for hosts/h1 would stay without their unit: dd.service has dd.service.d/y.conf; nothing removed"; err.Error() != want {
+	if want := "drop-ins or config files in the registry for hosts/h1 would stay without their unit: dd.service has dd.service.d/y.conf; nothing removed"; err.Error() != want {
 		t.Errorf("message:\n got %s\nwant %s", err, want)
 	}
 	if got := keys(); got != all {

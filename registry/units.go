@@ -189,7 +189,7 @@ func (e *DropInsError) Error() string {
 	for _, u := range slices.Sorted(maps.Keys(e.Stay)) {
 		parts = append(parts, fmt.Sprintf("%s has %s", u, strings.Join(e.Stay[u], ", ")))
 	}
-	return fmt.Sprintf("drop-ins in the registry for %s would stay without their unit: %s; nothing removed", e.Target, strings.Join(parts, "; "))
+	return fmt.Sprintf("drop-ins or config files in the registry for %s would stay without their unit: %s; nothing removed", e.Target, strings.Join(parts, "; "))
 }
 
 func (e *DropInsError) Unwrap() error { return ErrDropInsStay }

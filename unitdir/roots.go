@@ -52,26 +52,18 @@ type fileRoot struct {
 	dir  *Dir
 }
 
-// OpenRoots wraps the unit directory units with the file roots roots. Each
-// root must be an absolute, clean path of an existing directory, and may
-// neither contain nor lie inside the unit directory or any of private (the
-// state directory): a config file must never land on a unit file or on the
-// agent's own files. Roots that repeat are opened once; nested roots are
-// fine (the longest wins). With no roots every config file is refused.
-// Close closes the roots, not units.
+// OpenRoots wraps the unit directory units with the file roots roots,
+// which must pass CheckRoots (private: the state directory). Roots that
+// repeat are opened once; nested roots are fine (the longest wins). With no
+// roots every config file is refused. Close closes the roots, not units.
 func OpenRoots(units *Dir, roots []string, private ...string) (*Roots, error) {
-	r := &Roots{units: units}
-	reserved := map[string]string{units.Path(): "the unit directory " + units.Path()}
-	for _, p := range private {
-		reserved[p] = p + ", a directory of the agent's own"
+	if err := CheckRoots(roots, units.Path(), private...); err != nil {
+		return nil, err
 	}
+	r := &Roots{units: units}
 	for _, p := range roots {
 		if slices.ContainsFunc(r.roots, func(fr fileRoot) bool { return fr.path == p }) {
 			continue
-		}
-		if err := checkRoot(p, reserved); err != nil {
-			r.Close()
-			return nil, err
 		}
 		root, err := os.OpenRoot(p)
 		if err != nil {
@@ -84,6 +76,24 @@ func OpenRoots(units *Dir, roots []string, private ...string) (*Roots, error) {
 	}
 	slices.SortStableFunc(r.roots, func(a, b fileRoot) int { return len(b.path) - len(a.path) })
 	return r, nil
+}
+
+// CheckRoots checks file roots (agentd run --file-root) as OpenRoots
+// takes them: each an absolute, clean path of an existing directory that
+// neither holds nor lies inside the unit directory unitDir or any of
+// private (the state directory), as given or with symlinks resolved — a
+// config file must never land on a unit file or on the agent's own files.
+func CheckRoots(roots []string, unitDir string, private ...string) error {
+	reserved := map[string]string{unitDir: "the unit directory " + unitDir}
+	for _, p := range private {
+		reserved[p] = p + ", a directory of the agent's own"
+	}
+	for _, p := range roots {
+		if err := checkRoot(p, reserved); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkRoot checks one --file-root against the directories reserved (path
@@ -296,7 +306,34 @@ func (r *Roots) resolve(dest string, value []byte) (target, error) {
 	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		return t, err // a file where a directory should be, a symlink leaving the root
 	}
-	return t, nil
+	return t, t.dir.writable(path.Dir(t.rel))
+}
+
+// writable says whether the agent may make files in dir, or in the
+// directory nearest to it that exists (where the missing ones would be
+// made): not when the file system is read-only to it (agentd.service's
+// ProtectSystem=strict without the root in ReadWritePaths=) or the
+// permissions say no.
+func (d *Dir) writable(dir string) error {
+	for dir != "." {
+		if fi, err := d.root.Stat(dir); err == nil {
+			if !fi.IsDir() {
+				return fmt.Errorf("%s: not a directory", filepath.Join(d.path, dir))
+			}
+			break
+		}
+		dir = path.Dir(dir)
+	}
+	f, err := d.root.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	const wOK = 2 // unistd.h
+	if err := syscall.Faccessat(int(f.Fd()), ".", wOK, 0); err != nil {
+		return fmt.Errorf("cannot make files in %s: %w", filepath.Join(d.path, dir), err)
+	}
+	return nil
 }
 
 // lookupOwner resolves "user:group" to IDs on this host; "" is the agent's
@@ -310,12 +347,16 @@ func lookupOwner(owner string) (uid, gid int, err error) {
 	}
 	un, gn, _ := strings.Cut(owner, ":")
 	u, err := user.Lookup(un)
-	if err != nil {
+	if errors.As(err, new(user.UnknownUserError)) {
 		return 0, 0, fmt.Errorf("owner %s: no user %q on this host", owner, un)
+	} else if err != nil {
+		return 0, 0, fmt.Errorf("owner %s: %w", owner, err)
 	}
 	g, err := user.LookupGroup(gn)
-	if err != nil {
+	if errors.As(err, new(user.UnknownGroupError)) {
 		return 0, 0, fmt.Errorf("owner %s: no group %q on this host", owner, gn)
+	} else if err != nil {
+		return 0, 0, fmt.Errorf("owner %s: %w", owner, err)
 	}
 	if uid, err = strconv.Atoi(u.Uid); err != nil {
 		return 0, 0, fmt.Errorf("owner %s: user %q has uid %q", owner, un, u.Uid)
@@ -347,7 +388,7 @@ const (
 // CAP_FSETID (without it chmod silently drops the bit). Caught here, such a
 // file refuses its whole set before anything is written.
 func mayGive(f reconcile.ConfigFile, uid, gid int) error {
-	caps, known := effectiveCaps()
+	caps, known := capsNow()
 	has := func(bit uint) bool { return !known || caps&(1<<bit) != 0 }
 	ownGroup := gid == os.Getegid()
 	if !ownGroup {
@@ -367,6 +408,9 @@ func mayGive(f reconcile.ConfigFile, uid, gid int) error {
 func header(mode fs.FileMode, owner string) string {
 	return strings.TrimSpace(string(reconcile.ConfigFile{Mode: mode, Owner: owner}.Encode()))
 }
+
+// capsNow is effectiveCaps; tests take capabilities away.
+var capsNow = effectiveCaps
 
 // effectiveCaps reads this process's effective capabilities; known is
 // false when they cannot be read (then nothing is refused for want of

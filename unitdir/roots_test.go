@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -78,16 +80,15 @@ func lookID(t *testing.T, owner string) (uint32, uint32) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var uid, gid uint32
-	for _, x := range []struct {
-		s string
-		p *uint32
-	}{{u.Uid, &uid}, {g.Gid, &gid}} {
-		for _, c := range x.s {
-			*x.p = *x.p*10 + uint32(c-'0')
-		}
+	uid, err := strconv.Atoi(u.Uid)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return uid, gid
+	gid, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uint32(uid), uint32(gid)
 }
 
 // A config file is written with its mode and owner and reads back as the
@@ -356,6 +357,49 @@ func TestRootsOwnerRefused(t *testing.T) {
 	}
 }
 
+// Without CAP_CHOWN (agentd.service runs without capabilities) a file for
+// another user or group is refused before anything is written; without
+// CAP_FSETID, a setgid bit for a group the agent is not in.
+func TestRootsCapabilitiesChecked(t *testing.T) {
+	needAccounts(t, "nobody:nogroup")
+	me, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := user.LookupGroup("nogroup"); g.Gid == strconv.Itoa(os.Getegid()) {
+		t.Skip("the test runs as group nogroup")
+	}
+	r, root := testRoots(t)
+	dest := filepath.Join(root, "app.conf")
+	defer func() { capsNow = effectiveCaps }()
+	for _, tc := range []struct {
+		name  string
+		caps  uint64
+		bits  uint32
+		owner string
+		want  string
+	}{
+		{"another user", 0, 0o640, "nobody:nogroup", "lacks CAP_CHOWN"},
+		{"another group", 0, 0o640, me.Username + ":nogroup", "lacks CAP_CHOWN"},
+		{"setgid for another group", 1 << capChown, 0o2750, me.Username + ":nogroup", "lacks CAP_FSETID"},
+	} {
+		capsNow = func() (uint64, bool) { return tc.caps, true }
+		v := value(tc.bits, tc.owner, "x\n")
+		for op, err := range map[string]error{"check": r.Check(key(dest), v), "write": r.Write(key(dest), v)} {
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s, %s: %v, want %q", tc.name, op, err, tc.want)
+			}
+		}
+	}
+	capsNow = func() (uint64, bool) { return 0, true }
+	if err := r.Check(key(dest), value(0o2755, "", "x\n")); err != nil {
+		t.Errorf("the agent's own file, setgid, needs no capability: %v", err)
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 0 {
+		t.Errorf("written: %v", entries)
+	}
+}
+
 // Missing directories are made 0755 whatever the umask; the file is
 // removed alone.
 func TestRootsParentsMadeAndKept(t *testing.T) {
@@ -395,6 +439,32 @@ func TestRootsParentsMadeAndKept(t *testing.T) {
 	}
 	if _, exists, err := r.Read(key(dest)); exists || err != nil {
 		t.Errorf("read a missing file: %v %v", exists, err)
+	}
+}
+
+// A directory the agent cannot make files in (here immutable; under
+// agentd.service, read-only for want of ReadWritePaths=) is known to Check,
+// before any file of the set is written.
+func TestRootsUnwritableRefusedByCheck(t *testing.T) {
+	r, root := testRoots(t)
+	locked := filepath.Join(root, "locked")
+	if err := os.Mkdir(locked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("chattr", "+i", locked).CombinedOutput(); err != nil {
+		citest.Unavailable(t, "chattr +i: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("chattr", "-i", locked).Run() })
+	for _, dest := range []string{filepath.Join(locked, "app.conf"), filepath.Join(locked, "sub", "app.conf")} {
+		v := value(0o644, "", "x\n")
+		for op, err := range map[string]error{"check": r.Check(key(dest), v), "write": r.Write(key(dest), v)} {
+			if err == nil || !strings.Contains(err.Error(), "cannot make files in "+locked) {
+				t.Errorf("%s %s: %v", op, dest, err)
+			}
+		}
+	}
+	if entries, _ := os.ReadDir(locked); len(entries) != 0 {
+		t.Errorf("written: %v", entries)
 	}
 }
 

@@ -88,6 +88,14 @@ func (x executor) write(plan []Action, failed map[string]bool, replaced map[stri
 }
 
 func (x executor) writeFiles(act Action, replaced map[string]LocalFile, out *wrote) error {
+	// One file of the set refused means none of it written.
+	if c, ok := x.files.(checker); ok {
+		for _, w := range act.Steps.Writes {
+			if err := c.Check(w.Path, w.Content); err != nil {
+				return err
+			}
+		}
+	}
 	write := x.files.Write
 	if b, ok := x.files.(batchWriter); ok {
 		write = b.WriteBatched
@@ -160,6 +168,15 @@ func (x executor) keep(files []DesiredFile) error {
 type batchWriter interface {
 	WriteBatched(path string, content []byte) error
 	Flush() error
+}
+
+// checker is an optional capability of Files: Check says whether Write
+// would refuse content at path (a config file outside every root, an owner
+// this host does not have, a directory or symlink in the file's place)
+// without writing anything. writeFiles checks every write of a unit's set
+// before the first, so a refused file leaves the whole set unwritten.
+type checker interface {
+	Check(path string, content []byte) error
 }
 
 // flusher is an optional capability of the Manifest: blobs put since the

@@ -1,13 +1,14 @@
 // Package unitdir is how the agent writes its files: unit files in the unit
-// directory, and in the state directory the ownership manifest (Manifest)
-// and the last-known-good registry snapshot (SnapshotStore). Other file
-// access is elsewhere: configuration the agent reads (TLS files,
+// directory, the config files of units' sets under the file roots the host
+// allows (Roots), and in the state directory the ownership manifest
+// (Manifest) and the last-known-good registry snapshot (SnapshotStore).
+// Other file access is elsewhere: configuration the agent reads (TLS files,
 // /etc/machine-id), the embedded etcd's data directory (registry), the
 // debug socket (control), and in cmd/agentd the doctor's checks, the
 // editor's file of `unit edit` and test-only fault markers.
 //
 // Every access goes through an os.Root, so no path — however it is spelled or
-// whatever symlinks lie on the way — can reach outside the directory. Writes
+// whatever symlinks lie on the way — can reach outside its directory. Writes
 // are atomic: temp file in the target's directory, write, fsync, rename,
 // fsync the directory; a crash at any point leaves the old or the new file.
 // A Dir is safe for concurrent use only for distinct paths.

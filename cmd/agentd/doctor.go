@@ -66,6 +66,8 @@ wrong and how to fix it:
   systemd    D-Bus access to the service manager, and the privilege to manage
              units (systemd grants it to root)
   unit dir   exists and is writable (a temporary file is created and removed)
+  file roots each --file-root (where config files of units' sets may go) is a
+             directory apart from the unit and state directories, and writable
   state dir  private (0700; tightened if wider), the ownership manifest
              parses, every file it lists exists with the content the agent
              wrote, and the saved registry snapshot (what the agent runs on
@@ -160,6 +162,7 @@ func runDoctor(ctx context.Context, o *runOptions, embedded bool) []check {
 	add := func(c ...check) { checks = append(checks, c...) }
 	add(checkSystemd(ctx, o)...)
 	add(checkUnitDir(o))
+	add(checkFileRoots(o)...)
 	add(checkStateDir(o)...)
 	add(checkRegistry(ctx, o, embedded)...)
 	add(checkAgent(ctx, o))
@@ -242,6 +245,33 @@ func checkUnitDir(o *runOptions) check {
 	return check{"unit dir", checkOK, o.unitDir + " is writable", ""}
 }
 
+// checkFileRoots checks the --file-root directories as the agent takes
+// them, and that each is writable.
+func checkFileRoots(o *runOptions) []check {
+	if len(o.fileRoots) == 0 {
+		return []check{{"file roots", checkOK, "no --file-root: config files of units' sets (agentd unit put --file) are refused on this host", ""}}
+	}
+	if err := unitdir.CheckRoots(o.fileRoots, o.unitDir, o.stateDir); err != nil {
+		return []check{{"file roots", checkFail, err.Error(), "fix --file-root (" + envVar("file-root") + "): the agent refuses to start with it"}}
+	}
+	var out []check
+	for _, root := range o.fileRoots {
+		f, err := os.CreateTemp(root, ".agentd-doctor-*")
+		if err != nil {
+			out = append(out, check{"file roots", checkFail, fmt.Sprintf("%s is not writable: %v", root, err),
+				"run as root; under agentd.service the directory must be in ReadWritePaths= (systemctl edit agentd)"})
+			continue
+		}
+		f.Close()
+		if err := os.Remove(f.Name()); err != nil {
+			out = append(out, check{"file roots", checkWarn, fmt.Sprintf("could not remove the probe file %s: %v", f.Name(), err), "remove it by hand"})
+			continue
+		}
+		out = append(out, check{"file roots", checkOK, root + " is writable", ""})
+	}
+	return out
+}
+
 func checkStateDir(o *runOptions) []check {
 	if _, err := os.Stat(o.stateDir); errors.Is(err, os.ErrNotExist) {
 		return []check{{"state dir", checkWarn, o.stateDir + " does not exist: the agent has not run here yet", "nothing to do: `agentd run` creates it"}}
@@ -264,9 +294,16 @@ func checkStateDir(o *runOptions) []check {
 	}
 	defer manifest.Close()
 	managed := manifest.Managed()
-	files, err := unitdir.Open(o.unitDir)
+	units, err := unitdir.Open(o.unitDir)
 	if err != nil {
 		return append(out, check{"state dir", checkFail, err.Error(), ""})
+	}
+	defer units.Close()
+	files, err := unitdir.OpenRoots(units, o.fileRoots, o.stateDir)
+	if err != nil {
+		// Reported by checkFileRoots; config files then read as outside
+		// every root.
+		files, _ = unitdir.OpenRoots(units, nil)
 	}
 	defer files.Close()
 	out = append(out, checkManagedFiles(files, managed)...)
@@ -275,7 +312,7 @@ func checkStateDir(o *runOptions) []check {
 
 // checkManagedFiles checks that every file the manifest lists (managed:
 // path → the hash agentd wrote) is in files with that content.
-func checkManagedFiles(files *unitdir.Dir, managed map[string]reconcile.Owned) []check {
+func checkManagedFiles(files *unitdir.Roots, managed map[string]reconcile.Owned) []check {
 	var out []check
 	bad := 0
 	for _, p := range slices.Sorted(maps.Keys(managed)) {
@@ -285,6 +322,9 @@ func checkManagedFiles(files *unitdir.Dir, managed map[string]reconcile.Owned) [
 		h := managed[p].Hash
 		b, exists, err := files.Read(p)
 		switch {
+		case errors.Is(err, unitdir.ErrOutsideRoots):
+			bad++
+			out = append(out, check{"state dir", checkFail, fmt.Sprintf("managed file: %v", err), "give the agent the --file-root it was written under (" + envVar("file-root") + ")"})
 		case err != nil:
 			bad++
 			out = append(out, check{"state dir", checkFail, fmt.Sprintf("managed file: %v", err), "make it a regular file again (agentd never replaces symlinks or directories)"})

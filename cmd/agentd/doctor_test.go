@@ -141,6 +141,48 @@ func TestCheckStateDir(t *testing.T) {
 	}
 }
 
+// The file roots check says none are given, refuses what the agent would
+// refuse, and reads managed config files through the roots.
+func TestCheckFileRoots(t *testing.T) {
+	base := t.TempDir()
+	units, state, root := filepath.Join(base, "units"), filepath.Join(base, "state"), filepath.Join(base, "myapp")
+	for _, d := range []string{units, state, root} {
+		os.Mkdir(d, 0o755)
+	}
+	o := &runOptions{unitDir: units, stateDir: state}
+	if c := checksText(checkFileRoots(o)); !strings.Contains(c, "no --file-root") {
+		t.Errorf("no roots:\n%s", c)
+	}
+	o.fileRoots = []string{base}
+	if c := checkFileRoots(o); len(c) != 1 || c[0].Result != checkFail || !strings.Contains(c[0].Detail, "holds the unit directory") {
+		t.Errorf("a root holding the unit directory: %+v", c)
+	}
+	o.fileRoots = []string{root}
+	if c := checkFileRoots(o); len(c) != 1 || c[0].Result != checkOK {
+		t.Errorf("a good root: %+v", c)
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 0 {
+		t.Errorf("the writability probe left files behind: %v", entries)
+	}
+
+	conf := reconcile.ConfigFile{Mode: 0o640, Content: []byte("x=1\n")}.Encode()
+	m, err := unitdir.OpenManifest(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Set(reconcile.ConfigKey("web.service", filepath.Join(root, "app.conf")), reconcile.Owned{Hash: reconcile.Hash(conf)})
+	m.Close()
+	os.WriteFile(filepath.Join(root, "app.conf"), []byte("x=1\n"), 0o640)
+	os.Chmod(filepath.Join(root, "app.conf"), 0o640)
+	if text := checksText(checkStateDir(o)); !strings.Contains(text, "all present with the content agentd wrote") {
+		t.Errorf("a managed config file under its root:\n%s", text)
+	}
+	o.fileRoots = nil
+	if text := checksText(checkStateDir(o)); !strings.Contains(text, "outside every --file-root") || !strings.Contains(text, "AGENTD_FILE_ROOT") {
+		t.Errorf("a managed config file without its root:\n%s", text)
+	}
+}
+
 func checksText(cs []check) string {
 	var b bytes.Buffer
 	printChecks(&b, cs)

@@ -36,6 +36,7 @@ type runOptions struct {
 	user            bool
 	unitDir         string
 	stateDir        string
+	fileRoots       []string // --file-root: where config files (unit put --file) may go
 	debugSocket     string
 	embedClient     string
 	embedPeer       string // ignored: the embedded etcd has no peer listener
@@ -96,6 +97,13 @@ listener (--embedded-listen http://127.0.0.1:PORT) lets every local user have
 units run as root: it is refused unless --embedded-insecure-tcp is given too,
 and then the agent warns at every start and "agentd doctor" reports it.
 
+Config files of units' sets (agentd unit put --file DEST=SRC[:MODE[:OWNER]])
+are written only under the directories given with --file-root (repeatable),
+with their mode and owner, atomically and together with the unit's other
+files: a DEST under none of them, a symlink or directory in its place, or an
+owner this host does not have refuses the unit's whole change, and the
+running version is kept. Without --file-root every config file is refused.
+
 Under systemd (contrib/systemd/agentd.service, Type=notify) it reports READY=1
 after its first successful reconcile pass, or after --registry-timeout with the
 registry unreachable, running on the last registry snapshot it saved in the
@@ -121,6 +129,7 @@ of the group answers alike. There is no authentication: listen on loopback
   agentd run --embedded-listen https://10.0.0.5:2379 --embedded-cert etcd.pem \
     --embedded-key etcd-key.pem --embedded-ca clients-ca.pem   # remote clients need a client certificate
   agentd run --user                          # the user's systemd instance
+  agentd run --file-root /etc/myapp          # config files (unit put --file) may go under /etc/myapp
   AGENTD_METRICS_ADDR=127.0.0.1:9100 agentd run   # every flag has an AGENTD_* variable
   agentd run --group web --fleetlock-listen 127.0.0.1:9190   # Zincati: base_url = "http://127.0.0.1:9190/", group = "web"`,
 		Args: usageArgs(cobra.NoArgs),
@@ -170,6 +179,9 @@ func (o *runOptions) bindLocal(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.user, "user", false, "manage the user's systemd instance instead of the system one")
 	fs.StringVar(&o.unitDir, "unit-dir", "", "unit directory (default /etc/systemd/system, or $XDG_CONFIG_HOME/systemd/user with --user)")
 	fs.StringVar(&o.stateDir, "state-dir", "", "state directory (default /var/lib/agentd, or $XDG_STATE_HOME/agentd with --user)")
+	fs.StringSliceVar(&o.fileRoots, "file-root", nil,
+		"directory the config files of units' sets (agentd unit put --file) may be written under, e.g. /etc/myapp (repeatable; "+
+			"absolute, existing, apart from the unit and state directories). Without one every config file is refused")
 	fs.StringVar(&o.debugSocket, "debug-socket", "", "unix socket of the local debug API (default /run/agentd/agentd.sock, or $XDG_RUNTIME_DIR/agentd.sock with --user)")
 }
 
@@ -347,7 +359,8 @@ type agentRun struct {
 	endpoints   []string     // of the etcd the agent joins
 
 	sd       *systemd.Manager
-	files    *unitdir.Dir
+	units    *unitdir.Dir   // the unit directory
+	files    *unitdir.Roots // the unit directory and the --file-root directories
 	manifest *unitdir.Manifest
 	lkg      *lastKnownGood
 
@@ -379,6 +392,9 @@ func newAgentRun(o *runOptions) (*agentRun, error) {
 		return nil, err
 	}
 	r.met.SetGroups(o.groups)
+	if err := unitdir.CheckRoots(o.fileRoots, o.unitDir, o.stateDir); err != nil {
+		return nil, withCode(exitUsage, err)
+	}
 	if o.fleetLockAddr != "" {
 		if o.fleetLockTTL < time.Second {
 			return nil, withCode(exitUsage, fmt.Errorf("--fleetlock-ttl %s: want at least 1s (longer than a reboot takes)", o.fleetLockTTL))
@@ -476,8 +492,11 @@ func (r *agentRun) openLocal(ctx context.Context) error {
 	}
 	r.sd = sd
 	r.met.SetSystemdConnected(true)
-	if r.files, err = unitdir.Open(o.unitDir); err != nil {
+	if r.units, err = unitdir.Open(o.unitDir); err != nil {
 		return err
+	}
+	if r.files, err = unitdir.OpenRoots(r.units, o.fileRoots, o.stateDir); err != nil {
+		return err // checked by newAgentRun: only an I/O error is left
 	}
 	removed, err := r.files.CleanTemps()
 	for _, p := range removed {
@@ -508,6 +527,9 @@ func (r *agentRun) closeLocal() {
 	}
 	if r.files != nil {
 		r.files.Close()
+	}
+	if r.units != nil {
+		r.units.Close()
 	}
 	if r.sd != nil {
 		r.sd.Close()
@@ -570,7 +592,7 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	}
 	wg.Go(func() { fail(agent.Run(ctx)) })
 	wg.Go(func() { fail(r.sd.Watch(ctx, agent.UnitChanged)) })
-	wg.Go(func() { fail(r.files.Watch(ctx, agent.FileChanged)) })
+	wg.Go(func() { fail(r.units.Watch(ctx, agent.FileChanged)) })
 	wg.Go(func() { fail(control.Serve(ctx, o.debugSocket, o.host, controlBackend{agent, r.rollouts})) })
 	wg.Go(func() { fail(followRegistry(ctx, o, r.endpoints, log, r.reporter, met, onSnapshot, agent.UnitChanged)) })
 	wg.Go(func() { r.lkg.fallback(ctx, o.registryTimeout, agent.SetSnapshot, svc) })
@@ -587,7 +609,7 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 		})
 		wg.Go(func() { fail(fleetlock.Serve(ctx, r.fleetLockLn, h)) })
 	}
-	log.Info("agent running", "unit_dir", o.unitDir, "state_dir", o.stateDir, "debug_socket", o.debugSocket,
+	log.Info("agent running", "unit_dir", o.unitDir, "state_dir", o.stateDir, "file_roots", strings.Join(o.fileRoots, ","), "debug_socket", o.debugSocket,
 		"groups", strings.Join(o.groups, ","), "etcd", strings.Join(r.endpoints, ","), "metrics", o.metricsAddr,
 		"fleetlock", o.fleetLockAddr, "watchdog", svc.watchdog)
 	if o.ready != nil {

@@ -94,7 +94,7 @@ func TestUnitRmRefusesToLeaveDropIns(t *testing.T) {
 	if code != exitUsage {
 		t.Errorf("exit %d, want %d", code, exitUsage)
 	}
-	want := "drop-ins in the registry for hosts/h1 would stay without their unit: dd.service has dd.service.d/x.conf, dd.service.d/y.conf; nothing removed (name them too, or give --recursive to remove each unit with all its drop-ins)"
+	want := "drop-ins or config files in the registry for hosts/h1 would stay without their unit: dd.service has dd.service.d/x.conf, dd.service.d/y.conf; nothing removed (name them too, or give --recursive to remove each unit with all its drop-ins)"
 	if !strings.Contains(out, want) {
 		t.Errorf("output:\n%s\nwant it to say:\n%s", out, want)
 	}

@@ -106,7 +106,9 @@ func (plainSystemd) UnitsLoaded(context.Context) (uint64, error) {
 	return 0, fmt.Errorf("units loaded: %w", errors.ErrUnsupported)
 }
 
-// Files is the unit directory. Paths are relative to it.
+// Files is where the agent writes: the unit directory, and for config
+// files ("<unit>.files/<path>", configfile.go) the roots the host allows
+// (unitdir.Roots). Paths are the key suffixes.
 type Files interface {
 	Read(path string) (content []byte, exists bool, err error)
 	Write(path string, content []byte) error

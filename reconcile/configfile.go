@@ -30,16 +30,18 @@ import (
 const FilesDir = ".files/"
 
 const (
-	fileHeader  = "#agentd-file "
-	DefaultMode = fs.FileMode(0o644)
-	maxDestPath = 1024
+	fileHeader   = "#agentd-file "
+	DefaultMode  = fs.FileMode(0o644)
+	DefaultOwner = "root:root"
+	maxDestPath  = 1024
 )
 
 // ConfigFile is a config file as the registry gives it.
 type ConfigFile struct {
 	Mode fs.FileMode // permission bits only (07777)
-	// Owner is "user:group", by name: each host resolves them. "" is the
-	// agent's own user and group.
+	// Owner is "user:group", by name: each host resolves them. Encode
+	// writes DefaultOwner for "". Always spelt out: a file read back from
+	// disk says its owner, and "the agent's own" would read back as either.
 	Owner   string
 	Content []byte
 }
@@ -47,11 +49,11 @@ type ConfigFile struct {
 // Encode is the canonical value of f.
 func (f ConfigFile) Encode() []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "%smode=%04o", fileHeader, uint32(f.Mode.Perm())|unixBits(f.Mode))
-	if f.Owner != "" {
-		b.WriteString(" owner=" + f.Owner)
+	owner := f.Owner
+	if owner == "" {
+		owner = DefaultOwner
 	}
-	b.WriteByte('\n')
+	fmt.Fprintf(&b, "%smode=%04o owner=%s\n", fileHeader, uint32(f.Mode.Perm())|unixBits(f.Mode), owner)
 	b.Write(f.Content)
 	return b.Bytes()
 }
@@ -124,11 +126,11 @@ func DecodeConfigFile(b []byte) (ConfigFile, error) {
 			}
 			f.Owner = v
 		default:
-			return ConfigFile{}, fmt.Errorf("config file header: unexpected %q (want mode=NNNN, then optionally owner=USER:GROUP)", kv)
+			return ConfigFile{}, fmt.Errorf("config file header: unexpected %q (want mode=NNNN owner=USER:GROUP)", kv)
 		}
 	}
-	if len(fields) == 0 {
-		return ConfigFile{}, fmt.Errorf("config file header: no mode=")
+	if len(fields) < 2 {
+		return ConfigFile{}, fmt.Errorf("config file header %q: want mode=NNNN owner=USER:GROUP", head)
 	}
 	if !bytes.Equal(f.Encode(), b) {
 		return ConfigFile{}, fmt.Errorf("config file header %q is not in canonical form (%q); store it with agentd unit put --file", head, bytes.TrimSuffix(f.Encode()[:len(f.Encode())-len(content)], []byte("\n")))

@@ -11,12 +11,15 @@ func TestConfigFileRoundTrip(t *testing.T) {
 		{Mode: 0o644, Content: []byte("a=1\n")},
 		{Mode: 0o640, Owner: "app:app", Content: []byte("")},
 		{Mode: ModeOf(0o2755), Owner: "root:adm", Content: []byte("x\ny")},
-		{Mode: ModeOf(0o4711), Content: []byte("#agentd-file mode=0644\n")}, // a header in the content is content
+		{Mode: ModeOf(0o4711), Content: []byte("#agentd-file mode=0644 owner=a:b\n")}, // a header in the content is content
 	} {
 		b := f.Encode()
 		g, err := DecodeConfigFile(b)
 		if err != nil {
 			t.Fatalf("%q: %v", b, err)
+		}
+		if f.Owner == "" {
+			f.Owner = DefaultOwner
 		}
 		if g.Mode != f.Mode || g.Owner != f.Owner || string(g.Content) != string(f.Content) {
 			t.Errorf("%q decoded to %+v, want %+v", b, g, f)
@@ -31,15 +34,16 @@ func TestDecodeConfigFileRefuses(t *testing.T) {
 	for value, want := range map[string]string{
 		"a=1\n":                                         "must begin with",
 		"#agentd-file mode=0644":                        "must begin with", // no newline: no header line
-		"#agentd-file mode=644\nx":                      "not in canonical form",
-		"#agentd-file  mode=0644\nx":                    "not in canonical form",
-		"#agentd-file mode=0648\nx":                     "not octal",
-		"#agentd-file mode=10644\nx":                    "1 to 4 octal digits",
+		"#agentd-file mode=644 owner=a:b\nx":            "not in canonical form",
+		"#agentd-file  mode=0644 owner=a:b\nx":          "not in canonical form",
+		"#agentd-file mode=0648 owner=a:b\nx":           "not octal",
+		"#agentd-file mode=10644 owner=a:b\nx":          "1 to 4 octal digits",
 		"#agentd-file owner=a:b mode=0644\nx":           "unexpected",
 		"#agentd-file mode=0644 owner=1000:1000\nx":     "numeric IDs",
 		"#agentd-file mode=0644 owner=app\nx":           "USER:GROUP",
 		"#agentd-file mode=0644 owner=a:b extra=1\nx":   "unexpected",
-		"#agentd-file \nx":                              "no mode",
+		"#agentd-file \nx":                              "want mode=NNNN owner=USER:GROUP",
+		"#agentd-file mode=0644\nx":                     "want mode=NNNN owner=USER:GROUP",
 		"#agentd-file mode=0644 owner=a;rm:b\nx":        "not allowed",
 		"#agentd-file mode=0644 owner=-rf:b\nx":         "not allowed",
 		"#agentd-file mode=0644 owner=a:b\r\nx":         "canonical",

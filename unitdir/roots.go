@@ -247,7 +247,7 @@ func kindOf(m fs.FileMode) string {
 
 // attrsOf is a file's mode and owner as a config file's header says them:
 // the permission bits with setuid, setgid and sticky; the owner by name,
-// "" when it is the agent's own user and group. An ID without a name here
+// always spelt out. An ID without a name here
 // is given as a number, which no registry value can hold
 // (reconcile.ValidateOwner): the file is then rewritten.
 func attrsOf(fi fs.FileInfo) (fs.FileMode, string) {
@@ -256,11 +256,7 @@ func attrsOf(fi fs.FileInfo) (fs.FileMode, string) {
 	if !ok {
 		return mode, "?:?"
 	}
-	uid, gid := int(st.Uid), int(st.Gid)
-	if uid == os.Geteuid() && gid == os.Getegid() {
-		return mode, ""
-	}
-	u, g := strconv.Itoa(uid), strconv.Itoa(gid)
+	u, g := strconv.Itoa(int(st.Uid)), strconv.Itoa(int(st.Gid))
 	if a, err := user.LookupId(u); err == nil {
 		u = a.Username
 	}
@@ -336,15 +332,11 @@ func (d *Dir) writable(dir string) error {
 	return nil
 }
 
-// lookupOwner resolves "user:group" to IDs on this host; "" is the agent's
-// own user and group. The IDs must name the same user and group back, or
-// the file would never read back as written: an alias (a second name for
-// uid 0) and the agent's own pair spelt out (read back as no owner=) are
-// refused, saying what to give instead.
+// lookupOwner resolves "user:group" to IDs on this host. The IDs must name
+// the same user and group back, or the file would never read back as
+// written: an alias (a second name for uid 0) is refused, saying what to
+// give instead.
 func lookupOwner(owner string) (uid, gid int, err error) {
-	if owner == "" {
-		return os.Geteuid(), os.Getegid(), nil
-	}
 	un, gn, _ := strings.Cut(owner, ":")
 	u, err := user.Lookup(un)
 	if errors.As(err, new(user.UnknownUserError)) {
@@ -363,9 +355,6 @@ func lookupOwner(owner string) (uid, gid int, err error) {
 	}
 	if gid, err = strconv.Atoi(g.Gid); err != nil {
 		return 0, 0, fmt.Errorf("owner %s: group %q has gid %q", owner, gn, g.Gid)
-	}
-	if uid == os.Geteuid() && gid == os.Getegid() {
-		return 0, 0, fmt.Errorf("owner %s is the agent's own user and group on this host: leave owner out (a config file without one is the agent's)", owner)
 	}
 	if back, err := user.LookupId(u.Uid); err == nil && back.Username != un {
 		return 0, 0, fmt.Errorf("owner %s: uid %d is named %q on this host; give that name", owner, uid, back.Username)

@@ -42,6 +42,23 @@ func testRoots(t *testing.T) (*Roots, string) {
 // key is the registry key suffix of a config file of web.service.
 func key(dest string) string { return reconcile.ConfigKey("web.service", dest) }
 
+// self stands for the agent's own user and group in a table (selfOwner).
+const self = "self"
+
+// selfOwner is the test process's own user and group, by name.
+func selfOwner(t *testing.T) string {
+	t.Helper()
+	u, err := user.LookupId(strconv.Itoa(os.Geteuid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := user.LookupGroupId(strconv.Itoa(os.Getegid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.Username + ":" + g.Name
+}
+
 func value(bits uint32, owner, content string) []byte {
 	return reconcile.ConfigFile{Mode: reconcile.ModeOf(bits), Owner: owner, Content: []byte(content)}.Encode()
 }
@@ -99,15 +116,17 @@ func TestRootsRoundTrip(t *testing.T) {
 		bits  uint32
 		owner string
 	}{
-		{"0644 agent's own", 0o644, ""},
-		{"0600 agent's own", 0o600, ""},
+		{"0644 agent's own", 0o644, self},
+		{"0600 agent's own", 0o600, self},
 		{"0640 nobody:nogroup", 0o640, "nobody:nogroup"},
 		{"02755 nobody:nogroup", 0o2755, "nobody:nogroup"},
 		{"04750 daemon:nogroup", 0o4750, "daemon:nogroup"},
-		{"01644 agent's own", 0o1644, ""},
+		{"01644 agent's own", 0o1644, self},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.owner != "" {
+			if tc.owner == self {
+				tc.owner = selfOwner(t)
+			} else {
 				citest.NeedRoot(t, "chown to another user")
 				needAccounts(t, tc.owner)
 			}
@@ -128,10 +147,7 @@ func TestRootsRoundTrip(t *testing.T) {
 			if perm := st.Mode & 0o7777; perm != tc.bits {
 				t.Errorf("mode on disk %04o, want %04o", perm, tc.bits)
 			}
-			wantUID, wantGID := uint32(os.Geteuid()), uint32(os.Getegid())
-			if tc.owner != "" {
-				wantUID, wantGID = lookID(t, tc.owner)
-			}
+			wantUID, wantGID := lookID(t, tc.owner)
 			if st.Uid != wantUID || st.Gid != wantGID {
 				t.Errorf("owner on disk %d:%d, want %d:%d", st.Uid, st.Gid, wantUID, wantGID)
 			}
@@ -162,7 +178,7 @@ func TestRootsRoundTrip(t *testing.T) {
 func TestRootsHandChangeIsDrift(t *testing.T) {
 	r, root := testRoots(t)
 	dest := filepath.Join(root, "app.conf")
-	v := value(0o640, "", "x=1\n")
+	v := value(0o640, selfOwner(t), "x=1\n")
 	if err := r.Write(key(dest), v); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +186,7 @@ func TestRootsHandChangeIsDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _, err := r.Read(key(dest))
-	if err != nil || bytes.Equal(got, v) || !bytes.Equal(got, value(0o644, "", "x=1\n")) {
+	if err != nil || bytes.Equal(got, v) || !bytes.Equal(got, value(0o644, selfOwner(t), "x=1\n")) {
 		t.Fatalf("after chmod 0644: read %q %v", got, err)
 	}
 	if os.Geteuid() != 0 {
@@ -329,21 +345,14 @@ func TestRootsOwnerRefused(t *testing.T) {
 		"nobody:no-such-group":    `no group "no-such-group"`,
 		"not a header":            "must begin with",
 		"#agentd-file mode=0648":  "not octal",
-		"#agentd-file mode=644":   "canonical",
+		"#agentd-file mode=644":   "owner=USER:GROUP",
 		"#agentd-file mode=0644x": "mode",
-	}
-	if os.Geteuid() == 0 {
-		if u, err := user.LookupId("0"); err == nil {
-			if g, err := user.LookupGroupId("0"); err == nil {
-				cases[u.Username+":"+g.Name] = "the agent's own user and group"
-			}
-		}
 	}
 	for owner, want := range cases {
 		v := value(0o640, owner, "x\n")
 		if strings.HasPrefix(owner, "#") || strings.Contains(owner, " ") {
 			v = []byte(owner + "\nx\n")
-		} else if owner != "" && !strings.Contains(want, "own user") {
+		} else {
 			needAccounts(t, "nobody:nogroup")
 		}
 		for op, err := range map[string]error{"check": r.Check(key(dest), v), "write": r.Write(key(dest), v)} {

@@ -14,7 +14,7 @@ import (
 // fileHelp is the --file flag's help: the form and where it lands.
 const fileHelp = `a config file of the unit's set, DEST=SRC[:MODE[:OWNER]]: SRC read here, written at
 DEST on each host (under one of its agent's --file-root), MODE octal (default 0644),
-OWNER as USER:GROUP by name (default the agent's user). Repeatable`
+OWNER as USER:GROUP by name (default root:root). Repeatable`
 
 // configFile is one --file of unit put.
 type configFile struct {

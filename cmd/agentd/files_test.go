@@ -30,7 +30,7 @@ func TestAddConfigFiles(t *testing.T) {
 	if got := units["web.service.files/etc/myapp/app.conf"]; string(got) != string(want) {
 		t.Errorf("stored %q, want %q", got, want)
 	}
-	if got := units["web.service.files/etc/myapp/b.conf"]; !strings.HasPrefix(string(got), "#agentd-file mode=0644\n") {
+	if got := units["web.service.files/etc/myapp/b.conf"]; !strings.HasPrefix(string(got), "#agentd-file mode=0644 owner=root:root\n") {
 		t.Errorf("default mode and owner: %q", got)
 	}
 

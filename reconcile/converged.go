@@ -264,9 +264,11 @@ func superseded(st Status) string {
 }
 
 // version names what a host runs for e: the unit file's hash, or for a
-// drop-in its own, for an instance (an empty key) its template's.
+// drop-in or config file its own, for an instance (an empty key) its template's.
 func (e Expectation) version(st Status) string {
 	switch {
+	case IsConfigPath(e.Key):
+		return "config file " + shortHash(st.DropIns[e.Key])
 	case e.Key != e.Unit:
 		return "drop-in " + shortHash(st.DropIns[e.Key])
 	case st.Hash != "":

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -80,6 +81,20 @@ func TestConfigFileSet(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(notes); string(b) != "two\n" || pid() != pid2 {
 		t.Errorf("notes %q, MainPID %d → %d: want two and the same process", b, pid2, pid())
+	}
+
+	// --dry-run predicts a trigger's restart and a file alone as such.
+	for file, want := range map[string]string{
+		env + "=" + src("v9.env", "V=9\n") + ":0640:nobody:nogroup": "restart",
+		notes + "=" + src("n9", "nine\n"):                           reconcile.DoWrite,
+	} {
+		out, code := e.cli("unit", "put", e.writeUnit("web.service", unit("")), "--host", e.host, "--file", file, "--dry-run")
+		if code != 0 || !regexp.MustCompile(`web\.service +`+want+` `).MatchString(out) {
+			t.Errorf("put --dry-run --file %s: exit %d, want web.service %q\n%s", file, code, want, out)
+		}
+	}
+	if b, _ := os.ReadFile(env); string(b) != "V=2\n" || pid() != pid2 {
+		t.Errorf("a dry run changed something: %s holds %q, MainPID %d → %d", env, b, pid2, pid())
 	}
 
 	// 4. A set that fails (the new config makes the unit exit) is rolled

@@ -106,7 +106,7 @@ func ParseMode(s string) (fs.FileMode, error) {
 func DecodeConfigFile(b []byte) (ConfigFile, error) {
 	head, content, ok := bytes.Cut(b, []byte("\n"))
 	if !ok || !bytes.HasPrefix(head, []byte(fileHeader)) {
-		return ConfigFile{}, fmt.Errorf("a config file's value must begin with a %q line (store it with agentd unit put --file)", strings.TrimSpace(fileHeader)+" mode=0644")
+		return ConfigFile{}, fmt.Errorf("a config file's value must begin with a %q line (store it with agentd unit put --file)", strings.TrimSpace(fileHeader)+" mode=0644 owner=root:root")
 	}
 	var f ConfigFile
 	f.Content = content

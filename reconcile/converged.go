@@ -208,7 +208,11 @@ func (e Expectation) Judge(r HostReport, live func() bool) (Progress, string) {
 		case e.Key != e.Unit && !activeWord(st.ActiveState):
 			// A drop-in on a unit that does not run (a vendor unit the
 			// agent never starts): in place is all there is.
-			return ProgressHealthy, "drop-in in place; " + e.Unit + " is " + st.ActiveState
+			what := "drop-in"
+			if IsConfigPath(e.Key) {
+				what = "config file"
+			}
+			return ProgressHealthy, what + " in place; " + e.Unit + " is " + st.ActiveState
 		}
 		return ProgressApplying, st.ActiveState + " (" + st.SubState + ")"
 	case StateStopped:

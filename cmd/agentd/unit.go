@@ -63,6 +63,7 @@ type putOptions struct {
 	instances []string
 	dryRun    bool
 	sf        strategyFlags // the rollout options
+	confirm   confirmFlag   // --confirm DUR: ConfirmSec= in each unit file
 }
 
 func newUnitPutCmd() *cobra.Command {
@@ -106,6 +107,9 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 			if err != nil {
 				return err
 			}
+			if err := o.confirm.apply(cmd, units); err != nil {
+				return err
+			}
 			if o.dryRun {
 				return dryRunPut(cmd, &o.ef, tg, units, o.wait, o.asJSON)
 			}
@@ -124,6 +128,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 	bindSign(cmd)
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
 	o.sf.bind(cmd, "unit put", "nothing stored")
+	o.confirm.bind(cmd)
 	return cmd
 }
 

@@ -234,12 +234,13 @@ func (c *confirms) retryAfter(d time.Duration) {
 
 // awaitConfirm opens the window of act's change, applied at since, when
 // its policy asks for one (ConfirmSec=), the agent has a Confirmer, and
-// there is something to put back: the change is new (newVersion) and an
-// earlier version ran (a first install has nothing to go back to). It
+// there is something to put back: act's version is a change (change, see
+// ledger.applied) and an earlier version ran (a first install has nothing
+// to go back to). It
 // runs before the HealthySec window opens, which keeps what ran before
 // until the change is confirmed.
-func (a *Agent) awaitConfirm(act Action, newVersion bool, since time.Time) {
-	if a.cfg.Confirmer == nil || act.Policy.Confirm <= 0 || !newVersion || len(a.ledger.records[act.Unit].Previous) == 0 {
+func (a *Agent) awaitConfirm(act Action, change bool, since time.Time) {
+	if a.cfg.Confirmer == nil || act.Policy.Confirm <= 0 || !change || len(a.ledger.records[act.Unit].Previous) == 0 {
 		return
 	}
 	a.ledger.awaitConfirm(act, since)

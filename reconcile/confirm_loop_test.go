@@ -290,3 +290,46 @@ func TestConfirmationResumesAfterAgentRestart(t *testing.T) {
 		t.Fatalf("calls %v, want one daemon-reload and the rollback's restart", calls)
 	}
 }
+
+// A template with ConfirmSec=: the instance it restarts onto a new set
+// awaits its confirmation, and unconfirmed, the whole set goes back (the
+// template's file) and the instance is restarted onto it, as when an
+// instance fails its health check.
+func TestUnconfirmedTemplateChangeIsRolledBack(t *testing.T) {
+	files, m, _ := testDirs(t)
+	sd := &fakeSystemd{active: map[string]bool{}}
+	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: m, CheckFocus: true, Confirmer: &fakeConfirmer{}})
+	snap := reconcile.Snapshot{Revision: 1, Entries: entries("t@.service", confirmV1, "t@1.service", "")}
+	a.SetSnapshot(snap)
+	stop := runAgent(t, a)
+	defer stop()
+	waitCalls(t, sd, 2) // reload, start t@1
+	snap.Revision++
+	snap.Entries = entries("t@.service", confirmV2, "t@1.service", "")
+	a.SetSnapshot(snap)
+	waitStatus(t, a, "t@1.service", "the instance is confirming", func(s reconcile.Status) bool { return s.Confirming })
+	s := waitStatus(t, a, "t@1.service", "the instance runs the old set again", func(s reconcile.Status) bool {
+		return s.RunsHash == reconcile.Hash([]byte(confirmV1)) && s.Job == "" && !s.Confirming
+	})
+	if b, _, _ := files.Read("t@.service"); string(b) != confirmV1 {
+		t.Fatalf("template on disk %q, want v1 back", b)
+	}
+	if ts := unitStatus(a, "t@.service"); ts.Action != "rolled-back" || !strings.HasPrefix(ts.Error, "lost control plane") {
+		t.Errorf("template status %+v, want rolled-back: lost control plane", ts)
+	}
+	if s.Health != "healthy" {
+		t.Errorf("instance back on the old set: %+v", s)
+	}
+	// Back on the set that ran before is no change to confirm: no second
+	// window (which, unconfirmed, would flip it onto the new set again).
+	time.Sleep(400 * time.Millisecond)
+	if _, err := a.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(sd.Calls(), "restart t@1.service"); n != 2 {
+		t.Errorf("instance restarts %v, want 2 (onto the new set, back onto the old)", sd.Calls())
+	}
+	if b, _, _ := files.Read("t@.service"); string(b) != confirmV1 {
+		t.Fatalf("template on disk %q after ConfirmSec= more, want v1", b)
+	}
+}

@@ -217,3 +217,27 @@ func TestLedgerConfirm(t *testing.T) {
 		t.Fatalf("a newer version applied: %+v", rec)
 	}
 }
+
+// An instance that runs a template set which failed (here: unconfirmed)
+// and was put back is restarted onto the set put back, classified against
+// that set's content, not the registry's: the registry still holds the
+// failed set, and compared with it the instance looked current (adopted,
+// no restart).
+func TestPlanInstanceBackOntoTheSetPutBack(t *testing.T) {
+	const tmpl, inst = "t@.service", "t@1.service"
+	v1, v2 := svc+"[X-Agentd]\nConfirmSec=2s\n", p2V2+"[X-Agentd]\nConfirmSec=2s\n"
+	c := p2Host(map[string]UnitState{inst: running}, tmpl, v1)
+	set1, set2 := p2Files(tmpl, v1), p2Files(tmpl, v2)
+	c.Memory.Records[tmpl] = UnitRecord{Applied: set1, Failed: KeyOf(set2), FailReason: "lost control plane: …"}
+	c.Memory.Records[inst] = UnitRecord{Applied: set2, Previous: set1, Failed: KeyOf(set2), FailReason: "lost control plane: …", FailedOp: confirmOp}
+	c.Memory.Managed[inst] = Owned{Instance: true}
+	c.Memory.Blobs = p2Blobs(v1, v2)
+	plan := Plan(Desire(Snapshot{Entries: []Entry{entry(tmpl, v2), entry(inst, "")}}), c)
+	i := slices.IndexFunc(plan, func(a Action) bool { return a.Unit == inst })
+	if i < 0 {
+		t.Fatalf("no action for %s: %+v", inst, plan)
+	}
+	if a := plan[i]; a.Kind != KindRestart || a.Steps.Job != JobRestart || !maps.Equal(a.Record.Effective, set1) {
+		t.Fatalf("%s: %s (%s), effective %v; want a restart onto the set put back %v", inst, a.Kind, a.Reason, a.Record.Effective, set1)
+	}
+}

@@ -268,8 +268,8 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 			if act.Record.Ran {
 				job = JobRestart // the owed job was the agent's start or restart
 			}
-			newVersion := a.ledger.applied(act, job, a.view.manager())
-			a.awaitConfirm(act, newVersion, time.Now())
+			change := a.ledger.applied(act, job, a.view.manager())
+			a.awaitConfirm(act, change, time.Now())
 			if act.Record.Ran {
 				// The owed job ran before the agent died: judged as if it
 				// had just ended (HealthySec from now).

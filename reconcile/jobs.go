@@ -284,8 +284,8 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		a.record(act, result, r.err)
 		return
 	}
-	newVersion := a.ledger.applied(act, act.Steps.Job, a.view.manager())
-	a.awaitConfirm(act, newVersion, r.ended) // before the HealthySec window: it keeps what ran before
+	change := a.ledger.applied(act, act.Steps.Job, a.view.manager())
+	a.awaitConfirm(act, change, r.ended) // before the HealthySec window: it keeps what ran before
 	if outcome == JobDone {
 		a.record(act, "done", nil)
 	} else {

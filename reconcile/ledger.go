@@ -58,18 +58,21 @@ func newLedger(m Manifest) ledger {
 // (job, run under manager) or one owed from before a crash, or a change
 // that took effect with the daemon-reload (JobNone). What ran before it
 // stays as Previous, what a rollback restores, until it is judged (and
-// confirmed, with ConfirmSec=). newVersion says act's version is not the
-// one recorded before.
-func (l *ledger) applied(act Action, job Job, manager string) (newVersion bool) {
+// confirmed, with ConfirmSec=). change says act's version is a change: not
+// the one recorded before, nor the way back from a failed version to the
+// one that ran before it (an instance restarted onto its template's set
+// put back) — no change to confirm.
+func (l *ledger) applied(act Action, job Job, manager string) (change bool) {
 	rec := l.records[act.Unit]
-	if KeyOf(rec.Applied) != act.ContentKey {
+	if applied := KeyOf(rec.Applied); applied != act.ContentKey {
+		back := rec.Failed != "" && applied == rec.Failed && KeyOf(rec.Previous) == act.ContentKey
 		rec.Previous = rec.Applied // what ran before, verified or not: what a rollback restores
-		rec.Confirming, newVersion = "", true
+		rec.Confirming, change = "", !back
 	}
 	rec.Applied, rec.Own = act.Record.Effective, act.Own
 	rec.noteStarted(job, manager)
 	l.records[act.Unit] = rec
-	return newVersion
+	return change
 }
 
 // own records what the agent owns of a unit it has a record of.

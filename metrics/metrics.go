@@ -69,6 +69,7 @@ type Metrics struct {
 	systemdUp     prometheus.Gauge
 	drift         prometheus.Counter
 	rollbacks     prometheus.Counter
+	cpRollbacks   prometheus.Counter
 	heartbeat     prometheus.Gauge
 	lastGoodPass  prometheus.Gauge
 	snapshotsRecv prometheus.Counter
@@ -143,6 +144,10 @@ func New(version string) *Metrics {
 			Name: "agentd_rollbacks_total",
 			Help: "Changes rolled back on this host.",
 		}),
+		cpRollbacks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agentd_control_plane_rollbacks_total",
+			Help: "Changes rolled back on this host because the agent could not reach the registry (renew its lease, read and write) within the unit's ConfirmSec= (also counted in agentd_rollbacks_total).",
+		}),
 		heartbeat: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "agentd_loop_heartbeat_timestamp_seconds",
 			Help: "Unix time of the reconcile loop's last heartbeat; a stale value means a wedged loop.",
@@ -208,7 +213,7 @@ func New(version string) *Metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		build, m.actions, m.passDuration, m.passes, m.units, m.activeStates,
 		m.revision, m.received, m.revisionLag, m.etcdUp, m.systemdUp,
-		m.drift, m.rollbacks, m.heartbeat, m.lastGoodPass, m.snapshotsRecv,
+		m.drift, m.rollbacks, m.cpRollbacks, m.heartbeat, m.lastGoodPass, m.snapshotsRecv,
 		m.probeFailures, m.probeUp,
 		m.reloadTime, m.reloads, m.slotsHeld, m.slotsWaiting, m.halts, m.fleetLock, m.rollouts, m.rolloutSteps,
 	)
@@ -376,6 +381,10 @@ func (m *Metrics) Drift(string) { m.drift.Inc() }
 
 // Rollback counts a rolled-back change.
 func (m *Metrics) Rollback(string) { m.rollbacks.Inc() }
+
+// ControlPlaneRollback counts a change rolled back for want of a
+// confirmation by the control plane (ConfirmSec=).
+func (m *Metrics) ControlPlaneRollback(string) { m.cpRollbacks.Inc() }
 
 // Probe records a health probe check's result.
 func (m *Metrics) Probe(unit, kind string, ok bool) {

@@ -74,6 +74,8 @@ func TestObserverMetrics(t *testing.T) {
 	})
 	m.Drift("a.service")
 	m.Rollback("b.service")
+	m.Rollback("d.service")
+	m.ControlPlaneRollback("d.service")
 	m.Heartbeat()
 	m.SetEtcdConnected(false)
 	m.SetSystemdConnected(true)
@@ -98,7 +100,8 @@ func TestObserverMetrics(t *testing.T) {
 		`agentd_etcd_connected 0`,
 		`agentd_systemd_connected 1`,
 		`agentd_drift_events_total 1`,
-		`agentd_rollbacks_total 1`,
+		`agentd_rollbacks_total 2`,
+		`agentd_control_plane_rollbacks_total 1`,
 		`agentd_registry_snapshots_total 2`,
 		"agentd_loop_heartbeat_timestamp_seconds 1.",
 		"go_goroutines ",

@@ -242,6 +242,10 @@ type UnitRecord struct {
 	// that an inactive unit ran once it unloads it, and an operator's stop
 	// must outlive an agent restart.
 	StartedIn string `json:"startedIn,omitempty"`
+	// Confirming is the content key of the change that awaits its
+	// confirmation by the control plane (ConfirmSec=, confirm.go): a
+	// restarted agent confirms it again or puts it back.
+	Confirming string `json:"confirming,omitempty"`
 }
 
 // Empty reports whether there is nothing worth remembering.

@@ -169,8 +169,11 @@ type Observer interface {
 	Heartbeat()
 	// Drift is called when a managed file was changed behind the agent's back.
 	Drift(path string)
-	// Rollback is called when a change is rolled back on this host.
+	// Rollback is called when a change is rolled back on this host;
+	// ControlPlaneRollback too when it was rolled back because the control
+	// plane did not confirm it in time (ConfirmSec=).
 	Rollback(unit string)
+	ControlPlaneRollback(unit string)
 	// Probe is called with each health check's result (kind: cmd, url,
 	// tcp); ProbesGone when a unit no longer has probes.
 	Probe(unit, kind string, ok bool)
@@ -187,6 +190,7 @@ func (NopObserver) Reported(int64, []Status)    {}
 func (NopObserver) Heartbeat()                  {}
 func (NopObserver) Drift(string)                {}
 func (NopObserver) Rollback(string)             {}
+func (NopObserver) ControlPlaneRollback(string) {}
 func (NopObserver) Probe(string, string, bool)  {}
 func (NopObserver) ProbesGone(string)           {}
 
@@ -209,6 +213,10 @@ type Config struct {
 	// Prober runs the [X-Agentd] health probes (probe.Runner); nil: every
 	// probe fails, saying no prober is configured.
 	Prober Prober
+	// Confirmer confirms that the agent still reaches its control plane
+	// after a change of a unit with ConfirmSec= (confirm.go); nil: no
+	// change awaits a confirmation (ConfirmSec= is ignored).
+	Confirmer Confirmer
 
 	// HeartbeatInterval is how often the idle loop calls Observer.Heartbeat
 	// (it also calls it after every pass); set it below half the watchdog
@@ -264,13 +272,15 @@ type Agent struct {
 	poke chan struct{}
 	reqs chan func(context.Context)
 
-	hand   handoff   // the snapshot in, statuses out
-	view   view      // what the loop sees: systemd's and the disk's state, the desired units, which units a pass looks at
-	ledger ledger    // the records, intent and HealthySec windows: its only writer
-	exec   executor  // does the steps of a plan
-	jobs   jobs      // jobs in flight, and what runs them
-	probes probes    // health probes, and what runs them
-	slots  slotTable // MaxUnavailable slots
+	hand   handoff  // the snapshot in, statuses out
+	view   view     // what the loop sees: systemd's and the disk's state, the desired units, which units a pass looks at
+	ledger ledger   // the records, intent and HealthySec windows: its only writer
+	exec   executor // does the steps of a plan
+	jobs   jobs     // jobs in flight, and what runs them
+	probes probes   // health probes, and what runs them
+	// confirms are the tries to confirm the changes awaiting it (ConfirmSec=)
+	confirms confirms
+	slots    slotTable // MaxUnavailable slots
 	// managed is the loop's copy of the manifest's owned paths.
 	managed managedIndex
 	written []DesiredFile // files written this pass, kept by hash at its end
@@ -386,19 +396,20 @@ func New(cfg Config) *Agent {
 		cfg.Observer = NopObserver{}
 	}
 	a := &Agent{
-		out:     newReports(cfg.Reporter, cfg.Log),
-		cfg:     cfg,
-		log:     cfg.Log,
-		poke:    make(chan struct{}, 1),
-		reqs:    make(chan func(context.Context)),
-		hand:    handoff{relevant: map[string]bool{}},
-		ledger:  newLedger(cfg.Manifest),
-		exec:    executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
-		jobs:    newJobs(cfg.Systemd, cfg.Log),
-		probes:  newProbes(cfg.Prober),
-		slots:   slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
-		managed: newManagedIndex(cfg.Manifest.Managed()),
-		facts:   newFactsState(cfg.Facts, cfg.Files, cfg.Log),
+		out:      newReports(cfg.Reporter, cfg.Log),
+		cfg:      cfg,
+		log:      cfg.Log,
+		poke:     make(chan struct{}, 1),
+		reqs:     make(chan func(context.Context)),
+		hand:     handoff{relevant: map[string]bool{}},
+		ledger:   newLedger(cfg.Manifest),
+		exec:     executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
+		jobs:     newJobs(cfg.Systemd, cfg.Log),
+		probes:   newProbes(cfg.Prober),
+		confirms: newConfirms(cfg.Confirmer),
+		slots:    slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
+		managed:  newManagedIndex(cfg.Manifest.Managed()),
+		facts:    newFactsState(cfg.Facts, cfg.Files, cfg.Log),
 	}
 	a.slots.poke = a.trigger
 	a.view = newView(cfg, agentMemory{&a.ledger, &a.jobs, &a.managed, &a.slots}, &a.hand, a.facts.notePaths)
@@ -527,9 +538,9 @@ func (a *Agent) do(ctx context.Context, f func(context.Context) error) error {
 }
 
 // Run is the loop: a pass at start, after every batch of pokes and job
-// results, on the periodic resync, at the next HealthySec deadline, and on
-// retry after a failure, and when a health probe's result changes a status
-// or may end a window. It returns when ctx ends, once the goroutines it
+// results, on the periodic resync, at the next HealthySec or ConfirmSec
+// deadline, and on retry after a failure, and when a health probe's result
+// changes a status or may end a window, or a change is confirmed. It returns when ctx ends, once the goroutines it
 // started (jobs, probes, slot waits) have returned.
 func (a *Agent) Run(ctx context.Context) error {
 	resync := time.NewTimer(jitter(a.cfg.ResyncInterval))
@@ -540,6 +551,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.slots.wg.Wait()
 	defer a.jobs.wg.Wait()
 	defer a.probes.wg.Wait()
+	defer a.confirms.wg.Wait()
 	defer a.facts.start(ctx)()
 	defer a.view.marks.start(ctx)()
 	if a.out.pub != nil {
@@ -586,6 +598,13 @@ func (a *Agent) Run(ctx context.Context) error {
 			case <-a.probes.wake():
 				a.launchProbes(ctx)
 				continue
+			case r := <-a.confirms.done:
+				if !a.confirmDone(ctx, r) {
+					continue
+				}
+			case <-a.confirms.wake():
+				a.confirmWake(ctx)
+				continue
 			case <-resync.C:
 				a.view.resyncCache(ctx)
 			case <-retry.C:
@@ -597,7 +616,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		_, err := a.observedPass(ctx)
 		lastEnd = time.Now()
 		a.cfg.Observer.Heartbeat()
-		if next, ok := a.ledger.nextDeadline(time.Now()); ok {
+		if next, ok := a.nextWake(time.Now()); ok {
 			wake.Reset(time.Until(next) + 10*time.Millisecond)
 		}
 		select {

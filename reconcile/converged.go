@@ -41,7 +41,8 @@ func JudgeStatus(st Status) Standing {
 	case st.Error != "":
 		return Failed
 	case st.DesiredHash != st.Hash, // new content not written yet, or a removal in progress
-		st.Verifying, // (re)started, inside its HealthySec window
+		st.Verifying,  // (re)started, inside its HealthySec window
+		st.Confirming, // applied, awaiting its confirmation (ConfirmSec=)
 		st.Job != "",
 		st.Action == ActionWaitSlot,
 		st.ActiveState == "activating" || st.ActiveState == "deactivating" || st.ActiveState == "reloading":
@@ -199,6 +200,8 @@ func (e Expectation) Judge(r HostReport, live func() bool) (Progress, string) {
 			return ProgressVerifying, "running " + e.version(st) + ", waiting out HealthySec and for a passing health probe; last: " + st.Probe
 		case st.Verifying:
 			return ProgressVerifying, "running " + e.version(st) + ", waiting out HealthySec"
+		case st.Confirming:
+			return ProgressVerifying, "running " + e.version(st) + ", waiting for the agent to confirm it still reaches the registry (ConfirmSec=)"
 		case st.Health == "healthy":
 			return ProgressHealthy, fmt.Sprintf("%s (%s), %s", st.ActiveState, st.SubState, e.version(st))
 		case st.PendingRestart:

@@ -22,6 +22,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	a.view.beginPass()
 	for round := 0; round < maxRounds; round++ {
 		a.drainResults(ctx)
+		a.expireConfirms() // before observing: a change put back is planned this round
 		tr := time.Now()
 		desired, units, look, cur, err := a.view.observe(ctx)
 		tObserved := time.Now()
@@ -49,6 +50,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 		if round == 0 {
 			first = plan
 			a.resumeVerification(plan, cur)
+			a.resumeConfirm(plan)
 		}
 		tPlanned := time.Now()
 		more, err := a.execute(ctx, plan, cur, round == maxRounds-1)
@@ -69,6 +71,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	a.facts.update(a.managed.paths, a.ledger.refused, a.ledger.records)
 	a.view.endPass()
 	a.launchProbes(ctx)
+	a.launchConfirm(ctx)
 	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
 	err := errors.Join(applyErr, reportErr)
 	if err != nil {
@@ -86,6 +89,8 @@ func (a *Agent) drainResults(ctx context.Context) {
 			a.finish(ctx, r)
 		case r := <-a.probes.done:
 			a.probeDone(r)
+		case r := <-a.confirms.done:
+			a.confirmDone(ctx, r)
 		default:
 			return
 		}
@@ -225,8 +230,12 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 		}
 		a.hand.jobStarted(act.Unit)
 		// A new job supersedes the verification of what the unit ran: that
-		// version is not judged by what the new job does to the unit.
+		// version is not judged by what the new job does to the unit. Its
+		// confirmation too, when the job is for other content.
 		a.ledger.supersede(act.Unit)
+		if w := a.ledger.confirm[act.Unit]; w != nil && (w.act.ContentKey != act.ContentKey || act.Kind == KindRollback) {
+			a.ledger.endConfirm(act.Unit)
+		}
 		a.probes.reset(act.Unit) // and its probes start afresh
 		a.jobs.launch(ctx, act, cur.Host.Units[act.Unit], gates, a.view.stateReader(act.Unit), a.hand.mutedOf)
 		delete(gates, act.Unit)
@@ -259,7 +268,8 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 			if act.Record.Ran {
 				job = JobRestart // the owed job was the agent's start or restart
 			}
-			a.ledger.applied(act, job, a.view.manager())
+			change := a.ledger.applied(act, job, a.view.manager())
+			a.awaitConfirm(act, change, time.Now())
 			if act.Record.Ran {
 				// The owed job ran before the agent died: judged as if it
 				// had just ended (HealthySec from now).

@@ -269,6 +269,9 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	case act.Kind == KindRollback:
 		rec := a.ledger.rolledBack(act, act.Steps.Job, a.view.manager())
 		a.cfg.Observer.Rollback(r.unit)
+		if rec.FailedOp == confirmOp {
+			a.cfg.Observer.ControlPlaneRollback(r.unit)
+		}
 		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Record.Effective)) + " (the version that ran before)"
 		if r.err != nil {
 			a.recordAs(act, ActionRolledBack, "failed", fmt.Errorf("%s; restarting it failed: %w", msg, r.err))
@@ -281,7 +284,8 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		a.record(act, result, r.err)
 		return
 	}
-	a.ledger.applied(act, act.Steps.Job, a.view.manager())
+	change := a.ledger.applied(act, act.Steps.Job, a.view.manager())
+	a.awaitConfirm(act, change, r.ended) // before the HealthySec window: it keeps what ran before
 	if outcome == JobDone {
 		a.record(act, "done", nil)
 	} else {

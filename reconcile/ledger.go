@@ -22,8 +22,9 @@ type ledger struct {
 	refused   map[string]Refusal
 	started   map[string]string // unit -> content key last started (see Memory.Started)
 	last      map[string]outcome
-	enableErr map[string]string  // unit -> the last failed enable/disable, until one succeeds
-	verify    map[string]*window // units inside HealthySec
+	enableErr map[string]string         // unit -> the last failed enable/disable, until one succeeds
+	verify    map[string]*window        // units inside HealthySec
+	confirm   map[string]*confirmWindow // changes awaiting their confirmation (ConfirmSec=, confirm.go)
 }
 
 // outcome is the last thing the agent did to a unit, and how it went.
@@ -45,6 +46,7 @@ func newLedger(m Manifest) ledger {
 		last:      map[string]outcome{},
 		enableErr: map[string]string{},
 		verify:    map[string]*window{},
+		confirm:   map[string]*confirmWindow{},
 	}
 }
 
@@ -55,15 +57,22 @@ func newLedger(m Manifest) ledger {
 // applied records that unit runs act's version now: a job of the agent's
 // (job, run under manager) or one owed from before a crash, or a change
 // that took effect with the daemon-reload (JobNone). What ran before it
-// stays as Previous, what a rollback restores, until it is judged.
-func (l *ledger) applied(act Action, job Job, manager string) {
+// stays as Previous, what a rollback restores, until it is judged (and
+// confirmed, with ConfirmSec=). change says act's version is a change: not
+// the one recorded before, nor the way back from a failed version to the
+// one that ran before it (an instance restarted onto its template's set
+// put back) — no change to confirm.
+func (l *ledger) applied(act Action, job Job, manager string) (change bool) {
 	rec := l.records[act.Unit]
-	if KeyOf(rec.Applied) != act.ContentKey {
+	if applied := KeyOf(rec.Applied); applied != act.ContentKey {
+		back := rec.Failed != "" && applied == rec.Failed && KeyOf(rec.Previous) == act.ContentKey
 		rec.Previous = rec.Applied // what ran before, verified or not: what a rollback restores
+		rec.Confirming, change = "", !back
 	}
 	rec.Applied, rec.Own = act.Record.Effective, act.Own
 	rec.noteStarted(job, manager)
 	l.records[act.Unit] = rec
+	return change
 }
 
 // own records what the agent owns of a unit it has a record of.
@@ -75,10 +84,15 @@ func (l *ledger) own(u string, own Ownership) {
 }
 
 // good records that effective was judged healthy (or needed no judging):
-// it is the last good version, and nothing failed.
+// it is the last good version, and nothing failed. What ran before is kept
+// while the change awaits its confirmation (ConfirmSec=): an unconfirmed
+// change is put back, healthy or not.
 func (l *ledger) good(u string, effective map[string]string) {
 	rec := l.records[u]
-	rec.Good, rec.Previous = effective, nil
+	rec.Good = effective
+	if rec.Confirming == "" || rec.Confirming != KeyOf(effective) {
+		rec.Previous = nil
+	}
 	rec.Failed, rec.FailReason, rec.FailedOp = "", "", ""
 	l.records[u] = rec
 }
@@ -90,8 +104,10 @@ func (l *ledger) good(u string, effective map[string]string) {
 // what ran before is the set they stay on (or are restarted back onto).
 func (l *ledger) failed(w *window, reason string) (rec UnitRecord, template string) {
 	u := w.act.Unit
+	delete(l.confirm, u) // a failed change awaits no confirmation
 	rec = l.records[u]
 	rec.Failed, rec.FailReason, rec.FailedOp = w.act.ContentKey, reason, w.op.String()
+	rec.Confirming = ""
 	l.records[u] = rec
 	if w.act.Record.TemplateKey == "" {
 		return rec, ""
@@ -116,7 +132,7 @@ func (l *ledger) failed(w *window, reason string) (rec UnitRecord, template stri
 // the one that ran before the failed change: it runs again, and is good.
 func (l *ledger) rolledBack(act Action, job Job, manager string) UnitRecord {
 	rec := l.records[act.Unit]
-	rec.Applied, rec.Good, rec.Previous = act.Record.Effective, act.Record.Effective, nil
+	rec.Applied, rec.Good, rec.Previous, rec.Confirming = act.Record.Effective, act.Record.Effective, nil, ""
 	rec.noteStarted(job, manager)
 	l.records[act.Unit] = rec
 	return rec
@@ -126,7 +142,7 @@ func (l *ledger) rolledBack(act Action, job Job, manager string) UnitRecord {
 // reload's files put back): the version put back is good.
 func (l *ledger) rolledBackInPlace(u string, effective map[string]string) {
 	rec := l.records[u]
-	rec.Good, rec.Previous = effective, nil
+	rec.Good, rec.Previous, rec.Confirming = effective, nil, ""
 	l.records[u] = rec
 }
 
@@ -135,6 +151,7 @@ func (l *ledger) rolledBackInPlace(u string, effective map[string]string) {
 func (l *ledger) drop(u string) {
 	delete(l.records, u)
 	delete(l.verify, u)
+	delete(l.confirm, u)
 	delete(l.refused, u)
 	delete(l.started, u)
 	delete(l.enableErr, u)
@@ -276,7 +293,8 @@ func (l *ledger) gc() error {
 
 func recordEqual(x, y UnitRecord) bool {
 	return maps.Equal(x.Applied, y.Applied) && maps.Equal(x.Good, y.Good) && maps.Equal(x.Previous, y.Previous) &&
-		x.Failed == y.Failed && x.FailReason == y.FailReason && x.FailedOp == y.FailedOp && x.Own == y.Own && x.StartedIn == y.StartedIn
+		x.Failed == y.Failed && x.FailReason == y.FailReason && x.FailedOp == y.FailedOp && x.Own == y.Own && x.StartedIn == y.StartedIn &&
+		x.Confirming == y.Confirming
 }
 
 func intentEqual(x, y Intent) bool {

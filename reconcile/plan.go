@@ -743,7 +743,9 @@ func filesForClassify(name string, rec UnitRecord, effective map[string]string, 
 	}
 	if t := desired[TemplateOf(name)]; IsInstance(name) && t != nil {
 		for _, f := range t.Files() {
-			byPath[f.Path] = f.Content
+			if effective[f.Path] == f.Hash { // not the set put back after a failure (backToOld): that one is kept
+				byPath[f.Path] = f.Content
+			}
 		}
 	}
 	for _, p := range sortUnitFirst(effective) {

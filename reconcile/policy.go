@@ -40,6 +40,11 @@ type Policy struct {
 	// to count as healthy. A time span as systemd reads one (ParseTimespan).
 	Healthy        time.Duration
 	MaxUnavailable int // 0: unset
+	// Confirm is ConfirmSec=: after the agent applies a change of the unit,
+	// it must prove within this span that it still reaches its control
+	// plane (Config.Confirmer), else it puts the previous version back
+	// (confirm.go). 0: off.
+	Confirm time.Duration
 	// Probe is the health probes (HealthCmd=, HealthURL=, HealthTCP=, …):
 	// checked during HealthySec and after it (see probe.go).
 	Probe Probes
@@ -123,6 +128,8 @@ func ParsePolicy(content []byte) (Policy, error) {
 				p.Rollback, err = parseBool(val)
 			case "HealthySec":
 				p.Healthy, err = parseHealthy(val)
+			case "ConfirmSec":
+				p.Confirm, err = parseConfirm(val)
 			case "MaxUnavailable":
 				p.MaxUnavailable, err = strconv.Atoi(val)
 				if err != nil || p.MaxUnavailable < 1 {
@@ -140,7 +147,7 @@ func ParsePolicy(content []byte) (Policy, error) {
 				case strings.HasPrefix(key, "Health"):
 					err = fmt.Errorf("unknown key %s= (the health keys are HealthySec and the probes' %s)", key, probeKeys)
 				default:
-					err = fmt.Errorf("unknown key %s= (known: State, Enable, OnChange, Rollback, HealthySec, MaxUnavailable, RestartTriggers, ReloadTriggers, %s)", key, probeKeys)
+					err = fmt.Errorf("unknown key %s= (known: State, Enable, OnChange, Rollback, HealthySec, ConfirmSec, MaxUnavailable, RestartTriggers, ReloadTriggers, %s)", key, probeKeys)
 				}
 			}
 			if err != nil {
@@ -149,6 +156,9 @@ func ParsePolicy(content []byte) (Policy, error) {
 		}
 	}
 	errs = append(errs, checkProbes(p.Probe, p.State)...)
+	if p.Confirm > 0 && p.State != StateStarted {
+		errs = append(errs, "ConfirmSec= needs State=started: an unconfirmed change is put back with a restart")
+	}
 	if len(errs) > 0 {
 		return p, fmt.Errorf("[X-Agentd]: %s", strings.Join(errs, "; "))
 	}
@@ -191,6 +201,20 @@ func parseHealthy(val string) (time.Duration, error) {
 		return 0, fmt.Errorf("bad HealthySec=%s: a unit would never count as healthy, so its rollout and --wait would never end; give a finite span such as 30s or 5min", val)
 	case err != nil:
 		return 0, fmt.Errorf("bad HealthySec=%s: want a time span such as 30s, 500ms, 1min 30s or a number of seconds (systemd.time(7)): %w", val, err)
+	}
+	return d, nil
+}
+
+// parseConfirm reads ConfirmSec= as systemd reads its own *Sec= settings;
+// 0 turns it off. "infinity" is refused: a change would wait for ever to
+// be confirmed, or be rolled back never, and neither is what it asks for.
+func parseConfirm(val string) (time.Duration, error) {
+	d, err := ParseTimespan(val)
+	switch {
+	case errors.Is(err, ErrInfinity):
+		return 0, fmt.Errorf("bad ConfirmSec=%s: give a finite span such as 30s (0: off)", val)
+	case err != nil:
+		return 0, fmt.Errorf("bad ConfirmSec=%s: want a time span such as 30s, 500ms, 1min 30s or a number of seconds (systemd.time(7)): %w", val, err)
 	}
 	return d, nil
 }

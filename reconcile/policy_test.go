@@ -18,6 +18,7 @@ var (
 func TestParsePolicyTable(t *testing.T) {
 	def := Policy{State: StateStarted, OnChange: "auto", Rollback: true, Healthy: 5 * time.Second}
 	healthy := func(d time.Duration) Policy { p := def; p.Healthy = d; return p }
+	confirm := func(d time.Duration) Policy { p := def; p.Confirm = d; return p }
 	withInstall := def
 	withInstall.HasInstall, withInstall.Enable = true, true
 	for _, tc := range []struct {
@@ -65,9 +66,19 @@ func TestParsePolicyTable(t *testing.T) {
 		{name: "HealthySec bad unit", content: "[X-Agentd]\nHealthySec=5x\n", errLike: `bad HealthySec=5x: want a time span such as 30s`},
 		{name: "HealthySec empty", content: "[X-Agentd]\nHealthySec=\n", errLike: "bad HealthySec=: want a time span"},
 		{name: "HealthySec 1,5", content: "[X-Agentd]\nHealthySec=1,5\n", errLike: "bad HealthySec=1,5"},
+		{name: "ConfirmSec 2s", content: "[X-Agentd]\nConfirmSec=2s\n", want: confirm(2 * time.Second)},
+		{name: "ConfirmSec 1min 30s", content: "[X-Agentd]\nConfirmSec = 1min 30s\n", want: confirm(90 * time.Second)},
+		{name: "ConfirmSec 30 (seconds)", content: "[X-Agentd]\nConfirmSec=30\n", want: confirm(30 * time.Second)},
+		{name: "ConfirmSec 0 is off", content: "[X-Agentd]\nConfirmSec=0\n", want: def},
+		{name: "ConfirmSec infinity", content: "[X-Agentd]\nConfirmSec=infinity\n", errLike: "bad ConfirmSec=infinity: give a finite span"},
+		{name: "ConfirmSec bad unit", content: "[X-Agentd]\nConfirmSec=5x\n", errLike: "bad ConfirmSec=5x: want a time span"},
+		{name: "ConfirmSec empty", content: "[X-Agentd]\nConfirmSec=\n", errLike: "bad ConfirmSec=: want a time span"},
+		{name: "ConfirmSec on a stopped unit", content: "[X-Agentd]\nConfirmSec=5s\nState=stopped\n", errLike: "ConfirmSec= needs State=started"},
+		{name: "ConfirmSec=0 on a present unit", content: "[X-Agentd]\nConfirmSec=0\nState=present\n",
+			want: Policy{State: StatePresent, OnChange: "auto", Rollback: true, Healthy: 5 * time.Second}},
 		{name: "MaxUnavailable 0", content: "[X-Agentd]\nMaxUnavailable=0\n", errLike: "bad MaxUnavailable=0"},
 		{name: "unknown key", content: "[X-Agentd]\nFoo=1\n", errLike: "unknown key Foo="},
-		{name: "all errors listed", content: "[X-Agentd]\nStat=stopped\nOnChange=bounce\n", errLike: "unknown key Stat= (known: State, Enable, OnChange, Rollback, HealthySec, MaxUnavailable, RestartTriggers, ReloadTriggers, HealthCmd, HealthURL, HealthURLStatus, HealthTCP, HealthIntervalSec, HealthTimeoutSec, HealthRetries); bad OnChange=bounce"},
+		{name: "all errors listed", content: "[X-Agentd]\nStat=stopped\nOnChange=bounce\n", errLike: "unknown key Stat= (known: State, Enable, OnChange, Rollback, HealthySec, ConfirmSec, MaxUnavailable, RestartTriggers, ReloadTriggers, HealthCmd, HealthURL, HealthURLStatus, HealthTCP, HealthIntervalSec, HealthTimeoutSec, HealthRetries); bad OnChange=bounce"},
 
 		// go-systemd refuses these; systemd loads them.
 		{name: "long line, no policy", content: policySvc + longLine, want: def},

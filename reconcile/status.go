@@ -25,9 +25,10 @@ type statusInput struct {
 	Last *outcome // the last thing done to it, nil when nothing is remembered
 
 	// What the ledger remembers.
-	Record    UnitRecord
-	Verifying bool   // inside HealthySec
-	EnableErr string // the last failed enable/disable, until one succeeds
+	Record     UnitRecord
+	Verifying  bool   // inside HealthySec
+	Confirming bool   // awaiting its confirmation (ConfirmSec=)
+	EnableErr  string // the last failed enable/disable, until one succeeds
 
 	// Probes are the health probes of the version it runs (none: no
 	// probes), Probe where they stand.
@@ -63,6 +64,7 @@ func unitStatus(in statusInput) Status {
 		}
 		s.Health = healthWord(name, in.Record, in.Verifying, st, act.ContentKey)
 		s.Verifying = in.Verifying
+		s.Confirming = in.Confirming
 		if in.Probes.Any() {
 			n := in.Probes.FailAfter()
 			s.Probe = in.Probe.Text(n)

@@ -169,6 +169,10 @@ type Status struct {
 	// Verifying is true while a (re)started unit has not yet been active
 	// for HealthySec; a failure in that window is rolled back.
 	Verifying bool `json:"verifying,omitempty"`
+	// Confirming is true while a change of a unit with ConfirmSec= waits
+	// for the agent to prove it still reaches the registry; unconfirmed in
+	// time, it is rolled back ("lost control plane").
+	Confirming bool `json:"confirming,omitempty"`
 	// PendingRestart is true when the file changed but OnChange=none kept
 	// the running unit on the old content.
 	PendingRestart bool `json:"pendingRestart,omitempty"`

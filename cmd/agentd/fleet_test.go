@@ -260,6 +260,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(serveHelperEnv) != "" {
 		os.Exit(serveHelper()) // a unit's process (probe_test.go), not the tests
 	}
+	if os.Getenv(proxyHelperEnv) != "" {
+		os.Exit(proxyHelper()) // a unit's process (confirm_e2e_test.go), not the tests
+	}
 	// Every agent the tests start, in this process or as a child, checks
 	// each focused pass against a plan of every unit (benchmarks unset it).
 	if _, set := os.LookupEnv(checkFocusEnv); !set {

@@ -72,6 +72,12 @@ healthy, e.g.
 					fmt.Fprintf(out, "%s health probe (%s): %s\n", s.Unit, orDash(s.Health), s.Probe)
 				}
 			}
+			// Changes awaiting their confirmation ([X-Agentd] ConfirmSec=).
+			for _, s := range r.Units {
+				if s.Confirming {
+					fmt.Fprintf(out, "%s: awaiting its confirmation: the agent must reach the registry within ConfirmSec=, or it puts the previous version back\n", s.Unit)
+				}
+			}
 			// The rollouts running (an agent older than them says none).
 			now := time.Now()
 			for _, ri := range r.Rollouts {

@@ -553,6 +553,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 		Reporter:          r.reporter,
 		Facts:             sessionFacts{r.reporter},
 		Coordinator:       sessionCoordinator{r.reporter},
+		Confirmer:         sessionConfirmer{r.reporter},
 		Log:               log,
 		Observer:          multiObserver{svc, met, quiet, r.rollouts},
 		Prober:            probe.Runner{},

@@ -309,6 +309,12 @@ func (m multiObserver) Rollback(unit string) {
 	}
 }
 
+func (m multiObserver) ControlPlaneRollback(unit string) {
+	for _, o := range m {
+		o.ControlPlaneRollback(unit)
+	}
+}
+
 func (m multiObserver) Probe(unit, kind string, ok bool) {
 	for _, o := range m {
 		o.Probe(unit, kind, ok)

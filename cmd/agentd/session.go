@@ -151,3 +151,20 @@ func (f sessionSlots) UnlockReboot(ctx context.Context, group, id string) (int, 
 	}
 	return s.Client().UnlockReboot(ctx, group, id)
 }
+
+// sessionConfirmer is reconcile.Confirmer on the current registry session
+// (registry.Session.Confirm: renew the lease, a linearizable read, a
+// status write). Before the agent has joined, or while it has left, the
+// control plane is not reached: the try fails, and the agent tries again
+// until the change's ConfirmSec= runs out.
+type sessionConfirmer struct {
+	r *sessionReporter
+}
+
+func (c sessionConfirmer) Confirm(ctx context.Context) error {
+	s := c.r.current()
+	if s == nil {
+		return errNotJoined
+	}
+	return s.Confirm(ctx)
+}

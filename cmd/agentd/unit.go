@@ -64,6 +64,7 @@ type putOptions struct {
 	files     []string // --file DEST=SRC[:MODE[:OWNER]]
 	dryRun    bool
 	sf        strategyFlags // the rollout options
+	confirm   confirmFlag   // --confirm DUR: ConfirmSec= in each unit file
 }
 
 func newUnitPutCmd() *cobra.Command {
@@ -115,6 +116,9 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 			if err != nil {
 				return err
 			}
+			if err := o.confirm.apply(cmd, units); err != nil {
+				return err
+			}
 			if err := addConfigFiles(units, o.files); err != nil {
 				return err
 			}
@@ -137,6 +141,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 	bindSign(cmd)
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
 	o.sf.bind(cmd, "unit put", "nothing stored")
+	o.confirm.bind(cmd)
 	return cmd
 }
 

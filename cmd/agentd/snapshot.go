@@ -61,6 +61,29 @@ func (l *lastKnownGood) received(s reconcile.Snapshot, apply func(reconcile.Snap
 // load reads the saved snapshot: nil when there is none.
 func (l *lastKnownGood) load() (*unitdir.SavedSnapshot, error) { return l.store.Load() }
 
+// confirmingFallback is how long an agent that died while a change awaited
+// its confirmation (ConfirmSec=) waits for the registry before it runs on
+// its saved snapshot: that change may be what cut the host off, and only a
+// pass can put it back. A registry that answers does so well within it.
+const confirmingFallback = 2 * time.Second
+
+// fallbackAfter is how long to wait for the registry before running on the
+// saved snapshot: timeout, or confirmingFallback when a unit's record says
+// a change of it was awaiting its confirmation (and timeout is not off).
+func fallbackAfter(timeout time.Duration, recs map[string]reconcile.UnitRecord, log *slog.Logger) time.Duration {
+	if timeout <= 0 || timeout <= confirmingFallback {
+		return timeout
+	}
+	for u, rec := range recs {
+		if rec.Confirming != "" {
+			log.Warn("a change was awaiting its confirmation when the agent stopped: running on the saved snapshot if the registry does not answer within "+confirmingFallback.String(),
+				"unit", u, "registry_timeout", timeout)
+			return confirmingFallback
+		}
+	}
+	return timeout
+}
+
 // fallback waits up to timeout for a snapshot from the registry. If none
 // came, it hands the saved one to apply and tells svc, or, with none saved,
 // declares the service ready with the agent touching nothing. timeout <= 0

@@ -150,3 +150,25 @@ func TestLastKnownGoodJournal(t *testing.T) {
 		t.Fatalf("applied %v", applied)
 	}
 }
+
+// An agent that died while a change awaited its confirmation runs on its
+// saved snapshot soon: that change may be what cut it off.
+func TestFallbackAfterAConfirmingChange(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	confirming := map[string]reconcile.UnitRecord{"a.service": {}, "b.service": {Confirming: "k"}}
+	for _, tc := range []struct {
+		timeout time.Duration
+		recs    map[string]reconcile.UnitRecord
+		want    time.Duration
+	}{
+		{30 * time.Second, nil, 30 * time.Second},
+		{30 * time.Second, map[string]reconcile.UnitRecord{"a.service": {}}, 30 * time.Second},
+		{30 * time.Second, confirming, confirmingFallback},
+		{time.Second, confirming, time.Second},
+		{0, confirming, 0}, // off stays off
+	} {
+		if got := fallbackAfter(tc.timeout, tc.recs, log); got != tc.want {
+			t.Errorf("fallbackAfter(%v, %v) = %v, want %v", tc.timeout, tc.recs, got, tc.want)
+		}
+	}
+}

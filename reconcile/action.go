@@ -263,6 +263,11 @@ type Intent struct {
 	// Jobs maps a unit to the content key of a job whose outcome is not
 	// known yet.
 	Jobs map[string]string `json:"jobs,omitempty"`
+	// Confirm holds the units of Jobs whose change will await its
+	// confirmation (ConfirmSec=): an agent that dies before recording
+	// that the job ran must not wait long for a registry the change may
+	// have cut off (see agentd run's fallback to the saved snapshot).
+	Confirm map[string]string `json:"confirm,omitempty"`
 }
 
 // Empty reports whether nothing is owed.

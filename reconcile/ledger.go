@@ -156,6 +156,7 @@ func (l *ledger) drop(u string) {
 	delete(l.started, u)
 	delete(l.enableErr, u)
 	delete(l.intent.Jobs, u)
+	delete(l.intent.Confirm, u)
 }
 
 // noteStarted records the manager instance a start or restart of the
@@ -196,7 +197,7 @@ func (l *ledger) enableOK(u string)              { delete(l.enableErr, u) }
 // it writes, in one write. It returns the paths claimed (path → hash).
 func (l *ledger) claim(plan []Action, reload bool) (map[string]string, error) {
 	claims := map[string]string{}
-	intent := Intent{Reload: l.intent.Reload || reload, Jobs: maps.Clone(l.intent.Jobs)}
+	intent := Intent{Reload: l.intent.Reload || reload, Jobs: maps.Clone(l.intent.Jobs), Confirm: maps.Clone(l.intent.Confirm)}
 	if intent.Jobs == nil {
 		intent.Jobs = map[string]string{}
 	}
@@ -206,6 +207,12 @@ func (l *ledger) claim(plan []Action, reload bool) (map[string]string, error) {
 		}
 		if act.Steps.Job != JobNone && act.Record.Effective != nil {
 			intent.Jobs[act.Unit] = act.ContentKey
+			if act.Policy.Confirm > 0 {
+				if intent.Confirm == nil {
+					intent.Confirm = map[string]string{}
+				}
+				intent.Confirm[act.Unit] = act.ContentKey
+			}
 		}
 	}
 	if len(claims) == 0 && intentEqual(intent, l.intent) {
@@ -240,11 +247,12 @@ func (l *ledger) saveReload() error {
 func (l *ledger) jobEnded(u, key string) {
 	if l.intent.Jobs[u] == key {
 		delete(l.intent.Jobs, u)
+		delete(l.intent.Confirm, u)
 	}
 }
 
 // noJob forgets the owed job of u: the plan has none for it.
-func (l *ledger) noJob(u string) { delete(l.intent.Jobs, u) }
+func (l *ledger) noJob(u string) { delete(l.intent.Jobs, u); delete(l.intent.Confirm, u) }
 
 // save persists the records of units (nil: all) that changed, and the
 // intent, in one write. A failed save changes nothing in memory: a later
@@ -298,7 +306,7 @@ func recordEqual(x, y UnitRecord) bool {
 }
 
 func intentEqual(x, y Intent) bool {
-	return x.Reload == y.Reload && maps.Equal(x.Jobs, y.Jobs)
+	return x.Reload == y.Reload && maps.Equal(x.Jobs, y.Jobs) && maps.Equal(x.Confirm, y.Confirm)
 }
 
 // The HealthySec windows.

@@ -212,7 +212,7 @@ func (m *Manifest) SetIntent(in reconcile.Intent) error {
 }
 
 func cloneIntent(in reconcile.Intent) reconcile.Intent {
-	return reconcile.Intent{Reload: in.Reload, Jobs: maps.Clone(in.Jobs)}
+	return reconcile.Intent{Reload: in.Reload, Jobs: maps.Clone(in.Jobs), Confirm: maps.Clone(in.Confirm)}
 }
 
 // Forget drops path from the manifest. Call it after the file is removed.

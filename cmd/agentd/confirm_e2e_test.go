@@ -279,3 +279,53 @@ func TestSetConfirmSec(t *testing.T) {
 		}
 	}
 }
+
+// The agent is SIGKILLed right after it applied a change that cut it off
+// (inside ConfirmSec=): the new agent, still cut off, finds the change
+// awaiting its confirmation in its records, runs on its saved snapshot
+// after 2 s instead of --registry-timeout (30 s), and puts the previous set
+// back when ConfirmSec= runs out, by itself; then it reaches etcd and says
+// why.
+func TestConfirmSurvivesAgentSIGKILL(t *testing.T) {
+	buildAgent(t) // before t.Parallel: buildAgent is not safe for concurrent use
+	t.Parallel()
+	s := newCrashScene(t, "confirm-kill")
+	events := filepath.Join(s.h.Dir, "proxy-starts")
+	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	upstream := strings.TrimPrefix(s.endpoint, "http://")
+	nowhere := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	const cp, away = "cp.service", "cp.service.d/away.conf"
+	unit := string(setConfirmSec([]byte(proxyUnit(t, listen, upstream, "v1", events)), "3s"))
+
+	a1 := s.agent()
+	s.put(map[string]string{cp: unit})
+	waitFor(t, a1, 30*time.Second, "the proxy runs", func() bool { return s.converged(cp, unit) })
+	a1.stop(t)
+	a2 := startCrashAgent(t, s.h, "http://"+listen, s.host)
+	waitFor(t, a2, 30*time.Second, "the agent reports through the proxy", func() bool {
+		st, err := s.reg.Statuses(context.Background(), s.host)
+		return err == nil && st[cp].UpdatedAt.After(time.Now().Add(-time.Second))
+	})
+
+	s.put(map[string]string{cp: unit, away: "[Service]\nEnvironment=AGENTD_TEST_UPSTREAM=" + nowhere + "\n"})
+	waitFor(t, a2, 30*time.Second, "the proxy points away", func() bool {
+		return environHas(s.h.MainPID(t, cp), "AGENTD_TEST_UPSTREAM="+nowhere)
+	})
+	a2.kill()
+	killed := time.Now()
+
+	a3 := startCrashAgent(t, s.h, "http://"+listen, s.host)
+	took := waitFor(t, a3, 30*time.Second, "the proxy is back on etcd, the drop-in gone", func() bool {
+		_, err := os.Stat(filepath.Join(s.h.UnitDir, away))
+		return os.IsNotExist(err) && environHas(s.h.MainPID(t, cp), "AGENTD_TEST_UPSTREAM="+upstream)
+	})
+	t.Logf("put back %v after the SIGKILL", took.Round(time.Millisecond))
+	if took > 20*time.Second {
+		t.Errorf("put back %v after the SIGKILL: the new agent waited out --registry-timeout", took)
+	}
+	waitFor(t, a3, 30*time.Second, "the status in etcd says lost control plane", func() bool {
+		st, err := s.reg.Statuses(context.Background(), s.host)
+		return err == nil && st[cp].Action == "rolled-back" && strings.HasPrefix(st[cp].Error, "lost control plane")
+	})
+	t.Logf("reported %v after the SIGKILL", time.Since(killed).Round(time.Millisecond))
+}

@@ -596,7 +596,9 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	wg.Go(func() { fail(r.units.Watch(ctx, agent.FileChanged)) })
 	wg.Go(func() { fail(control.Serve(ctx, o.debugSocket, o.host, controlBackend{agent, r.rollouts})) })
 	wg.Go(func() { fail(followRegistry(ctx, o, r.endpoints, log, r.reporter, met, onSnapshot, agent.UnitChanged)) })
-	wg.Go(func() { r.lkg.fallback(ctx, fallbackAfter(o.registryTimeout, r.manifest.Units(), log), agent.SetSnapshot, svc) })
+	wg.Go(func() {
+		r.lkg.fallback(ctx, fallbackAfter(o.registryTimeout, r.manifest.Units(), r.manifest.Intent(), log), agent.SetSnapshot, svc)
+	})
 	wg.Go(func() { svc.run(ctx) })
 	wg.Go(func() { r.rollouts.run(ctx) })
 	if r.metricsLn != nil {

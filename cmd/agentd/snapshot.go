@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -69,19 +72,25 @@ const confirmingFallback = 2 * time.Second
 
 // fallbackAfter is how long to wait for the registry before running on the
 // saved snapshot: timeout, or confirmingFallback when a unit's record says
-// a change of it was awaiting its confirmation (and timeout is not off).
-func fallbackAfter(timeout time.Duration, recs map[string]reconcile.UnitRecord, log *slog.Logger) time.Duration {
+// a change of it was awaiting its confirmation, or the intent says a job
+// of such a change was under way (and timeout is not off).
+func fallbackAfter(timeout time.Duration, recs map[string]reconcile.UnitRecord, in reconcile.Intent, log *slog.Logger) time.Duration {
 	if timeout <= 0 || timeout <= confirmingFallback {
 		return timeout
 	}
+	units := slices.Collect(maps.Keys(in.Confirm))
 	for u, rec := range recs {
 		if rec.Confirming != "" {
-			log.Warn("a change was awaiting its confirmation when the agent stopped: running on the saved snapshot if the registry does not answer within "+confirmingFallback.String(),
-				"unit", u, "registry_timeout", timeout)
-			return confirmingFallback
+			units = append(units, u)
 		}
 	}
-	return timeout
+	if len(units) == 0 {
+		return timeout
+	}
+	slices.Sort(units)
+	log.Warn("a change was awaiting its confirmation when the agent stopped: running on the saved snapshot if the registry does not answer within "+confirmingFallback.String(),
+		"units", strings.Join(slices.Compact(units), ","), "registry_timeout", timeout)
+	return confirmingFallback
 }
 
 // fallback waits up to timeout for a snapshot from the registry. If none

@@ -167,8 +167,13 @@ func TestFallbackAfterAConfirmingChange(t *testing.T) {
 		{time.Second, confirming, time.Second},
 		{0, confirming, 0}, // off stays off
 	} {
-		if got := fallbackAfter(tc.timeout, tc.recs, log); got != tc.want {
+		if got := fallbackAfter(tc.timeout, tc.recs, reconcile.Intent{}, log); got != tc.want {
 			t.Errorf("fallbackAfter(%v, %v) = %v, want %v", tc.timeout, tc.recs, got, tc.want)
 		}
+	}
+	// Killed while the job of such a change ran: only the intent knows.
+	in := reconcile.Intent{Jobs: map[string]string{"a.service": "k"}, Confirm: map[string]string{"a.service": "k"}}
+	if got := fallbackAfter(30*time.Second, nil, in, log); got != confirmingFallback {
+		t.Errorf("with a confirming job owed: %v, want %v", got, confirmingFallback)
 	}
 }

@@ -539,9 +539,10 @@ func (a *Agent) do(ctx context.Context, f func(context.Context) error) error {
 
 // Run is the loop: a pass at start, after every batch of pokes and job
 // results, on the periodic resync, at the next HealthySec or ConfirmSec
-// deadline, and on retry after a failure, and when a health probe's result
-// changes a status or may end a window, or a change is confirmed. It returns when ctx ends, once the goroutines it
-// started (jobs, probes, slot waits) have returned.
+// deadline, on retry after a failure, when a health probe's result changes
+// a status or may end a window, and when a change is confirmed. It returns
+// when ctx ends, once the goroutines it started (jobs, probes, confirm
+// tries, slot waits) have returned.
 func (a *Agent) Run(ctx context.Context) error {
 	resync := time.NewTimer(jitter(a.cfg.ResyncInterval))
 	defer resync.Stop()

@@ -252,7 +252,10 @@ func (l *ledger) jobEnded(u, key string) {
 }
 
 // noJob forgets the owed job of u: the plan has none for it.
-func (l *ledger) noJob(u string) { delete(l.intent.Jobs, u); delete(l.intent.Confirm, u) }
+func (l *ledger) noJob(u string) {
+	delete(l.intent.Jobs, u)
+	delete(l.intent.Confirm, u)
+}
 
 // save persists the records of units (nil: all) that changed, and the
 // intent, in one write. A failed save changes nothing in memory: a later

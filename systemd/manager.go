@@ -540,7 +540,7 @@ const summaryChunk = 4096
 
 // unitProps are the Unit interface's properties readState uses, but
 // UnitFileState.
-var unitProps = []string{"LoadState", "LoadError", "ActiveState", "SubState", "CanReload", "NeedDaemonReload",
+var unitProps = []string{"StateChangeTimestampMonotonic", "LoadState", "LoadError", "ActiveState", "SubState", "CanReload", "NeedDaemonReload",
 	"ActiveEnterTimestampMonotonic", "ActiveExitTimestampMonotonic",
 	"InactiveEnterTimestampMonotonic", "InactiveExitTimestampMonotonic"}
 
@@ -573,17 +573,52 @@ var typeProps = func() map[string][]string {
 // in one GetAll — for units systemd has just loaded the named properties
 // measured slower there (first syncs of 100 new units 1.50–1.86× the batch
 // floor with GetAll, 1.95–2.20× without).
+//
+// The Unit interface and the type's are read one after the other, so the
+// unit may change state in between: a sample of a crash loop read as
+// auto-restart with the next run's MainPID (4% of the reads of a crash
+// loop, TestReadStateIsNotTorn). So the read ends by reading SubState and
+// StateChangeTimestampMonotonic again, and is taken only when they did not
+// move; else it is read again (at most readTries times, the last taken as
+// it is).
 func readState(ctx context.Context, c *conn, unit string, fileState bool) (reconcile.UnitState, error) {
-	var s reconcile.UnitState
+	for try := 1; ; try++ {
+		s, moved, err := readStateOnce(ctx, c, unit, fileState, true)
+		if err != nil || !moved || try == readTries {
+			return s, err
+		}
+	}
+}
+
+// readTries bounds the reads of a unit that changes state under them.
+const readTries = 3
+
+// stateMarks are the properties that move when a unit changes state: read
+// again after the type's interface (in the same batch: systemd answers in
+// order), they say whether the unit changed under the read.
+var stateMarks = []string{"SubState", "StateChangeTimestampMonotonic"}
+
+// readStateOnce is one read of readState; with check, moved says the unit
+// changed state under it. Without (the read before the check, kept for
+// BenchmarkReadState), the Unit's properties are read first, then the
+// type's.
+func readStateOnce(ctx context.Context, c *conn, unit string, fileState, check bool) (s reconcile.UnitState, moved bool, err error) {
+	iface := typeInterface(unit)
 	var props map[string]any
-	var err error
-	if fileState {
+	var all map[string]map[string]any // the type's and the marks, when read with the Unit's
+	switch {
+	case fileState:
 		props, err = c.GetUnitPropertiesContext(ctx, unit)
-	} else {
+	case iface == "" || !check:
 		props, err = properties(ctx, c.bus, unitPath(unit), "Unit", unitProps)
+	default:
+		// All in one batch: the Unit's, the type's, then the marks again.
+		// A not-found unit's type properties are read for nothing.
+		all, err = propertiesOf(ctx, c.bus, unitPath(unit), map[string][]string{"Unit": unitProps, iface: typeProps[iface], "": stateMarks}, "Unit", iface, "")
+		props = all["Unit"]
 	}
 	if err != nil {
-		return s, err
+		return s, false, err
 	}
 	s.LoadState = word(props, "LoadState")
 	s.ActiveState = word(props, "ActiveState")
@@ -604,16 +639,22 @@ func readState(ctx context.Context, c *conn, unit string, fileState bool) (recon
 		}
 	}
 	if s.LoadState == "not-found" {
-		return s, nil
+		return s, false, nil
 	}
-	iface := typeInterface(unit)
 	if iface == "" {
-		return s, nil
+		return s, false, nil
 	}
-	tp, err := properties(ctx, c.bus, unitPath(unit), iface, typeProps[iface])
-	if err != nil {
-		return s, err
+	if all == nil {
+		names := map[string][]string{iface: typeProps[iface]}
+		ifaces := []string{iface}
+		if check {
+			names[""], ifaces = stateMarks, append(ifaces, "")
+		}
+		if all, err = propertiesOf(ctx, c.bus, unitPath(unit), names, ifaces...); err != nil {
+			return s, false, err
+		}
 	}
+	tp := all[iface]
 	s.Result = word(tp, "Result")
 	if iface == "Service" {
 		s.MainPID = prop[uint32](tp, "MainPID")
@@ -623,7 +664,12 @@ func readState(ctx context.Context, c *conn, unit string, fileState bool) (recon
 		s.NRestarts = prop[uint32](tp, "NRestarts")
 	}
 	s.TimeoutStartUSec, s.TimeoutStopUSec = jobTimeouts(iface, tp)
-	return s, nil
+	if check {
+		after := all[""]
+		moved = word(after, "SubState") != s.SubState ||
+			prop[uint64](after, "StateChangeTimestampMonotonic") != prop[uint64](props, "StateChangeTimestampMonotonic")
+	}
+	return s, moved, nil
 }
 
 // managerPath is the object of systemd's Manager interface.
@@ -639,16 +685,38 @@ func unitPath(unit string) godbus.ObjectPath {
 // them in flight at once (asynchronous calls: a goroutine per call made
 // 10,000 of them when 1,000 jobs ended together, and 157 MiB of peak RSS).
 func properties(ctx context.Context, bus *godbus.Conn, path godbus.ObjectPath, iface string, names []string) (map[string]any, error) {
+	ps, err := propertiesOf(ctx, bus, path, map[string][]string{iface: names}, iface)
+	return ps[iface], err
+}
+
+// propertiesOf is properties of several interfaces, all in flight at once,
+// sent (and so answered by systemd) in the order of ifaces. The interface
+// "" is the Unit interface read a second time, kept apart in the result.
+func propertiesOf(ctx context.Context, bus *godbus.Conn, path godbus.ObjectPath, names map[string][]string, ifaces ...string) (map[string]map[string]any, error) {
 	obj := bus.Object("org.freedesktop.systemd1", path)
-	done := make(chan *godbus.Call, len(names))
-	calls := make([]*godbus.Call, len(names))
-	for i, name := range names {
-		calls[i] = obj.GoWithContext(ctx, "org.freedesktop.DBus.Properties.Get", 0, done, "org.freedesktop.systemd1."+iface, name)
+	type ref struct{ iface, name string }
+	var refs []ref
+	for _, iface := range ifaces {
+		for _, n := range names[iface] {
+			refs = append(refs, ref{iface, n})
+		}
+	}
+	done := make(chan *godbus.Call, len(refs))
+	calls := make([]*godbus.Call, len(refs))
+	for i, r := range refs {
+		iface := r.iface
+		if iface == "" {
+			iface = "Unit" // a second read of Unit properties, kept apart
+		}
+		calls[i] = obj.GoWithContext(ctx, "org.freedesktop.DBus.Properties.Get", 0, done, "org.freedesktop.systemd1."+iface, r.name)
 	}
 	for range calls {
 		<-done // each call ends, with its reply, an error, or ctx's
 	}
-	props := make(map[string]any, len(names))
+	props := make(map[string]map[string]any, len(ifaces))
+	for _, iface := range ifaces {
+		props[iface] = make(map[string]any, len(names[iface]))
+	}
 	for i, c := range calls {
 		var v godbus.Variant
 		if err := c.Store(&v); err != nil {
@@ -657,7 +725,7 @@ func properties(ctx context.Context, bus *godbus.Conn, path godbus.ObjectPath, i
 			}
 			return nil, err // the first: they share a cause
 		}
-		props[names[i]] = v.Value()
+		props[refs[i].iface][refs[i].name] = v.Value()
 	}
 	return props, nil
 }

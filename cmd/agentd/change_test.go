@@ -19,6 +19,7 @@ import (
 // A change with no effect (comment, Description, [X-Agentd]) is only a
 // daemon-reload: same main PID.
 func TestCosmeticChangeKeepsMainPID(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1)
@@ -42,6 +43,7 @@ func TestCosmeticChangeKeepsMainPID(t *testing.T) {
 
 // Only ExecReload= changed: ExecReload runs, the main PID stays.
 func TestExecReloadChangeReloads(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	marker := filepath.Join(e.h.Dir, "reloaded")
@@ -66,6 +68,7 @@ func TestExecReloadChangeReloads(t *testing.T) {
 // OnChange=stop-start stops the unit with its OLD definition (the old
 // ExecStop runs) before the new file is written.
 func TestStopStartRunsOldExecStop(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	marker := filepath.Join(e.h.Dir, "stopped")
@@ -91,6 +94,7 @@ func TestStopStartRunsOldExecStop(t *testing.T) {
 // a silent restart; OnChange=none leaves the unit running and reports the
 // pending restart.
 func TestOnChangeReloadWithoutExecReloadAndNone(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	r1 := "[Service]\nType=exec\nExecStart=/bin/sleep 1001\n[X-Agentd]\nOnChange=reload\nHealthySec=0\n"
@@ -245,6 +249,7 @@ func TestUnhealthyChangeIsRolledBack(t *testing.T) {
 
 // A change whose start job fails is rolled back at once.
 func TestFailedJobIsRolledBack(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	good := "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n[X-Agentd]\nHealthySec=0\n"
@@ -264,6 +269,7 @@ func TestFailedJobIsRolledBack(t *testing.T) {
 // `agentd sync --dry-run --json` prints the plan from the same planning code
 // and changes nothing.
 func TestSyncDryRun(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1)
@@ -297,6 +303,7 @@ func TestSyncDryRun(t *testing.T) {
 // Drop-ins are written, replaced and removed like unit files, take part in
 // the classification, and `agentd diff` shows registry vs disk.
 func TestDropInsAndDiff(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1)
@@ -336,6 +343,7 @@ func TestDropInsAndDiff(t *testing.T) {
 // `agentd diff` prints a unified diff between the registry and the disk for
 // a unit the agent cannot converge (here: a file it does not own).
 func TestDiffShowsRegistryAgainstDisk(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	if err := os.WriteFile(filepath.Join(e.h.UnitDir, "x.service"), []byte(helloV1), 0o644); err != nil {
@@ -359,6 +367,7 @@ func TestDiffShowsRegistryAgainstDisk(t *testing.T) {
 // (fsnotify), with the drift logged, and without restarting the unit when
 // the content is the same as what runs.
 func TestDriftIsRestored(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1)

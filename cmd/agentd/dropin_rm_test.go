@@ -21,6 +21,7 @@ import (
 // found", no rollback that puts the removed file back. `rm --recursive
 // --wait` then removes the drop-in too and exits 0.
 func TestRmOfAUnitWhoseDropInStays(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	logs := judgeStartAgent(e)
 	const (

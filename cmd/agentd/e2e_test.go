@@ -222,6 +222,7 @@ func (e *env) readLocal(name string) (string, bool) {
 
 // Item 2: put --wait installs, starts and reports the new hash.
 func TestPutWaitInstallsAndStarts(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1)
@@ -243,6 +244,7 @@ func TestPutWaitInstallsAndStarts(t *testing.T) {
 
 // Item 3: a changed file is replaced atomically, ONE daemon-reload, restart in place.
 func TestChangeRestartsInPlaceWithOneReload(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1)
@@ -269,6 +271,7 @@ func TestChangeRestartsInPlaceWithOneReload(t *testing.T) {
 // --wait must never return while the host runs the old hash: the put of
 // new content must report progress lines with the new hash only when done.
 func TestWaitNeverReturnsOnOldHash(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1)
@@ -282,6 +285,7 @@ func TestWaitNeverReturnsOnOldHash(t *testing.T) {
 
 // Item 2 (failure): --wait exits non-zero with the reason when the start fails.
 func TestPutWaitReportsFailedStart(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	bad := "[Service]\nType=exec\nExecStart=/nonexistent/binary\n"
@@ -296,6 +300,7 @@ func TestPutWaitReportsFailedStart(t *testing.T) {
 
 // Item 4: rm --wait stops, disables, removes the file and reloads.
 func TestRmWaitStopsDisablesRemoves(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1+"[Install]\nWantedBy=default.target\n")
@@ -326,6 +331,7 @@ func TestRmWaitStopsDisablesRemoves(t *testing.T) {
 
 // Item 5: ls, cat, hosts and status, each with --json.
 func TestListCatHostsStatus(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1)

@@ -280,6 +280,7 @@ func TestUnitHistorySurvivesCompaction(t *testing.T) {
 
 // revert --wait restarts the unit in place onto the old content.
 func TestRevertWaitRestartsOntoOldContent(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	unit := func(v string) string {

@@ -348,6 +348,7 @@ func TestJudgeDropInsOnForeignUnit(t *testing.T) {
 // agent created without [Install] (a link to its name made beforehand is
 // undone) on.
 func TestJudgeEnablementFollowsVersion(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	base := "[Unit]\nDescription=en\n[Service]\nType=exec\nExecStart=/bin/sleep 1000\n"
@@ -403,6 +404,7 @@ func TestJudgeEnablementFollowsVersion(t *testing.T) {
 // 4. Adding or removing ExecReload= on a running service neither restarts
 // nor blocks it.
 func TestJudgeExecReloadAddedAndRemoved(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	marker := filepath.Join(e.h.Dir, "reloaded")
@@ -482,6 +484,7 @@ func TestJudgeFailedPushRollsBackToUnverifiedPrevious(t *testing.T) {
 // 6. A start that hangs blocks neither another unit's change, nor the
 // debug API, nor its own removal.
 func TestJudgeHungStartBlocksNothing(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	sock := e.agent.opts.debugSocket
@@ -662,6 +665,7 @@ func TestJudgeCrashLoopIsRolledBack(t *testing.T) {
 // 9. The deny-list: the CLI refuses reserved names; the same keys written
 // raw are errors in status, while a good unit beside them converges.
 func TestJudgeDenyList(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	denied := []string{"dbus.service", "systemd-foo.service", "agentd.service.d/x.conf"}

@@ -177,6 +177,7 @@ func TestEnableManyOneRefused(t *testing.T) {
 
 // A file the agent did not write is never overwritten; status says why.
 func TestUnmanagedFileIsNeverOverwritten(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	local := "[Service]\nType=exec\nExecStart=/bin/sleep 7\n"
@@ -217,6 +218,7 @@ func rawPut(t *testing.T, endpoint string, kv map[string]string) {
 // Bad registry values get a clear per-unit error and change nothing, while
 // the good unit beside them converges. Nothing lands outside the unit dir.
 func TestBadValuesAreReportedAndChangeNothing(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("keep.service", helloV1) // running before the bad values arrive
@@ -383,6 +385,7 @@ func TestEtcdAwayKeepsUnitsAndResyncs(t *testing.T) {
 // Restarting the agent never stops or restarts a unit whose content did not
 // change; a change made while it was down is applied when it returns.
 func TestAgentRestartLeavesUnchangedUnitsRunning(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	a := e.startAgent()
 	e.put("same.service", helloV1)
@@ -414,6 +417,7 @@ func TestAgentRestartLeavesUnchangedUnitsRunning(t *testing.T) {
 // A unit that crashes on its own shows in status from D-Bus signals (the
 // periodic resync is a minute away, so only a signal can explain it).
 func TestCrashShowsInStatusFromSignals(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("crash.service", "[Service]\nType=exec\nExecStart=/bin/sh -c 'sleep 1; exit 3'\n"+fast)
@@ -505,6 +509,7 @@ func TestDemo(t *testing.T) {
 // An operator's `systemctl stop` of a managed unit is respected: the agent
 // reports it but does not start it again while its content is unchanged.
 func TestOperatorStopIsRespected(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1)

@@ -199,6 +199,7 @@ func registryState(t *testing.T, reg *registry.Client) string {
 // put --dry-run against a running agent: restart, daemon-reload only,
 // reload and start predicted from its status, nothing stored.
 func TestPutDryRunPredicts(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1)
@@ -371,6 +372,7 @@ func TestUnitEditConcurrentPut(t *testing.T) {
 // --dry-run of the same put afterwards still predicts the refusal, and the
 // hand-written file is left as it was.
 func TestDryRunPredictsTheRefusalOfAnUnmanagedFile(t *testing.T) {
+	t.Parallel() // its own systemd and etcd: waits on them, not the CPU
 	e := newEnv(t)
 	e.startAgent()
 	e.put("hello.service", helloV1)

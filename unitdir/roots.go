@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/agentd/agentd/reconcile"
@@ -45,6 +46,9 @@ var ErrOutsideRoots = errors.New("outside every --file-root")
 type Roots struct {
 	units *Dir
 	roots []fileRoot // longest path first
+	// keys maps a config file's path on disk to its key suffix, for each
+	// one read or written: Watch reports a change of it under its key.
+	keys sync.Map
 }
 
 type fileRoot struct {
@@ -196,6 +200,7 @@ func (r *Roots) Read(p string) (content []byte, exists bool, err error) {
 	if err != nil {
 		return nil, false, err
 	}
+	r.keys.Store(dest, p)
 	fi, err := d.root.Lstat(rel)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, false, nil
@@ -461,6 +466,7 @@ func (r *Roots) write(p string, content []byte, batched bool) error {
 		}
 		return r.units.Write(p, content)
 	}
+	r.keys.Store(dest, p)
 	t, err := r.resolve(dest, content)
 	if err == nil {
 		err = t.write(batched)

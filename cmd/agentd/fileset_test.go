@@ -83,6 +83,28 @@ func TestConfigFileSet(t *testing.T) {
 		t.Errorf("notes %q, MainPID %d → %d: want two and the same process", b, pid2, pid())
 	}
 
+	// A chmod or an edit by hand is drift: put back at once (the roots are
+	// watched), and the unit restarted onto its own file again.
+	if err := os.Chmod(notes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	eventually(t, "notes.txt back to 0644", func() bool {
+		fi, err := os.Stat(notes)
+		return err == nil && fi.Mode().Perm() == 0o644
+	})
+	t.Logf("a chmod by hand put back in %v", time.Since(began).Round(time.Millisecond))
+	if err := os.WriteFile(notes, []byte("by hand\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "notes.txt holds two again", func() bool {
+		b, _ := os.ReadFile(notes)
+		return string(b) == "two\n"
+	})
+	if p := pid(); p != pid2 {
+		t.Errorf("drift of an untriggered file restarted the unit: MainPID %d → %d", pid2, p)
+	}
+
 	// --dry-run predicts a trigger's restart and a file alone as such.
 	for file, want := range map[string]string{
 		env + "=" + src("v9.env", "V=9\n") + ":0640:nobody:nogroup": "restart",

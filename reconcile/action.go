@@ -301,6 +301,10 @@ type HostFacts struct {
 	// 0 once the agent reloaded itself or when unknown. A unit started
 	// after it runs the files on disk.
 	Loaded uint64
+	// FileRoots are where the host takes config files (agentd run
+	// --file-root; RootOf); nil when unknown (a preview of a host that
+	// publishes no facts), empty when it takes none.
+	FileRoots []string
 }
 
 // Memory is what the agent remembers: its state directory (the manifest,

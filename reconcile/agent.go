@@ -115,6 +115,20 @@ type Files interface {
 	Remove(path string) error
 }
 
+// rootedFiles is an optional capability of Files: the directories config
+// files may be written under (agentd run --file-root, unitdir.Roots). The
+// planner refuses any other (RootOf), and the facts publish them for
+// previews; Files without it take no config file.
+type rootedFiles interface{ Paths() []string }
+
+// fileRoots are files' roots: never nil (none is known to be none).
+func fileRoots(files Files) []string {
+	if r, ok := files.(rootedFiles); ok {
+		return append([]string{}, r.Paths()...)
+	}
+	return []string{}
+}
+
 // Manifest is the agent's persistent memory (see unitdir.Manifest): the
 // paths it owns, per-unit records, and content blobs by hash.
 type Manifest interface {
@@ -409,7 +423,7 @@ func New(cfg Config) *Agent {
 		confirms: newConfirms(cfg.Confirmer),
 		slots:    slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
 		managed:  newManagedIndex(cfg.Manifest.Managed()),
-		facts:    newFactsState(cfg.Facts, cfg.Files, cfg.Log),
+		facts:    newFactsState(cfg.Facts, cfg.Files, fileRoots(cfg.Files), cfg.Log),
 	}
 	a.slots.poke = a.trigger
 	a.view = newView(cfg, agentMemory{&a.ledger, &a.jobs, &a.managed, &a.slots}, &a.hand, a.facts.notePaths)

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -224,4 +225,31 @@ func validateConfigValue(b []byte) error {
 	}
 	_, err := DecodeConfigFile(b)
 	return err
+}
+
+// ErrOutsideRoots is wrapped by RootOf's error: a config file's path is
+// under none of the roots the host allows (agentd run --file-root).
+var ErrOutsideRoots = errors.New("outside every --file-root")
+
+// RootOf is the root of roots (absolute, clean) that holds dest: the
+// longest. It is the one rule of where a host takes a config file, for the
+// agent's writes (unitdir.Roots) and its plan, and for a preview from the
+// roots a host publishes in its facts.
+func RootOf(dest string, roots []string) (string, error) {
+	best := ""
+	for _, r := range roots {
+		if dest == r {
+			return "", fmt.Errorf("%s is a --file-root, a directory, not a file", dest)
+		}
+		if strings.HasPrefix(dest, strings.TrimSuffix(r, "/")+"/") && len(r) > len(best) {
+			best = r
+		}
+	}
+	switch {
+	case best != "":
+		return best, nil
+	case len(roots) == 0:
+		return "", fmt.Errorf("%s is %w: this agent was started with none (agentd run --file-root DIR allows config files under DIR)", dest, ErrOutsideRoots)
+	}
+	return "", fmt.Errorf("%s is %w (%s): the host decides where config files may go (agentd run --file-root DIR)", dest, ErrOutsideRoots, strings.Join(roots, ", "))
 }

@@ -174,3 +174,31 @@ func TestPlanConfigFileChange(t *testing.T) {
 		})
 	}
 }
+
+// Where a host takes config files is the planner's to say (RootOf), from
+// the agent's roots or, for a preview, from the roots the host publishes.
+func TestPlanConfigFileOutsideRoots(t *testing.T) {
+	const app = "web.service.files/etc/myapp/app.conf"
+	desired := Desire(Snapshot{Entries: []Entry{entry("web.service", svc), entry(app, conf("a=1\n"))}})
+	for _, tc := range []struct {
+		roots []string
+		want  string // "" = planned, not blocked
+	}{
+		{nil, ""}, // unknown (a preview without facts): not judged here
+		{[]string{"/etc/myapp"}, ""},
+		{[]string{"/etc"}, ""},
+		{[]string{"/etc/other", "/srv"}, "/etc/myapp/app.conf is outside every --file-root (/etc/other, /srv)"},
+		{[]string{}, "this agent was started with none"},
+		{[]string{"/etc/myapp/app.conf"}, "is a --file-root"},
+		{[]string{"/etc/my"}, "outside every --file-root"}, // a prefix of a name is not a parent
+	} {
+		cur := Current{Host: HostFacts{Units: map[string]UnitState{"web.service": absent}, FileRoots: tc.roots}}
+		a := Plan(desired, cur)[0]
+		switch {
+		case tc.want == "" && a.Kind == KindBlocked:
+			t.Errorf("roots %v: blocked: %s", tc.roots, a.Err)
+		case tc.want != "" && (a.Kind != KindBlocked || !strings.Contains(a.Err, tc.want)):
+			t.Errorf("roots %v: %s %q, want blocked saying %q", tc.roots, a.Kind, a.Err, tc.want)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +29,9 @@ type Facts struct {
 	// rolled back where it could be); it is not retried until the registry
 	// content changes.
 	Failed map[string]Refusal `json:"failed,omitempty"`
+	// FileRoots are where the host takes config files (agentd run
+	// --file-root), [] when nowhere: a preview refuses the others (RootOf).
+	FileRoots []string `json:"fileRoots"`
 }
 
 // UnownedFile is what is at a path of the unit directory the agent does not own.
@@ -38,7 +42,8 @@ type UnownedFile struct {
 
 // Equal reports whether f and g hold the same facts.
 func (f Facts) Equal(g Facts) bool {
-	return maps.Equal(f.Unowned, g.Unowned) && maps.Equal(f.Refused, g.Refused) && maps.Equal(f.Failed, g.Failed)
+	return maps.Equal(f.Unowned, g.Unowned) && maps.Equal(f.Refused, g.Refused) && maps.Equal(f.Failed, g.Failed) &&
+		slices.Equal(f.FileRoots, g.FileRoots)
 }
 
 // FactsPublisher publishes this host's facts, bound to the agent's
@@ -64,6 +69,7 @@ type Lister interface {
 // remembers (update). Loop-owned, but for out.
 type factsState struct {
 	files   Files
+	roots   []string // fileRoots(Files), never nil: published as they are
 	log     *slog.Logger
 	relist  bool            // list the whole directory at the end of the pass
 	dirty   map[string]bool // paths to look at again
@@ -119,7 +125,7 @@ func (f *factsState) update(managed map[string]Owned, refused map[string]Refusal
 			delete(f.unowned, p) // moved away and written by the agent since
 		}
 	}
-	next := Facts{Unowned: maps.Clone(f.unowned), Refused: map[string]Refusal{}, Failed: map[string]Refusal{}}
+	next := Facts{Unowned: maps.Clone(f.unowned), Refused: map[string]Refusal{}, Failed: map[string]Refusal{}, FileRoots: f.roots}
 	maps.Copy(next.Refused, refused)
 	for u, rec := range records {
 		if rec.Failed != "" {
@@ -225,8 +231,8 @@ func (o *factsOut) run(ctx context.Context, log *slog.Logger) {
 	}
 }
 
-func newFactsState(p FactsPublisher, files Files, log *slog.Logger) factsState {
-	f := factsState{relist: true, files: files, log: log}
+func newFactsState(p FactsPublisher, files Files, roots []string, log *slog.Logger) factsState {
+	f := factsState{relist: true, files: files, roots: roots, log: log}
 	if p != nil {
 		f.out = &factsOut{p: p, wake: make(chan struct{}, 1)}
 	}

@@ -173,6 +173,7 @@ func (v *view) current(ctx context.Context, units map[string]bool) (Current, err
 		cur.Host.Units[u] = st
 	}
 	cur.Host.Manager, cur.Host.Loaded = v.mem.manager, v.mem.loaded // read by readManager
+	cur.Host.FileRoots = v.roots
 	v.remember(&cur, units)
 	return cur, nil
 }

@@ -264,6 +264,11 @@ func planFiles(a *Action, d *DesiredUnit, managed []string, cur Current) (why st
 		isManaged[p] = true
 	}
 	for _, f := range d.Files() {
+		if _, dest, ok := ConfigDest(f.Path); ok && cur.Host.FileRoots != nil {
+			if _, err := RootOf(dest, cur.Host.FileRoots); err != nil {
+				return fmt.Sprintf("%s: %v", f.Path, err)
+			}
+		}
 		lf := cur.Host.Files[f.Path]
 		if lf.Err != "" {
 			return fmt.Sprintf("%s: %s", f.Path, lf.Err)

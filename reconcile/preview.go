@@ -282,6 +282,7 @@ func hostCurrent(old, next map[string]*DesiredUnit, statuses map[string]Status, 
 	previewFiles(&cur, old, statuses, unowned)
 	previewRecords(&cur, old, statuses, unowned)
 	if facts != nil {
+		cur.Host.FileRoots = facts.FileRoots // nil (unknown) from an agent that does not publish them
 		maps.Copy(cur.Memory.Refused, facts.Refused)
 		for u, f := range facts.Failed {
 			rec := cur.Memory.Records[u]

@@ -24,6 +24,7 @@ type view struct {
 	log   *slog.Logger
 	obs   Observer // told of drift
 	check bool     // Config.CheckFocus
+	roots []string // fileRoots(Files): never nil
 
 	cache cache // systemd's and the disk's state, re-read on change
 	focus focus // which units a round looks at, and their last actions
@@ -77,6 +78,7 @@ type memory struct {
 func newView(cfg Config, mem remembered, h inbox, pathsChanged func(map[string]bool)) view {
 	return view{
 		sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log, obs: cfg.Observer, check: cfg.CheckFocus,
+		roots: fileRoots(cfg.Files),
 		cache: newCache(), focus: newFocus(), mem: memory{drifted: map[string]string{}},
 		rem: mem, hand: h, pathsChanged: pathsChanged,
 		desired: struct {

@@ -21,7 +21,7 @@ import (
 
 // ErrOutsideRoots is returned for a config file whose path is under none
 // of the file roots the agent was started with (agentd run --file-root).
-var ErrOutsideRoots = errors.New("outside every --file-root")
+var ErrOutsideRoots = reconcile.ErrOutsideRoots
 
 // Roots is the files the agent manages: the unit directory, and the config
 // files of units' sets (reconcile.ConfigDest) under the file roots the
@@ -167,23 +167,22 @@ func (r *Roots) Close() error {
 // List is the unit directory's List: config files are not listed.
 func (r *Roots) List() ([]string, error) { return r.units.List() }
 
-// locate finds the root that holds dest and dest's path relative to it.
+// locate finds the root that holds dest (reconcile.RootOf) and dest's
+// path relative to it.
 func (r *Roots) locate(dest string) (*Dir, string, error) {
 	if err := reconcile.ValidateDest(dest); err != nil {
 		return nil, "", err
 	}
+	root, err := reconcile.RootOf(dest, r.Paths())
+	if err != nil {
+		return nil, "", err
+	}
 	for _, fr := range r.roots {
-		if dest == fr.path {
-			return nil, "", fmt.Errorf("%s is a --file-root, a directory, not a file", dest)
-		}
-		if within(fr.path, dest) {
-			return fr.dir, strings.TrimPrefix(dest[len(fr.path):], "/"), nil
+		if fr.path == root {
+			return fr.dir, strings.TrimPrefix(dest[len(root):], "/"), nil
 		}
 	}
-	if len(r.roots) == 0 {
-		return nil, "", fmt.Errorf("%s is %w: this agent was started with none (agentd run --file-root DIR allows config files under DIR)", dest, ErrOutsideRoots)
-	}
-	return nil, "", fmt.Errorf("%s is %w (%s): the host decides where config files may go (agentd run --file-root DIR)", dest, ErrOutsideRoots, strings.Join(r.Paths(), ", "))
+	return nil, "", fmt.Errorf("%s: root %s not open", dest, root) // RootOf picks one of Paths
 }
 
 // Read returns a unit directory file's content, or a config file read back

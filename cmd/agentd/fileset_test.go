@@ -115,6 +115,13 @@ func TestConfigFileSet(t *testing.T) {
 			t.Errorf("put --dry-run --file %s: exit %d, want web.service %q\n%s", file, code, want, out)
 		}
 	}
+	// ... and a file this host takes under none of its roots (its facts
+	// publish them) as refused.
+	elsewhere := filepath.Join(e.h.Dir, "elsewhere", "y.conf")
+	out, code := e.cli("unit", "put", e.writeUnit("web.service", unit("")), "--host", e.host, "--file", elsewhere+"="+src("y", "y\n"), "--dry-run")
+	if code != 0 || !regexp.MustCompile(`web\.service +blocked`).MatchString(out) || !strings.Contains(out, "outside every --file-root") {
+		t.Errorf("put --dry-run --file %s: exit %d, want web.service blocked, outside every --file-root\n%s", elsewhere, code, out)
+	}
 	if b, _ := os.ReadFile(env); string(b) != "V=2\n" || pid() != pid2 {
 		t.Errorf("a dry run changed something: %s holds %q, MainPID %d → %d", env, b, pid2, pid())
 	}
@@ -123,7 +130,7 @@ func TestConfigFileSet(t *testing.T) {
 	// back whole: the unit file and the config file as they were, the unit
 	// running the old set again.
 	good, _ := os.ReadFile(filepath.Join(e.h.UnitDir, "web.service"))
-	out, code := put(unit("Environment=W=3\n"), env+"="+src("bad.env", "V=bad\n")+":0640:nobody:nogroup")
+	out, code = put(unit("Environment=W=3\n"), env+"="+src("bad.env", "V=bad\n")+":0640:nobody:nogroup")
 	if code != 3 {
 		t.Fatalf("put a failing set: exit %d, want 3\n%s", code, out)
 	}

@@ -218,8 +218,12 @@ func TestConfigFileSet(t *testing.T) {
 		t.Errorf("unit history %s: exit %d, want its versions\n%s", key, code, out)
 	}
 	was := pid()
-	if out, code := e.cli("unit", "revert", key, "--host", e.host, "--wait", "--timeout", "30s"); code != 0 {
+	out, code = e.cli("unit", "revert", key, "--host", e.host, "--wait", "--timeout", "30s")
+	if code != 0 {
 		t.Fatalf("unit revert %s: exit %d\n%s", key, code, out)
+	}
+	if !strings.Contains(out, "note: hosts/h1/units/web.service was stored with it") {
+		t.Errorf("the revert of one key of a set does not name the others stored with it:\n%s", out)
 	}
 	if b, _ := os.ReadFile(env); string(b) != "V=2\n" {
 		t.Errorf("after the revert %s holds %q, want V=2", env, b)

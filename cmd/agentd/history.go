@@ -310,6 +310,7 @@ func (o *revertOptions) revert(ctx context.Context, cmd *cobra.Command, reg *reg
 	}
 	say(out, o.asJSON, map[string]any{"event": "reverted", "key": key, "to": v.Revision, "hash": v.Hash, "removed": v.Removed, "revision": rev},
 		"reverted %s to revision %d%s: stored as revision %d\n", key, v.Revision, describe(v), rev)
+	noteSetKeys(ctx, cmd.ErrOrStderr(), reg, tg, unit, h.ModRevision)
 	if r != nil {
 		announceRollout(ctx, out, o.asJSON, reg, r)
 	}
@@ -352,4 +353,32 @@ func describe(v registry.Version) string {
 		return " (a removal)"
 	}
 	return " (hash " + short(reconcile.Hash(v.Content)) + ")"
+}
+
+// noteSetKeys says on w which other keys of unit's set (its unit file,
+// drop-ins, config files) the write at rev stored with the key just
+// reverted: a revert puts back one key, and a set is usually put whole.
+func noteSetKeys(ctx context.Context, w io.Writer, reg *registry.Client, tg registry.Target, key string, rev int64) {
+	if rev == 0 {
+		return
+	}
+	listed, err := reg.List(ctx, &tg)
+	if err != nil {
+		return // a hint only
+	}
+	unit := reconcile.UnitOfPath(key)
+	for _, l := range listed {
+		if l.Unit != key && reconcile.UnitOfPath(l.Unit) == unit && l.ModRevision == rev {
+			fmt.Fprintf(w, "note: %s/units/%s was stored with it (revision %d) and is not reverted; revert it too: agentd unit revert %s %s\n",
+				tg.String(), l.Unit, rev, l.Unit, targetFlag(tg))
+		}
+	}
+}
+
+// targetFlag is the --host or --group flag naming tg.
+func targetFlag(tg registry.Target) string {
+	if tg.Group != "" {
+		return "--group " + tg.Group
+	}
+	return "--host " + tg.Host
 }

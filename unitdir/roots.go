@@ -88,9 +88,11 @@ func OpenRoots(units *Dir, roots []string, private ...string) (*Roots, error) {
 // private (the state directory), as given or with symlinks resolved — a
 // config file must never land on a unit file or on the agent's own files.
 func CheckRoots(roots []string, unitDir string, private ...string) error {
-	reserved := map[string]string{unitDir: "the unit directory " + unitDir}
+	// In order: the unit directory is named first when a root overlaps it
+	// and a private directory both.
+	reserved := []reservedDir{{unitDir, "the unit directory " + unitDir}}
 	for _, p := range private {
-		reserved[p] = p + ", a directory of the agent's own"
+		reserved = append(reserved, reservedDir{p, p + ", a directory of the agent's own"})
 	}
 	for _, p := range roots {
 		if err := checkRoot(p, reserved); err != nil {
@@ -100,9 +102,11 @@ func CheckRoots(roots []string, unitDir string, private ...string) error {
 	return nil
 }
 
-// checkRoot checks one --file-root against the directories reserved (path
-// → how to name it).
-func checkRoot(p string, reserved map[string]string) error {
+// reservedDir is a directory no --file-root may overlap, and how to name it.
+type reservedDir struct{ path, name string }
+
+// checkRoot checks one --file-root against the directories reserved.
+func checkRoot(p string, reserved []reservedDir) error {
 	switch {
 	case p == "" || !filepath.IsAbs(p):
 		return fmt.Errorf("--file-root %q: want an absolute path such as /etc/myapp", p)
@@ -126,9 +130,10 @@ func checkRoot(p string, reserved map[string]string) error {
 		}
 		return []string{p}
 	}
-	for res, name := range reserved {
+	for _, res := range reserved {
+		name := res.name
 		for _, a := range forms(p) {
-			for _, b := range forms(res) {
+			for _, b := range forms(res.path) {
 				switch {
 				case within(a, b):
 					return fmt.Errorf("--file-root %s holds %s: a config file could overwrite the agent's own files; give a directory of its own such as /etc/myapp", p, name)

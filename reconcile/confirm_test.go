@@ -241,3 +241,29 @@ func TestPlanInstanceBackOntoTheSetPutBack(t *testing.T) {
 		t.Fatalf("%s: %s (%s), effective %v; want a restart onto the set put back %v", inst, a.Kind, a.Reason, a.Record.Effective, set1)
 	}
 }
+
+// A change that awaits its confirmation still holds its MaxUnavailable=
+// slot: the next host of the group does not take the change before this
+// one proved it still reaches the registry.
+func TestSlotHeldWhileConfirming(t *testing.T) {
+	const unit = "web.service"
+	content := svc + "[X-Agentd]\nMaxUnavailable=1\nConfirmSec=30s\n"
+	desired := Desire(Snapshot{Entries: []Entry{groupEntry("web", unit, content)}})
+	h := Hash([]byte(content))
+	cur := Current{
+		Host: HostFacts{Files: map[string]LocalFile{unit: {Exists: true, Hash: h, Content: []byte(content)}},
+			Units: map[string]UnitState{unit: running}},
+		Memory: Memory{Managed: map[string]Owned{unit: {Hash: h}},
+			Records: map[string]UnitRecord{unit: {Applied: map[string]string{unit: h}, Good: map[string]string{unit: h}}}},
+	}
+	plan := Plan(desired, cur)
+	if len(SlotsNeeded(plan, cur)) != 0 {
+		t.Fatalf("a confirmed unit holds a slot: %v", SlotsNeeded(plan, cur))
+	}
+	rec := cur.Memory.Records[unit]
+	rec.Confirming = KeyOf(rec.Applied)
+	cur.Memory.Records[unit] = rec
+	if need := SlotsNeeded(plan, cur); len(need) != 1 {
+		t.Fatalf("a unit awaiting its confirmation gave back its slot: %v", need)
+	}
+}

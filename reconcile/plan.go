@@ -164,7 +164,8 @@ type SlotNeed struct {
 
 // SlotsNeeded is level-triggered slot accounting: the slots (by SlotKey)
 // this host needs after this plan — for a disruptive step planned or
-// waiting for its slot, a job in flight, or a unit inside HealthySec. Every
+// waiting for its slot, a job in flight, a unit inside HealthySec or whose
+// change awaits its confirmation (ConfirmSec=). Every
 // other slot it holds or queues for is given back. Pure.
 func SlotsNeeded(plan []Action, cur Current) map[string]SlotNeed {
 	need := map[string]SlotNeed{}
@@ -173,7 +174,8 @@ func SlotsNeeded(plan []Action, cur Current) map[string]SlotNeed {
 			continue
 		}
 		_, inflight := cur.Memory.Jobs[a.Unit]
-		if a.Gate.On == WaitSlot || a.Kind.Disruptive() || inflight || cur.Memory.Verifying[a.Unit] {
+		confirming := cur.Memory.Records[a.Unit].Confirming != "" // ConfirmSec=: not done until confirmed
+		if a.Gate.On == WaitSlot || a.Kind.Disruptive() || inflight || cur.Memory.Verifying[a.Unit] || confirming {
 			need[SlotKey(a.Unit)] = SlotNeed{Scope: a.Scope, Hash: a.Hash, Limit: a.Policy.MaxUnavailable}
 		}
 	}

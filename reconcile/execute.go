@@ -287,7 +287,11 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 			a.ledger.refuse(u, *act.Record.Refuse)
 			a.record(act, "refused", errors.New(act.Err))
 		case act.Kind == KindBlocked:
-			if prev, ok := a.ledger.last[u]; !ok || (prev.err != act.Err && prev.action != ActionRolledBack) {
+			// A rollback's verdict stays what the status says while its
+			// content is held; other content blocked after it is news.
+			p, ok := a.ledger.last[u]
+			held := p.action == ActionRolledBack && p.contentKey == act.ContentKey
+			if !ok || (p.err != act.Err && !held) {
 				a.record(act, "blocked", errors.New(act.Err))
 			}
 		case act.Kind == KindUpdate && act.Err != "":

@@ -177,6 +177,9 @@ func TestConfigFileSet(t *testing.T) {
 		if code != 3 || !strings.Contains(out, tc.want) {
 			t.Errorf("put --file %s: exit %d, want 3 naming %q\n%s", tc.file, code, tc.want, out)
 		}
+		if strings.Contains(out, "rolled back") {
+			t.Errorf("put --file %s: a refusal after the rollback of other content reads as that rollback:\n%s", tc.file, out)
+		}
 		if b, _ := os.ReadFile(filepath.Join(e.h.UnitDir, "web.service")); string(b) != string(good) {
 			t.Errorf("--file %s refused, yet the unit file of its set was written:\n%s", tc.file, b)
 		}

@@ -208,17 +208,15 @@ func desireUnit(name string, es []Entry) *DesiredUnit {
 	if u.Err != nil {
 		return u
 	}
-	// Policy comes from the unit file, else from the drop-ins.
-	var src []byte
+	var unitFile []byte
+	var dropIns [][]byte
 	if u.File != nil {
-		src = u.File.Content
-	} else {
-		for _, f := range u.UnitFiles() {
-			src = append(src, f.Content...)
-			src = append(src, '\n')
-		}
+		unitFile = u.File.Content
 	}
-	p, err := ParsePolicy(src)
+	for _, f := range u.UnitFiles() {
+		dropIns = append(dropIns, f.Content) // the unit file too, unused when there is one
+	}
+	p, err := ParsePolicy(policySource(unitFile, dropIns))
 	if err != nil {
 		u.Err = err
 		return u
@@ -237,6 +235,33 @@ func desireUnit(name string, es []Entry) *DesiredUnit {
 	}
 	u.Policy = p
 	return u
+}
+
+// policySource is what a unit's policy is read from: its unit file, else
+// its drop-ins (in path order) together.
+func policySource(unitFile []byte, dropIns [][]byte) []byte {
+	if unitFile != nil {
+		return unitFile
+	}
+	var src []byte
+	for _, b := range dropIns {
+		src = append(src, b...)
+		src = append(src, '\n')
+	}
+	return src
+}
+
+// PolicyOf is the policy of unit as the agent reads it from keys (key
+// suffix → content, as a put gives them): from its unit file, else from its
+// drop-ins. Other units' keys and config files are ignored.
+func PolicyOf(unit string, keys map[string][]byte) (Policy, error) {
+	var dropIns [][]byte
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		if k != unit && UnitOfPath(k) == unit && !IsConfigPath(k) {
+			dropIns = append(dropIns, keys[k])
+		}
+	}
+	return ParsePolicy(policySource(keys[unit], dropIns))
 }
 
 // checkTriggers refuses a RestartTriggers= or ReloadTriggers= that names a

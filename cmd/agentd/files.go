@@ -65,7 +65,8 @@ func parseFileFlag(spec string) (configFile, error) {
 
 // addConfigFiles adds each --file to units as a key of the unit it belongs
 // to: the put's one unit, or among several the one whose RestartTriggers=
-// or ReloadTriggers= names it. Anything else is a usage error.
+// or ReloadTriggers= names it (in its unit file, else its drop-ins: the
+// agent's rule, reconcile.PolicyOf). Anything else is a usage error.
 func addConfigFiles(units map[string][]byte, specs []string) error {
 	if len(specs) == 0 {
 		return nil
@@ -105,7 +106,7 @@ func ownerOf(dest string, owners map[string]bool, units map[string][]byte) (stri
 	}
 	var naming []string
 	for _, u := range names {
-		p, err := reconcile.ParsePolicy(units[u])
+		p, err := reconcile.PolicyOf(u, units)
 		if err != nil {
 			continue // checked with the unit file; its error is its own
 		}

@@ -42,6 +42,15 @@ func TestAddConfigFiles(t *testing.T) {
 	if _, ok := units["api.service.files/etc/api.conf"]; !ok {
 		t.Errorf("the file did not go to the unit whose trigger names it: %v", units)
 	}
+	// ... also when the trigger is in a drop-in of a unit the put has no
+	// unit file of (one agentd did not install).
+	units = map[string][]byte{"web.service": []byte(web), "vendor.service.d/10-env.conf": []byte("[X-Agentd]\nRestartTriggers=/etc/vendor.env\n")}
+	if err := addConfigFiles(units, []string{"/etc/vendor.env=" + src}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := units["vendor.service.files/etc/vendor.env"]; !ok {
+		t.Errorf("the file did not go to the unit whose drop-in's trigger names it: %v", units)
+	}
 
 	for spec, wantErr := range map[string]string{
 		"/etc/x":                               "want DEST=SRC",

@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"github.com/agentd/agentd/internal/citest"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -55,37 +55,19 @@ func newSSHKey(t testing.TB, dir, principal string) sshKey {
 	return sshKey{file: file, fingerprint: ssh.FingerprintSHA256(k), line: principal + ` namespaces="agentd" ` + strings.TrimSpace(string(pub))}
 }
 
-// syncBuffer is a log sink the agent writes to while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // signedEnv is an env whose agent runs with --allowed-signers naming
 // alice; mallory's key is not in it.
 type signedEnv struct {
 	*env
 	alice, mallory sshKey
 	allowed        string
-	log            *syncBuffer
+	log            *lockedBuffer
 	raw            *clientv3.Client
 }
 
 func newSignedEnv(t *testing.T) *signedEnv {
 	t.Helper()
-	e := &signedEnv{env: newEnv(t), log: &syncBuffer{}}
+	e := &signedEnv{env: newEnv(t), log: &lockedBuffer{}}
 	dir := t.TempDir()
 	e.alice, e.mallory = newSSHKey(t, dir, "alice@example.com"), newSSHKey(t, dir, "mallory")
 	e.allowed = filepath.Join(dir, "allowed_signers")
@@ -100,18 +82,9 @@ func newSignedEnv(t *testing.T) *signedEnv {
 	e.raw = raw
 	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) {
 		o.allowedSigners = e.allowed
-		o.logOut = multiWriter{t.Output(), e.log}
+		o.logOut = io.MultiWriter(t.Output(), e.log)
 	})
 	return e
-}
-
-type multiWriter []interface{ Write([]byte) (int, error) }
-
-func (m multiWriter) Write(p []byte) (int, error) {
-	for _, w := range m {
-		w.Write(p)
-	}
-	return len(p), nil
 }
 
 // putSigned stores content under name with --wait and the flags given,
@@ -240,7 +213,7 @@ func TestSignedChanges(t *testing.T) {
 	e.agent.stop(t)
 	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) {
 		o.allowedSigners = e.allowed
-		o.logOut = multiWriter{t.Output(), e.log}
+		o.logOut = io.MultiWriter(t.Output(), e.log)
 	})
 	e.refusedWith(t, "hello.service", "refused: replayed: "+helloKey)
 	kept("replay, after a restart")

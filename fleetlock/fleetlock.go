@@ -48,6 +48,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentd/agentd/internal/httpserve"
 	"github.com/agentd/agentd/registry"
 )
 
@@ -127,17 +128,7 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 		WriteTimeout:      60 * time.Second,
 		MaxHeaderBytes:    16 << 10,
 	}
-	stop := context.AfterFunc(ctx, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	})
-	defer stop()
-	err := srv.Serve(ln)
-	if errors.Is(err, http.ErrServerClosed) || ctx.Err() != nil {
-		return nil
-	}
-	return err
+	return httpserve.Serve(ctx, srv, ln)
 }
 
 type server struct {

@@ -56,32 +56,15 @@ func (r *Roots) watchRoots(ctx context.Context, onChange func(path string)) erro
 		}
 		addTree(fr.path)
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case err, ok := <-w.Errors:
-			if !ok {
-				return nil
-			}
-			if err == fsnotify.ErrEventOverflow {
-				onChange("") // events lost: "something changed"
-				continue
-			}
-			return fmt.Errorf("watch the file roots: %w", err)
-		case ev, ok := <-w.Events:
-			if !ok {
-				return nil
-			}
-			if ev.Has(fsnotify.Create) {
-				addTree(ev.Name) // a new directory (a file: nothing added)
-			}
-			if strings.HasPrefix(filepath.Base(ev.Name), ".") {
-				continue // the agent's own temp files
-			}
-			if key, ok := r.keys.Load(ev.Name); ok {
-				onChange(key.(string))
-			}
+	return follow(ctx, w, "the file roots", onChange, func(ev fsnotify.Event) {
+		if ev.Has(fsnotify.Create) {
+			addTree(ev.Name) // a new directory (a file: nothing added)
 		}
-	}
+		if strings.HasPrefix(filepath.Base(ev.Name), ".") {
+			return // the agent's own temp files
+		}
+		if key, ok := r.keys.Load(ev.Name); ok {
+			onChange(key.(string))
+		}
+	})
 }

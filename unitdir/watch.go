@@ -33,6 +33,24 @@ func (d *Dir) Watch(ctx context.Context, onChange func(path string)) error {
 		}
 	}
 	addDropIns()
+	return follow(ctx, w, d.path, onChange, func(ev fsnotify.Event) {
+		rel, err := filepath.Rel(d.path, ev.Name)
+		if err != nil || strings.HasPrefix(filepath.Base(rel), ".") {
+			return
+		}
+		if ev.Has(fsnotify.Create) && strings.HasSuffix(rel, ".d") && !strings.Contains(rel, "/") {
+			if fi, err := os.Stat(ev.Name); err == nil && fi.IsDir() {
+				_ = w.Add(ev.Name)
+			}
+		}
+		onChange(filepath.ToSlash(rel))
+	})
+}
+
+// follow hands w's events to onEvent until ctx ends. Events lost to an
+// overflow are reported as onChange("") ("something changed"); any other
+// error of the watch ends it, naming what is watched.
+func follow(ctx context.Context, w *fsnotify.Watcher, what string, onChange func(string), onEvent func(fsnotify.Event)) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -41,26 +59,16 @@ func (d *Dir) Watch(ctx context.Context, onChange func(path string)) error {
 			if !ok {
 				return nil
 			}
-			// An overflow loses events: report "something changed".
 			if err == fsnotify.ErrEventOverflow {
 				onChange("")
 				continue
 			}
-			return fmt.Errorf("watch %s: %w", d.path, err)
+			return fmt.Errorf("watch %s: %w", what, err)
 		case ev, ok := <-w.Events:
 			if !ok {
 				return nil
 			}
-			rel, err := filepath.Rel(d.path, ev.Name)
-			if err != nil || strings.HasPrefix(filepath.Base(rel), ".") {
-				continue
-			}
-			if ev.Has(fsnotify.Create) && strings.HasSuffix(rel, ".d") && !strings.Contains(rel, "/") {
-				if fi, err := os.Stat(ev.Name); err == nil && fi.IsDir() {
-					_ = w.Add(ev.Name)
-				}
-			}
-			onChange(filepath.ToSlash(rel))
+			onEvent(ev)
 		}
 	}
 }

@@ -15,18 +15,38 @@ var (
 	commentInContinuation = "ExecStart=/bin/sleep \\\n# the duration\n  1000\n"
 )
 
+// policyCase is one row of a ParsePolicy table: the policy it gives, or an
+// error of the [X-Agentd] section containing errLike.
+type policyCase struct {
+	name    string
+	content string
+	want    Policy
+	errLike string // "" for no error
+}
+
+func checkPolicyCases(t *testing.T, cases []policyCase) {
+	t.Helper()
+	for _, tc := range cases {
+		p, err := ParsePolicy([]byte(tc.content))
+		if tc.errLike != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.errLike) || !strings.HasPrefix(err.Error(), "[X-Agentd]") {
+				t.Errorf("%s: %+v %v, want an error with %q", tc.name, p, err, tc.errLike)
+			}
+			continue
+		}
+		if err != nil || p != tc.want {
+			t.Errorf("%s: %+v %v\n want %+v", tc.name, p, err, tc.want)
+		}
+	}
+}
+
 func TestParsePolicyTable(t *testing.T) {
 	def := Policy{State: StateStarted, OnChange: "auto", Rollback: true, Healthy: 5 * time.Second}
 	healthy := func(d time.Duration) Policy { p := def; p.Healthy = d; return p }
 	confirm := func(d time.Duration) Policy { p := def; p.Confirm = d; return p }
 	withInstall := def
 	withInstall.HasInstall, withInstall.Enable = true, true
-	for _, tc := range []struct {
-		name    string
-		content string
-		want    Policy
-		errLike string // "" for no error
-	}{
+	checkPolicyCases(t, []policyCase{
 		{name: "empty", content: "", want: def},
 		{name: "no policy", content: policySvc, want: def},
 		{name: "install with a key", content: policySvc + "[Install]\nWantedBy=default.target\n", want: withInstall},
@@ -92,18 +112,7 @@ func TestParsePolicyTable(t *testing.T) {
 		{name: "long line in the policy section", content: "[X-Agentd]\nState=stopped\n" + longLine, errLike: "could not be read"},
 		{name: "comment in continuation, policy", content: "[X-Agentd]\nState=stopped\n[Service]\n" + commentInContinuation, errLike: "could not be read"},
 		{name: "indented policy header", content: policySvc + commentInContinuation + "  [X-Agentd]  \nState=stopped\n", errLike: "could not be read"},
-	} {
-		p, err := ParsePolicy([]byte(tc.content))
-		if tc.errLike != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.errLike) || !strings.HasPrefix(err.Error(), "[X-Agentd]") {
-				t.Errorf("%s: %+v %v, want an error with %q", tc.name, p, err, tc.errLike)
-			}
-			continue
-		}
-		if err != nil || p != tc.want {
-			t.Errorf("%s: %+v %v\n want %+v", tc.name, p, err, tc.want)
-		}
-	}
+	})
 }
 
 // The fallback paths exist because go-systemd fails where systemd does not;

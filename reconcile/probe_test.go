@@ -13,12 +13,7 @@ func TestParsePolicyProbes(t *testing.T) {
 	const svc = "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n"
 	def := Policy{State: StateStarted, OnChange: "auto", Rollback: true, Healthy: DefaultHealthy}
 	with := func(p Probes) Policy { d := def; d.Probe = p; return d }
-	for _, tc := range []struct {
-		name    string
-		content string
-		want    Policy
-		errLike string
-	}{
+	checkPolicyCases(t, []policyCase{
 		{name: "url", content: "[X-Agentd]\nHealthURL=http://127.0.0.1:8080/healthz\n",
 			want: with(Probes{URL: "http://127.0.0.1:8080/healthz"})},
 		{name: "https with status code", content: "[X-Agentd]\nHealthURL=https://[::1]:8443/\nHealthURLStatus=204\n",
@@ -55,18 +50,7 @@ func TestParsePolicyProbes(t *testing.T) {
 		{name: "cmd unterminated quote", content: "[X-Agentd]\nHealthCmd=/bin/sh -c 'exit 1\n", errLike: "bad HealthCmd=/bin/sh -c 'exit 1: unterminated ' quote"},
 		{name: "cmd relative path", content: "[X-Agentd]\nHealthCmd=./check\n", errLike: "must be an absolute path or a name found in PATH"},
 		{name: "probes on a stopped unit", content: "[X-Agentd]\nState=stopped\nHealthTCP=a:1\n", errLike: "health probes need State=started"},
-	} {
-		p, err := ParsePolicy([]byte(tc.content))
-		if tc.errLike != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.errLike) || !strings.HasPrefix(err.Error(), "[X-Agentd]") {
-				t.Errorf("%s: %+v %v, want an error with %q", tc.name, p, err, tc.errLike)
-			}
-			continue
-		}
-		if err != nil || p != tc.want {
-			t.Errorf("%s: %+v %v\n want %+v", tc.name, p, err, tc.want)
-		}
-	}
+	})
 }
 
 // A drop-in's User= is whom HealthCmd= runs as, as systemd would run the

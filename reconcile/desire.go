@@ -190,11 +190,7 @@ func desireUnit(name string, es []Entry) *DesiredUnit {
 			block(fmt.Errorf("%s: empty value (only a template instance such as foo@1.service may be empty)", path))
 			continue
 		}
-		validate := validateValue
-		if IsConfigPath(path) {
-			validate = func(string, []byte) error { return validateConfigValue(e.Value) }
-		}
-		if err := validate(u.Name, e.Value); err != nil {
+		if err := checkValue(u.Name, path, e.Value); err != nil {
 			block(fmt.Errorf("%s: %w", path, err))
 			continue
 		}

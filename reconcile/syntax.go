@@ -93,10 +93,25 @@ func CheckSyntax(unit string, content []byte) error {
 	return nil
 }
 
-// validateValue is what Desire checks of every non-empty registry value
-// before it may become a file of unit: the value itself (ValidateContent),
-// then its syntax as systemd reads it (CheckSyntax).
-func validateValue(unit string, value []byte) error {
+// CheckValue checks the value of a unit key (a key suffix: a unit file, a
+// drop-in or a config file) as the agent takes it; the one rule for
+// clients (unit put, unit edit) and the agent (Desire).
+func CheckValue(key string, value []byte) error {
+	_, unit, err := ParseKey(key)
+	if err != nil {
+		return err
+	}
+	return checkValue(unit, key, value)
+}
+
+// checkValue is what Desire checks of every non-empty registry value at
+// path (a key suffix of unit) before it may become a file: a config file's
+// header and content (validateConfigValue); else the value itself
+// (ValidateContent), then its syntax as systemd reads it (CheckSyntax).
+func checkValue(unit, path string, value []byte) error {
+	if IsConfigPath(path) {
+		return validateConfigValue(value)
+	}
 	if err := ValidateContent(value); err != nil {
 		return err
 	}

@@ -176,24 +176,13 @@ func readUnits(paths, instances []string) (map[string][]byte, error) {
 // checkUnitFile checks the content b of key as the agent will: its key,
 // content, syntax and rollout policy.
 func checkUnitFile(key string, b []byte) error {
-	_, unit, err := reconcile.ParseKey(key)
-	if err != nil {
+	if err := reconcile.CheckValue(key, b); err != nil {
 		return err
 	}
 	if reconcile.IsConfigPath(key) {
-		if err := reconcile.ValidateContent(b); err != nil {
-			return err
-		}
-		_, err := reconcile.DecodeConfigFile(b) // a config file (unit edit of one)
-		return err
+		return nil // a config file (unit edit of one) has no policy
 	}
-	if err := reconcile.ValidateContent(b); err != nil {
-		return err
-	}
-	if err := reconcile.CheckSyntax(unit, b); err != nil {
-		return err
-	}
-	_, err = reconcile.ParsePolicy(b)
+	_, err := reconcile.ParsePolicy(b)
 	return err
 }
 

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 )
 
 // Backend is what the server exposes; *reconcile.Agent implements it.
@@ -45,28 +46,27 @@ type RolloutLister interface {
 	Rollouts() []RolloutInfo
 }
 
-// RolloutInfo is one running rollout (reconcile.Rollout) of the host's
-// groups, from the agent's last snapshot: where it stands and where this
-// host stands in it. Waves count from 1.
+// RolloutInfo is one running rollout (package rollout) of the host's
+// groups, from the agent's last snapshot: its record's state and where
+// this host stands in it (an agent sees only its own progress: `agentd
+// rollout status` has the others). Waves count from 1.
 type RolloutInfo struct {
-	ID    string                 `json:"id"`
-	Group string                 `json:"group"`
-	Units []string               `json:"units"` // the units its keys belong to, sorted
-	State reconcile.RolloutState `json:"state"`
-	// Reason is the phase's (why it is paused, waiting, failed).
-	Reason  string `json:"reason,omitempty"`
-	Wave    int    `json:"wave"` // the open wave
-	Waves   int    `json:"waves"`
-	Healthy int    `json:"healthy"` // hosts done with the change
-	Hosts   int    `json:"hosts"`
+	ID    string        `json:"id"`
+	Group string        `json:"group"`
+	Units []string      `json:"units"` // the units its keys belong to, sorted
+	State rollout.State `json:"state"`
+	// Reason is the record's (why it is paused, or ended).
+	Reason string `json:"reason,omitempty"`
+	Waves  int    `json:"waves"`
+	Hosts  int    `json:"hosts"`
 	// Soak is how long each host stays healthy before it counts.
 	Soak time.Duration `json:"soak,omitempty"`
 	// HostWave is this host's wave; 0: it is not one of the rollout's
 	// hosts (it joined the group since the rollout started).
-	HostWave   int                 `json:"hostWave"`
-	HostState  reconcile.HostState `json:"hostState,omitempty"`
-	HostSince  time.Time           `json:"hostSince,omitzero"`
-	HostReason string              `json:"hostReason,omitempty"`
+	HostWave   int               `json:"hostWave"`
+	HostState  rollout.HostState `json:"hostState,omitempty"`
+	HostSince  time.Time         `json:"hostSince,omitzero"`
+	HostReason string            `json:"hostReason,omitempty"`
 }
 
 // PlanItem is one unit's entry in a plan.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 )
 
 type backend struct{}
@@ -94,8 +95,8 @@ func (b rolloutBackend) Rollouts() []RolloutInfo { return b.ris }
 func TestServeRollouts(t *testing.T) {
 	dir := t.TempDir()
 	since := time.Date(2025, 12, 4, 10, 0, 0, 0, time.UTC)
-	want := []RolloutInfo{{ID: "r1", Group: "web", Units: []string{"web.service"}, State: reconcile.RolloutRunning, Wave: 2, Waves: 3, Healthy: 1, Hosts: 5,
-		Soak: 30 * time.Second, HostWave: 2, HostState: reconcile.HostSoaking, HostSince: since}}
+	want := []RolloutInfo{{ID: "r1", Group: "web", Units: []string{"web.service"}, State: rollout.Running, Waves: 3, Hosts: 5,
+		Soak: 30 * time.Second, HostWave: 2, HostState: rollout.HostSoaking, HostSince: since}}
 	for _, c := range []struct {
 		name string
 		b    Backend

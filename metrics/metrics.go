@@ -23,6 +23,7 @@ import (
 
 	"github.com/agentd/agentd/internal/httpserve"
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 )
 
 // Convergence of one unit, from its status.
@@ -237,7 +238,7 @@ func (m *Metrics) SetGroups(groups []string) {
 		m.halts.WithLabelValues(g)
 		m.rollouts.WithLabelValues(g)
 	}
-	for _, st := range []reconcile.HostState{reconcile.HostApplying, reconcile.HostSoaking, reconcile.HostHealthy, reconcile.HostFailed, reconcile.HostReverting, reconcile.HostReverted} {
+	for _, st := range []rollout.HostState{rollout.HostApplying, rollout.HostSoaking, rollout.HostHealthy, rollout.HostFailed, rollout.HostReverting, rollout.HostReverted} {
 		m.rolloutSteps.WithLabelValues(string(st))
 	}
 }
@@ -250,7 +251,7 @@ func (m *Metrics) RolloutsInFlight(byGroup map[string]int) {
 }
 
 // RolloutStep counts a step this host recorded in a rollout.
-func (m *Metrics) RolloutStep(state reconcile.HostState) {
+func (m *Metrics) RolloutStep(state rollout.HostState) {
 	m.rolloutSteps.WithLabelValues(string(state)).Inc()
 }
 

@@ -55,16 +55,6 @@ type Snapshot struct {
 	Entries  []Entry
 	// Halts are the stopped rollouts of this host's groups.
 	Halts []Halt
-	// Rollouts are the staged changes of this host's groups (not ended,
-	// or ended failed or aborted: they still say who keeps the previous
-	// content), and Progress every host's progress in them, by rollout
-	// ID then host. Overlay applies them to Entries.
-	Rollouts []*Rollout
-	Progress map[string]map[string]*HostProgress
-	// RolloutsRevision is how far the rollouts are known complete: a
-	// group key written after it may belong to a rollout whose record has
-	// not arrived yet (HoldUnconfirmed).
-	RolloutsRevision int64
 	// Signatures are the signature records beside the unit keys
 	// (<p>/hosts/<h>/signatures/<key>, <p>/groups/<g>/signatures/<key>),
 	// as Entries: Unit is the unit key they sign for, Value the

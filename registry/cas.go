@@ -74,7 +74,7 @@ func (c *Client) HostSnapshot(ctx context.Context, host string, groups []string)
 	if err != nil {
 		return reconcile.Snapshot{}, err
 	}
-	return state.snapshot(rev), nil
+	return state.snapshot(rev).Snapshot, nil
 }
 
 // PutClears reports whether putting units (key suffix → value) for a group

@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -73,7 +74,7 @@ type writeOptions struct {
 	wholeUnits bool
 	// rollout stages a group put (WithRollout); supersede ends a running
 	// rollout of the same keys instead of refusing.
-	rollout   *reconcile.Rollout
+	rollout   *rollout.Record
 	supersede bool
 	// signer signs each key written (SignWith); revert says the write is
 	// a revert (Reverting).

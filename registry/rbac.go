@@ -56,8 +56,12 @@ func AgentRole(host string) string { return "agentd-host-" + host }
 //	<p>/groups/<g>/            prefix  read       each group's unit keys (Watch; Halt reads the unit's current content)
 //	<p>/halts/groups/<g>/      prefix  readwrite  each group's halts (Watch; Halt records a version this host failed)
 //	<p>/locks/groups/<g>/      prefix  readwrite  each group's MaxUnavailable queues (Acquire reads and watches the queue, writes its own key)
-//	<p>/rollouts/groups/<g>/   prefix  readwrite  each group's rollouts (Watch; RolloutStep ends or pauses one)
-//	<p>/rollouts/progress/     prefix  readwrite  every host's rollout progress (Watch; RolloutStep writes its own)
+//	<p>/rollouts/hosts/<h>/         prefix  readwrite  its own rollout progress (Watch; WriteProgress)
+//	<p>/rollouts/hosts/             prefix  read       every host's rollout progress (read by the group's coordinator only)
+//	<p>/rollouts/groups/<g>/        prefix  readwrite  each group's rollouts (Watch; the coordinator ends one, a host pauses one)
+//	<p>/rollouts/admit/<g>/         prefix  readwrite  each group's admissions (a host watches its own; the coordinator writes them)
+//	<p>/rollouts/summary/<g>/       prefix  readwrite  each group's rollout summaries (the coordinator writes them)
+//	<p>/rollouts/coordinator/<g>/   prefix  readwrite  each group's coordinator election (Campaign)
 //
 // Groups are sorted and deduplicated, as Watch does.
 func AgentPermissions(prefix, host string, groups []string) ([]Permission, error) {
@@ -83,14 +87,18 @@ func AgentPermissions(prefix, host string, groups []string) ([]Permission, error
 		{Key: c.hostStatus(host), Prefix: true, Write: true, Why: "its unit statuses and pass record, bound to its lease (put, listed, stale ones deleted)"},
 		{Key: c.memberKey(host), Write: true, Why: "its member record, without a lease (put at join, every minute, and at leave)"},
 		{Key: c.factsKey(host), Write: true, Why: "its facts for previews (the files it did not write, the content it refused), bound to its lease"},
-		{Key: c.progressRoot(), Prefix: true, Write: true, Why: "every host's progress in the rollouts (watched: each host computes the same phase; its own written as it takes, soaks or reverts a change)"},
+		{Key: c.progressDir(host), Prefix: true, Write: true, Why: "its own progress in the rollouts (watched; written as it takes, soaks or reverts a change)"},
+		{Key: c.progressRoot(), Prefix: true, Why: "every host's progress in the rollouts (read by its group's coordinator, when this host is elected)"},
 	}
 	for _, g := range gs {
 		perms = append(perms,
 			Permission{Key: c.groupsRoot() + g + "/", Prefix: true, Why: "group " + g + "'s unit keys and their signatures (watched; read before recording a halt)"},
 			Permission{Key: c.groupHalts(g), Prefix: true, Write: true, Why: "group " + g + "'s rollout halts (watched; written when this host fails a version)"},
 			Permission{Key: c.prefix + "/locks/groups/" + g + "/", Prefix: true, Write: true, Why: "group " + g + "'s MaxUnavailable= queues (read and watched; its own slot keys written and deleted)"},
-			Permission{Key: c.rolloutGroup(g), Prefix: true, Write: true, Why: "group " + g + "'s rollouts (watched; written to end one that completed or failed, or to pause one whose unit restarts too often)"},
+			Permission{Key: c.rolloutGroup(g), Prefix: true, Write: true, Why: "group " + g + "'s rollouts (watched; written to end one that completed or failed, as coordinator, or to pause one whose unit restarts too often)"},
+			Permission{Key: c.admitGroup(g), Prefix: true, Write: true, Why: "group " + g + "'s rollout admissions (its own watched; written as coordinator)"},
+			Permission{Key: c.summaryRoot() + g + "/", Prefix: true, Write: true, Why: "group " + g + "'s rollout summaries (written as coordinator)"},
+			Permission{Key: c.electionPrefix(g) + "/", Prefix: true, Write: true, Why: "group " + g + "'s coordinator election (its candidacy, on its lease)"},
 		)
 	}
 	return perms, nil

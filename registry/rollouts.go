@@ -13,32 +13,46 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Rollouts (reconcile.Rollout).
+// Rollouts (package rollout).
 //
 // Key layout:
 //
-//	<p>/rollouts/groups/<group>/<id>      JSON reconcile.Rollout: the change, the strategy, the hosts, control
-//	<p>/rollouts/progress/<id>/<host>     JSON reconcile.HostProgress: written by that host's agent
+//	<p>/rollouts/groups/<g>/<id>            JSON rollout.Record: the change, the strategy, the hosts, control
+//	<p>/rollouts/summary/<g>/<id>           JSON rollout.Summary: counts and offenders, by the coordinator
+//	<p>/rollouts/admit/<g>/<host>/<id>      JSON rollout.Admission: the coordinator lets host take it
+//	<p>/rollouts/hosts/<host>/<id>          JSON rollout.Progress: written by that host's agent only
+//	<p>/rollouts/coordinator/<g>/<lease>    the group's election (etcd concurrency): its value the host
 //
 // The record is written with the change it stages, in the put's own
-// transaction (WithRollout). Agents receive their groups' rollouts and
-// every host's progress in their Watch snapshots, so that each computes
-// the same phase. No key is bound to a lease: a rollout outlives the CLI
-// and every agent. Progress keys of one rollout sit under one prefix so
-// that a host taking the change can guard its write with "no host's
-// progress moved since I read it" (MaxUnavailable holds exactly).
+// transaction (WithRollout). An agent watches its groups' records, its
+// own admissions and its own progress, and nothing of the other hosts:
+// the coordinator alone reads every host's progress. Each host's progress
+// and admissions sit under a prefix of their own, so that `agentd rbac`
+// can grant a host write access to its own progress only. No key but the
+// election's is bound to a lease: a rollout outlives the CLI and every
+// agent.
 
 // ErrRolloutRunning: the put's keys are in a rollout still running.
 var ErrRolloutRunning = errors.New("a rollout of these keys is running")
 
-func (c *Client) rolloutsRoot() string               { return c.prefix + "/rollouts/" }
-func (c *Client) rolloutGroup(group string) string   { return c.rolloutsRoot() + "groups/" + group + "/" }
-func (c *Client) rolloutKey(group, id string) string { return c.rolloutGroup(group) + id }
-func (c *Client) progressRoot() string               { return c.rolloutsRoot() + "progress/" }
-func (c *Client) progressDir(id string) string       { return c.progressRoot() + id + "/" }
+func (c *Client) rolloutsRoot() string                   { return c.prefix + "/rollouts/" }
+func (c *Client) rolloutGroup(group string) string       { return c.rolloutsRoot() + "groups/" + group + "/" }
+func (c *Client) rolloutKey(group, id string) string     { return c.rolloutGroup(group) + id }
+func (c *Client) summaryRoot() string                    { return c.rolloutsRoot() + "summary/" }
+func (c *Client) summaryKey(group, id string) string     { return c.summaryRoot() + group + "/" + id }
+func (c *Client) progressRoot() string                   { return c.rolloutsRoot() + "hosts/" }
+func (c *Client) progressDir(host string) string         { return c.progressRoot() + host + "/" }
+func (c *Client) admitRoot() string                      { return c.rolloutsRoot() + "admit/" }
+func (c *Client) admitGroup(group string) string         { return c.admitRoot() + group + "/" }
+func (c *Client) admitDir(group, host string) string     { return c.admitGroup(group) + host + "/" }
+func (c *Client) electionRoot() string                   { return c.rolloutsRoot() + "coordinator/" }
+func (c *Client) electionPrefix(group string) string     { return c.electionRoot() + group }
+func (c *Client) progressKey(host, id string) string     { return c.progressDir(host) + id }
+func (c *Client) admitKey(group, host, id string) string { return c.admitDir(group, host) + id }
 
 // NewRolloutID names a rollout: its start time and 4 random bytes, so IDs
 // sort by age and two CLIs never pick one.
@@ -54,7 +68,7 @@ func NewRolloutID(now time.Time) string {
 // (a key the write removes has ToHash ""). A key in another rollout
 // still running is refused (ErrRolloutRunning) unless supersede: then
 // that rollout ends "superseded" in the same transaction.
-func WithRollout(r *reconcile.Rollout, supersede bool) WriteOption {
+func WithRollout(r *rollout.Record, supersede bool) WriteOption {
 	return func(o *writeOptions) { o.rollout, o.supersede = r, supersede }
 }
 
@@ -89,7 +103,7 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 	}
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
 		old, err := decodeRollout(kv.Value, kv.ModRevision)
-		if err != nil || (old.End != nil && old.End.State == reconcile.RolloutDone) {
+		if err != nil || (old.End != nil && old.End.State == rollout.Done) {
 			continue
 		}
 		var shared []string
@@ -104,7 +118,7 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 			continue // a put without a rollout wrote its keys since: it no longer runs
 		}
 		// The new rollout follows this one: a host that has not taken the
-		// new change keeps what this one gives it (reconcile.Overlay).
+		// new change keeps what this one gives it (rollout.Overlay).
 		if r.After == "" || old.CreatedAt.After(afterAt) {
 			r.After, afterAt = old.ID, old.CreatedAt
 		}
@@ -115,7 +129,7 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 			return nil, nil, fmt.Errorf("%w: %s (%s) since %s; wait for it, abort it (agentd rollout abort %s), or pass --supersede to end it and start this one",
 				ErrRolloutRunning, old.ID, strings.Join(shared, ", "), old.CreatedAt.Local().Format(time.DateTime), old.ID)
 		}
-		old.End = &reconcile.RolloutEnd{State: reconcile.RolloutSuperseded, Reason: "superseded by " + r.ID, At: now}
+		old.End = &rollout.End{State: rollout.Superseded, Reason: "superseded by " + r.ID, At: now, SupersededBy: r.ID}
 		b, err := json.Marshal(old)
 		if err != nil {
 			return nil, nil, err
@@ -123,9 +137,9 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
 		out = append(out, clientv3.OpPut(string(kv.Key), string(b)))
 	}
-	r.Units = map[string]reconcile.RolloutUnit{}
+	r.Units = map[string]rollout.Unit{}
 	for i, u := range names {
-		ru := reconcile.RolloutUnit{ToHash: to[u]}
+		ru := rollout.Unit{ToHash: to[u]}
 		if kvs := resp.Responses[i+1].GetResponseRange().GetKvs(); len(kvs) > 0 {
 			from := string(kvs[0].Value)
 			ru.From, ru.FromRevision = &from, kvs[0].ModRevision
@@ -158,8 +172,8 @@ func rolloutTarget(t Target) error {
 
 func supersedes(o writeOptions) bool { return o.supersede }
 
-func decodeRollout(v []byte, modRev int64) (*reconcile.Rollout, error) {
-	var r reconcile.Rollout
+func decodeRollout(v []byte, modRev int64) (*rollout.Record, error) {
+	var r rollout.Record
 	if err := json.Unmarshal(v, &r); err != nil {
 		return nil, fmt.Errorf("not a rollout record: %w", err)
 	}
@@ -170,51 +184,41 @@ func decodeRollout(v []byte, modRev int64) (*reconcile.Rollout, error) {
 	return &r, nil
 }
 
-// RolloutView is one rollout with every host's progress, read at one
-// revision.
-type RolloutView struct {
-	Rollout  *reconcile.Rollout
-	Progress map[string]*reconcile.HostProgress
-	// Entries are the group's unit keys now (to tell a superseded rollout).
-	Entries  []reconcile.Entry
-	Revision int64
-}
-
-// Phase is the rollout's phase now.
-func (v RolloutView) Phase(now time.Time) reconcile.Phase {
-	if v.Rollout.End == nil && v.Rollout.Superseded(v.Entries) {
-		return reconcile.Phase{State: reconcile.RolloutSuperseded, Reason: "its keys were written again since"}
-	}
-	return v.Rollout.Phase(v.Progress, now)
-}
-
-// Rollouts lists the rollouts of group ("": every group), newest first.
-func (c *Client) Rollouts(ctx context.Context, group string) ([]RolloutView, error) {
-	root := c.rolloutsRoot() + "groups/"
+// Rollouts lists the rollouts of group ("": every group), newest first,
+// each with its summary, the group's keys and its coordinator. With hosts,
+// each view also holds every host's progress (O(hosts) to read: only for
+// a command that shows each host).
+func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]rollout.View, error) {
+	root, sums := c.rolloutsRoot()+"groups/", c.summaryRoot()
 	if group != "" {
 		if err := ValidateName("group", group); err != nil {
 			return nil, err
 		}
-		root = c.rolloutGroup(group)
+		root, sums = c.rolloutGroup(group), c.summaryRoot()+group+"/"
 	}
 	rctx, cancel := c.reqCtx(ctx)
 	defer cancel()
-	resp, err := c.cli.Txn(rctx).Then(
+	ops := []clientv3.Op{
 		clientv3.OpGet(root, clientv3.WithPrefix()),
-		clientv3.OpGet(c.progressRoot(), clientv3.WithPrefix()),
+		clientv3.OpGet(sums, clientv3.WithPrefix()),
 		clientv3.OpGet(c.groupsRoot(), clientv3.WithPrefix()),
-	).Commit()
+		clientv3.OpGet(c.electionRoot(), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)),
+	}
+	if hosts {
+		ops = append(ops, clientv3.OpGet(c.progressRoot(), clientv3.WithPrefix()))
+	}
+	resp, err := c.cli.Txn(rctx).Then(ops...).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("read rollouts: %w", err)
 	}
-	progress := map[string]map[string]*reconcile.HostProgress{}
+	summaries := map[string]*rollout.Summary{}
 	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
-		if id, host, p, ok := c.decodeProgress(kv.Key, kv.Value); ok {
-			if progress[id] == nil {
-				progress[id] = map[string]*reconcile.HostProgress{}
-			}
-			progress[id][host] = p
+		var s rollout.Summary
+		if err := json.Unmarshal(kv.Value, &s); err != nil {
+			c.skipKey(kv.Key, "not a rollout summary", err)
+			continue
 		}
+		summaries[s.ID] = &s
 	}
 	var entries []reconcile.Entry
 	for _, kv := range resp.Responses[2].GetResponseRange().GetKvs() {
@@ -222,20 +226,45 @@ func (c *Client) Rollouts(ctx context.Context, group string) ([]RolloutView, err
 			entries = append(entries, reconcile.Entry{Scope: reconcile.ScopeGroup, Group: t.Group, Unit: unit, Value: kv.Value, ModRevision: kv.ModRevision})
 		}
 	}
-	var out []RolloutView
+	leaders := map[string]string{} // group → coordinating host (the oldest candidate)
+	for _, kv := range resp.Responses[3].GetResponseRange().GetKvs() {
+		g, _, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), c.electionRoot()), "/")
+		if _, seen := leaders[g]; ok && !seen {
+			leaders[g] = string(kv.Value)
+		}
+	}
+	progress := map[string]map[string]*rollout.Progress{}
+	if hosts {
+		for _, kv := range resp.Responses[4].GetResponseRange().GetKvs() {
+			if host, id, p, ok := c.decodeProgress(kv.Key, kv.Value); ok {
+				if progress[id] == nil {
+					progress[id] = map[string]*rollout.Progress{}
+				}
+				progress[id][host] = p
+			}
+		}
+	}
+	var out []rollout.View
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
 		r, err := decodeRollout(kv.Value, kv.ModRevision)
 		if err != nil {
 			c.skipKey(kv.Key, "not a rollout record", err)
 			continue
 		}
-		out = append(out, RolloutView{Rollout: r, Progress: progress[r.ID], Entries: entries, Revision: resp.Header.Revision})
+		v := rollout.View{Record: r, Summary: summaries[r.ID], Entries: entries, Coordinator: leaders[r.Group], Revision: resp.Header.Revision}
+		if hosts {
+			v.Progress = progress[r.ID]
+			if v.Progress == nil {
+				v.Progress = map[string]*rollout.Progress{}
+			}
+		}
+		out = append(out, v)
 	}
-	slices.SortFunc(out, func(a, b RolloutView) int { // IDs tell seconds only
-		if c := b.Rollout.CreatedAt.Compare(a.Rollout.CreatedAt); c != 0 {
+	slices.SortFunc(out, func(a, b rollout.View) int { // IDs tell seconds only
+		if c := b.Record.CreatedAt.Compare(a.Record.CreatedAt); c != 0 {
 			return c
 		}
-		return strings.Compare(b.Rollout.ID, a.Rollout.ID)
+		return strings.Compare(b.Record.ID, a.Record.ID)
 	})
 	return out, nil
 }
@@ -243,42 +272,43 @@ func (c *Client) Rollouts(ctx context.Context, group string) ([]RolloutView, err
 // ErrNoRollout: no rollout has the ID asked for.
 var ErrNoRollout = errors.New("no such rollout")
 
-// Rollout reads one rollout by ID.
-func (c *Client) Rollout(ctx context.Context, id string) (RolloutView, error) {
-	all, err := c.Rollouts(ctx, "")
+// Rollout reads one rollout by ID (with hosts: every host's progress).
+func (c *Client) Rollout(ctx context.Context, id string, hosts bool) (rollout.View, error) {
+	all, err := c.Rollouts(ctx, "", hosts)
 	if err != nil {
-		return RolloutView{}, err
+		return rollout.View{}, err
 	}
 	for _, v := range all {
-		if v.Rollout.ID == id {
+		if v.Record.ID == id {
 			return v, nil
 		}
 	}
-	return RolloutView{}, fmt.Errorf("%w: %q (agentd rollout ls lists them)", ErrNoRollout, id)
+	return rollout.View{}, fmt.Errorf("%w: %q (agentd rollout ls lists them)", ErrNoRollout, id)
 }
 
 // UpdateRollout applies change to rollout id's record and writes it back,
 // guarded by the record being unchanged since it was read (retried on a
 // race). change returns an error to refuse: nothing is written.
-func (c *Client) UpdateRollout(ctx context.Context, id string, change func(v RolloutView) error) (RolloutView, error) {
+func (c *Client) UpdateRollout(ctx context.Context, id string, change func(v rollout.View) error) (rollout.View, error) {
 	for range 10 {
-		v, err := c.Rollout(ctx, id)
+		v, err := c.Rollout(ctx, id, false)
 		if err != nil {
 			return v, err
 		}
 		if err := change(v); err != nil {
 			return v, err
 		}
-		ok, err := c.writeRollout(ctx, v.Rollout)
+		ok, err := c.writeRollout(ctx, v.Record, nil)
 		if err != nil || ok {
 			return v, err
 		}
 	}
-	return RolloutView{}, fmt.Errorf("rollout %s: its record keeps changing; nothing written, retry", id)
+	return rollout.View{}, fmt.Errorf("rollout %s: its record keeps changing; nothing written, retry", id)
 }
 
-// writeRollout writes r if its record is still at r.ModRevision.
-func (c *Client) writeRollout(ctx context.Context, r *reconcile.Rollout) (bool, error) {
+// writeRollout writes r if its record is still at r.ModRevision (and the
+// guards hold).
+func (c *Client) writeRollout(ctx context.Context, r *rollout.Record, guards []clientv3.Cmp) (bool, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
 		return false, err
@@ -286,79 +316,53 @@ func (c *Client) writeRollout(ctx context.Context, r *reconcile.Rollout) (bool, 
 	key := c.rolloutKey(r.Group, r.ID)
 	rctx, cancel := c.reqCtx(ctx)
 	defer cancel()
-	resp, err := c.cli.Txn(rctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", r.ModRevision)).
-		Then(clientv3.OpPut(key, string(b))).Commit()
+	guards = append(guards, clientv3.Compare(clientv3.ModRevision(key), "=", r.ModRevision))
+	resp, err := c.cli.Txn(rctx).If(guards...).Then(clientv3.OpPut(key, string(b))).Commit()
 	if err != nil {
 		return false, fmt.Errorf("write rollout %s: %w", r.ID, err)
 	}
 	return resp.Succeeded, nil
 }
 
-// decodeProgress reads <p>/rollouts/progress/<id>/<host>.
-func (c *Client) decodeProgress(key, value []byte) (id, host string, p *reconcile.HostProgress, ok bool) {
+// decodeProgress reads <p>/rollouts/hosts/<host>/<id>.
+func (c *Client) decodeProgress(key, value []byte) (host, id string, p *rollout.Progress, ok bool) {
 	rest, found := strings.CutPrefix(string(key), c.progressRoot())
 	if !found {
 		return "", "", nil, false
 	}
-	id, host, found = strings.Cut(rest, "/")
+	host, id, found = strings.Cut(rest, "/")
 	if !found || id == "" || host == "" {
 		return "", "", nil, false
 	}
-	var hp reconcile.HostProgress
+	var hp rollout.Progress
 	if err := json.Unmarshal(value, &hp); err != nil {
 		c.skipKey(key, "not a rollout host's progress", err)
 		return "", "", nil, false
 	}
-	return id, host, &hp, true
+	return host, id, &hp, true
 }
 
-// RolloutStep writes what this host decided about rollout r
-// (reconcile.RolloutStep), seen at snapshot revision seen. A host that
-// starts taking the change writes only if the record did not change
-// since (not paused, not aborted) and, under MaxUnavailable, no host's
-// progress moved since seen: it loses a race rather than exceed the
-// budget (0, nil: look again at the next snapshot). It returns the
-// revision of its write: a snapshot older than that does not show it.
-func (s *Session) RolloutStep(ctx context.Context, r *reconcile.Rollout, seen int64, w reconcile.RolloutWrite) (int64, error) {
+// WriteProgress writes this host's progress in rollout id: its own key,
+// nothing to race with. It returns the revision of the write.
+func (s *Session) WriteProgress(ctx context.Context, id string, p rollout.Progress) (int64, error) {
 	c := s.c
-	key := c.rolloutKey(r.Group, r.ID)
-	guard := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", r.ModRevision)}
-	var ops []clientv3.Op
-	if p := w.Progress; p != nil {
-		b, err := json.Marshal(p)
-		if err != nil {
-			return 0, err
-		}
-		ops = append(ops, clientv3.OpPut(c.progressDir(r.ID)+s.member.Host, string(b)))
-		if p.State == reconcile.HostApplying && !r.Strategy.MaxUnavailable.IsZero() {
-			guard = append(guard, clientv3.Compare(clientv3.ModRevision(c.progressDir(r.ID)), "<", seen+1).WithPrefix())
-		}
-	}
-	if w.End != nil || w.Pause != "" {
-		next := *r
-		if w.End != nil {
-			next.End = w.End
-		}
-		if w.Pause != "" {
-			next.Paused, next.PauseReason, next.PausedAt = true, w.Pause, time.Now().UTC()
-		}
-		b, err := json.Marshal(next)
-		if err != nil {
-			return 0, err
-		}
-		ops = append(ops, clientv3.OpPut(key, string(b)))
-	}
-	if w.Progress != nil && w.Progress.State != reconcile.HostApplying && w.End == nil && w.Pause == "" {
-		guard = nil // its own progress: nothing to race with
+	b, err := json.Marshal(p)
+	if err != nil {
+		return 0, err
 	}
 	rctx, cancel := c.reqCtx(ctx)
 	defer cancel()
-	resp, err := c.cli.Txn(rctx).If(guard...).Then(ops...).Commit()
+	resp, err := c.cli.Put(rctx, c.progressKey(s.member.Host, id), string(b))
 	if err != nil {
-		return 0, fmt.Errorf("rollout %s: %w", r.ID, err)
-	}
-	if !resp.Succeeded {
-		return 0, nil
+		return 0, fmt.Errorf("rollout %s: write this host's progress: %w", id, err)
 	}
 	return resp.Header.Revision, nil
+}
+
+// PauseRollout pauses r with reason, if its record did not change since it
+// was read (false: it did; look again).
+func (s *Session) PauseRollout(ctx context.Context, r *rollout.Record, reason string) (bool, error) {
+	next := *r
+	next.Paused, next.PauseReason, next.PausedAt = true, reason, time.Now().UTC()
+	return s.c.writeRollout(ctx, &next, nil)
 }

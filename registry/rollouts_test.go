@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
 )
@@ -22,13 +23,13 @@ func TestRolloutInWatch(t *testing.T) {
 	if _, err := c.Put(ctx, tg, map[string][]byte{"a.service": []byte("[Service]\nExecStart=/bin/old\n")}); err != nil {
 		t.Fatal(err)
 	}
-	s := reconcile.Strategy{Canary: reconcile.Count{N: 1}, MaxRestarts: -1}
-	r := &reconcile.Rollout{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: []string{"h1", "h2"}, WaveEnds: s.WaveEnds(2)}
+	s := rollout.Strategy{Canary: rollout.Count{N: 1}, MaxRestarts: -1}
+	r := &rollout.Record{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: []string{"h1", "h2"}, WaveEnds: s.WaveEnds(2)}
 	if _, err := c.Put(ctx, tg, map[string][]byte{"a.service": []byte("[Service]\nExecStart=/bin/new\n")}, registry.WithRollout(r, false)); err != nil {
 		t.Fatal(err)
 	}
 	// The same keys again: refused while it runs.
-	r2 := &reconcile.Rollout{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: []string{"h1", "h2"}, WaveEnds: s.WaveEnds(2)}
+	r2 := &rollout.Record{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: []string{"h1", "h2"}, WaveEnds: s.WaveEnds(2)}
 	if _, err := c.Put(ctx, tg, map[string][]byte{"a.service": []byte("x")}, registry.WithRollout(r2, false)); err == nil {
 		t.Fatal("a second rollout of the same key was taken")
 	}
@@ -40,12 +41,12 @@ func TestRolloutInWatch(t *testing.T) {
 	if len(snap.Rollouts) != 1 || snap.Rollouts[0].ID != r.ID || *snap.Rollouts[0].Units["a.service"].From != "[Service]\nExecStart=/bin/old\n" {
 		t.Fatalf("snapshot rollouts: %+v", snap.Rollouts)
 	}
-	over := reconcile.Overlay(snap.Entries, "h2", snap.Rollouts, snap.Progress)
+	over := rollout.Overlay(snap.Entries, "h2", snap.Rollouts, snap.Progress)
 	if string(over[0].Value) != "[Service]\nExecStart=/bin/old\n" {
 		t.Fatalf("h2 runs %q before its wave", over[0].Value)
 	}
-	w := reconcile.RolloutStep(snap.Rollouts[0], "h1", snap.Progress[r.ID], snap.Entries, reconcile.Overlay(snap.Entries, "h1", snap.Rollouts, snap.Progress), nil, time.Now())
-	if w.Progress == nil || w.Progress.State != reconcile.HostApplying {
+	w := reconcile.RolloutStep(snap.Rollouts[0], "h1", snap.Progress[r.ID], snap.Entries, rollout.Overlay(snap.Entries, "h1", snap.Rollouts, snap.Progress), nil, time.Now())
+	if w.Progress == nil || w.Progress.State != rollout.HostApplying {
 		t.Fatalf("h1's step: %+v", w)
 	}
 }
@@ -60,18 +61,18 @@ func TestRolloutFollowsAnAbortedOne(t *testing.T) {
 	if _, err := c.Put(ctx, tg, map[string][]byte{"a.service": []byte("v1")}); err != nil {
 		t.Fatal(err)
 	}
-	s := reconcile.Strategy{Canary: reconcile.Count{N: 1}, MaxRestarts: -1}
-	a := &reconcile.Rollout{ID: "ra", Strategy: s, Hosts: []string{"h1", "h2"}, WaveEnds: s.WaveEnds(2)}
+	s := rollout.Strategy{Canary: rollout.Count{N: 1}, MaxRestarts: -1}
+	a := &rollout.Record{ID: "ra", Strategy: s, Hosts: []string{"h1", "h2"}, WaveEnds: s.WaveEnds(2)}
 	if _, err := c.Put(ctx, tg, map[string][]byte{"a.service": []byte("v2")}, registry.WithRollout(a, false)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.UpdateRollout(ctx, "ra", func(v registry.RolloutView) error {
-		v.Rollout.End = &reconcile.RolloutEnd{State: reconcile.RolloutAborted, At: time.Now()}
+	if _, err := c.UpdateRollout(ctx, "ra", func(v rollout.View) error {
+		v.Rollout.End = &rollout.End{State: rollout.Aborted, At: time.Now()}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	b := &reconcile.Rollout{ID: "rb", Strategy: s, Hosts: []string{"h1", "h2"}, WaveEnds: s.WaveEnds(2)}
+	b := &rollout.Record{ID: "rb", Strategy: s, Hosts: []string{"h1", "h2"}, WaveEnds: s.WaveEnds(2)}
 	if _, err := c.Put(ctx, tg, map[string][]byte{"a.service": []byte("v3")}, registry.WithRollout(b, false)); err != nil {
 		t.Fatalf("a rollout after an aborted one: %v", err)
 	}
@@ -84,7 +85,7 @@ func TestRolloutFollowsAnAbortedOne(t *testing.T) {
 	got := make(chan reconcile.Snapshot, 10)
 	go func() { _ = c.Watch(wctx, "h2", []string{"web"}, func(s reconcile.Snapshot) { got <- s }) }()
 	ws := <-got
-	over := reconcile.Overlay(ws.Entries, "h2", ws.Rollouts, ws.Progress)
+	over := rollout.Overlay(ws.Entries, "h2", ws.Rollouts, ws.Progress)
 	if len(ws.Rollouts) != 2 || string(over[0].Value) != "v1" {
 		t.Fatalf("h2 (in neither change) runs %q with %d rollouts in its snapshot, want v1", over[0].Value, len(ws.Rollouts))
 	}
@@ -104,9 +105,9 @@ func TestRolloutRemove(t *testing.T) {
 	if _, err := c.Put(ctx, tg, map[string][]byte{"a.service": []byte(a), "a.service.d/x.conf": []byte(drop), "b.service": []byte(b)}); err != nil {
 		t.Fatal(err)
 	}
-	s := reconcile.Strategy{Canary: reconcile.Count{N: 1}, MaxRestarts: -1}
-	newR := func(id string) *reconcile.Rollout {
-		return &reconcile.Rollout{ID: id, Strategy: s, Hosts: []string{"h1", "h2"}, WaveEnds: s.WaveEnds(2)}
+	s := rollout.Strategy{Canary: rollout.Count{N: 1}, MaxRestarts: -1}
+	newR := func(id string) *rollout.Record {
+		return &rollout.Record{ID: id, Strategy: s, Hosts: []string{"h1", "h2"}, WaveEnds: s.WaveEnds(2)}
 	}
 	// To one host: refused.
 	if _, err := c.Remove(ctx, registry.Target{Host: "h1"}, []string{"a.service"}, registry.WithRollout(newR("r0"), false)); !errors.Is(err, registry.ErrInvalid) {
@@ -129,7 +130,7 @@ func TestRolloutRemove(t *testing.T) {
 			t.Errorf("%s in the rollout: %+v, want From %q and ToHash \"\"", key, u, want)
 		}
 	}
-	if ph := v.Phase(time.Now()); ph.State != reconcile.RolloutRunning {
+	if ph := v.Phase(time.Now()); ph.State != rollout.Running {
 		t.Errorf("phase %+v, want running", ph)
 	}
 	if _, err := c.Get(ctx, tg, "a.service"); !errors.Is(err, registry.ErrNotFound) {
@@ -147,11 +148,11 @@ func TestRolloutRemove(t *testing.T) {
 		}
 		return out
 	}
-	if over := reconcile.Overlay(ws.Entries, "h2", ws.Rollouts, ws.Progress); !slices.Equal(keys(over), []string{"a.service", "a.service.d/x.conf", "b.service"}) {
+	if over := rollout.Overlay(ws.Entries, "h2", ws.Rollouts, ws.Progress); !slices.Equal(keys(over), []string{"a.service", "a.service.d/x.conf", "b.service"}) {
 		t.Errorf("h2 runs %v before its wave", keys(over))
 	}
-	w := reconcile.RolloutStep(ws.Rollouts[0], "h1", ws.Progress["r1"], ws.Entries, reconcile.Overlay(ws.Entries, "h1", ws.Rollouts, ws.Progress), nil, time.Now())
-	if w.Progress == nil || w.Progress.State != reconcile.HostApplying {
+	w := reconcile.RolloutStep(ws.Rollouts[0], "h1", ws.Progress["r1"], ws.Entries, rollout.Overlay(ws.Entries, "h1", ws.Rollouts, ws.Progress), nil, time.Now())
+	if w.Progress == nil || w.Progress.State != rollout.HostApplying {
 		t.Fatalf("h1's step: %+v", w)
 	}
 	// A second rollout of the removed keys, put or removal: refused.
@@ -175,7 +176,7 @@ func TestRolloutRemove(t *testing.T) {
 	if _, err := c.Remove(ctx, tg, []string{"b.service"}, registry.WithRollout(newR("r5"), true)); err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := c.Rollout(ctx, "r3"); v.Rollout == nil || v.Rollout.End == nil || v.Rollout.End.State != reconcile.RolloutSuperseded {
+	if v, _ := c.Rollout(ctx, "r3"); v.Rollout == nil || v.Rollout.End == nil || v.Rollout.End.State != rollout.Superseded {
 		t.Errorf("r3 after a superseding removal: %+v", v.Rollout)
 	}
 	if v, _ := c.Rollout(ctx, "r5"); v.Rollout == nil || v.Rollout.Units["b.service"].ToHash != "" || *v.Rollout.Units["b.service"].From != "[Service]\nExecStart=/bin/b2\n" {

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -62,7 +64,7 @@ var errWatchClosed = errors.New("watch channel closed")
 // onSnapshot runs on Watch's goroutine; it should return quickly (store the
 // snapshot and poke a loop). Watch returns ctx.Err() when ctx is done, an
 // error for invalid arguments, or one when the Client is closed.
-func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnapshot func(reconcile.Snapshot)) error {
+func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnapshot func(Snapshot)) error {
 	if err := ValidateName("host", host); err != nil {
 		return fmt.Errorf("watch: %w", err)
 	}
@@ -75,11 +77,11 @@ func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnap
 		}
 	}
 	log := c.log.With("host", host)
-	w := &unitWatch{c: c, log: log, prefixes: []string{c.targetRoot(Target{Host: host})}}
+	w := &unitWatch{c: c, log: log, host: host, prefixes: []string{c.targetRoot(Target{Host: host})}}
 	for _, g := range gs {
-		w.prefixes = append(w.prefixes, c.targetRoot(Target{Group: g}), c.groupHalts(g), c.rolloutGroup(g))
+		w.prefixes = append(w.prefixes, c.targetRoot(Target{Group: g}), c.groupHalts(g), c.rolloutGroup(g), c.admitDir(g, host))
 	}
-	w.prefixes = append(w.prefixes, c.progressRoot())
+	w.prefixes = append(w.prefixes, c.progressDir(host))
 
 	fails := 0
 	retry := func(what string, err error) error {
@@ -135,6 +137,7 @@ func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnap
 type unitWatch struct {
 	c        *Client
 	log      *slog.Logger
+	host     string
 	prefixes []string
 	// shown is, per prefix, the revision up to which its watcher has
 	// delivered every event (a progress notification's revision, or its
@@ -147,16 +150,18 @@ type unitWatch struct {
 	handedRollouts int64
 }
 
+// Snapshot is what Watch hands out: the host's keys, and its view of its
+// groups' rollouts.
+type Snapshot struct {
+	reconcile.Snapshot
+	Rollouts rollout.HostView
+}
+
 // snapshot is state's snapshot at rev, with how far the rollouts are known.
-func (w *unitWatch) snapshot(state *unitState, rev int64) reconcile.Snapshot {
+func (w *unitWatch) snapshot(state *unitState, rev int64) Snapshot {
 	snap := state.snapshot(rev)
-	snap.RolloutsRevision = rev
-	for i, p := range w.prefixes {
-		if w.isRolloutPrefix(p) && w.shown[i] < snap.RolloutsRevision {
-			snap.RolloutsRevision = w.shown[i]
-		}
-	}
-	w.handedRollouts = snap.RolloutsRevision
+	snap.Rollouts.KnownUpTo = w.rolloutsRevision(rev)
+	w.handedRollouts = snap.Rollouts.KnownUpTo
 	return snap
 }
 
@@ -174,49 +179,46 @@ type unitState struct {
 	sigs       map[string]reconcile.Entry
 	sortedSigs []reconcile.Entry
 	halts      map[string]reconcile.Halt
-	// rollouts by key; progress by key, with the rollout ID and host.
-	rollouts map[string]*reconcile.Rollout
-	progress map[string]progressEntry
-	// byID is the progress by rollout ID, then host. An inner map is
-	// replaced, not written to, when a host's progress changes: snapshots
-	// share them, and one host's step costs a copy of its rollout's map
-	// rather than rebuilding every rollout's.
-	byID map[string]map[string]*reconcile.HostProgress
+	// rollouts are the records by key; mine this host's progress and
+	// admitted its admissions, by key, with the rollout ID.
+	rollouts map[string]*rollout.Record
+	mine     map[string]idProgress
+	admitted map[string]string
 }
 
-type progressEntry struct {
-	id, host string
-	p        *reconcile.HostProgress
+type idProgress struct {
+	id string
+	p  *rollout.Progress
 }
 
 func newUnitState() *unitState {
 	return &unitState{entries: map[string]reconcile.Entry{}, sigs: map[string]reconcile.Entry{}, halts: map[string]reconcile.Halt{},
-		rollouts: map[string]*reconcile.Rollout{}, progress: map[string]progressEntry{},
-		byID: map[string]map[string]*reconcile.HostProgress{}}
+		rollouts: map[string]*rollout.Record{}, mine: map[string]idProgress{}, admitted: map[string]string{}}
 }
 
-func (s *unitState) snapshot(rev int64) reconcile.Snapshot {
+func (s *unitState) snapshot(rev int64) Snapshot {
 	halts := slices.SortedFunc(maps.Values(s.halts), compareHalts)
-	snap := reconcile.Snapshot{Revision: rev, Entries: slices.Clone(s.sorted), Halts: halts}
+	snap := Snapshot{Snapshot: reconcile.Snapshot{Revision: rev, Entries: slices.Clone(s.sorted), Halts: halts}}
 	if len(s.sortedSigs) > 0 {
 		snap.Signatures = slices.Clone(s.sortedSigs)
 	}
 	if len(s.rollouts) == 0 {
 		return snap
 	}
-	ids := map[string]bool{}
+	v := &snap.Rollouts
 	for _, r := range s.rollouts {
-		if r.End == nil || r.End.State != reconcile.RolloutDone {
-			snap.Rollouts = append(snap.Rollouts, r)
-			ids[r.ID] = true
+		if r.End == nil || r.End.State != rollout.Done {
+			v.Records = append(v.Records, r)
 		}
 	}
-	slices.SortFunc(snap.Rollouts, func(a, b *reconcile.Rollout) int { return strings.Compare(a.ID, b.ID) })
-	snap.Progress = make(map[string]map[string]*reconcile.HostProgress, len(ids))
-	for id := range ids {
-		if m := s.byID[id]; m != nil {
-			snap.Progress[id] = m // never written to once handed out (setProgress)
-		}
+	slices.SortFunc(v.Records, func(a, b *rollout.Record) int { return strings.Compare(a.ID, b.ID) })
+	v.Mine = make(map[string]*rollout.Progress, len(s.mine))
+	for _, m := range s.mine {
+		v.Mine[m.id] = m.p
+	}
+	v.Admitted = make(map[string]bool, len(s.admitted))
+	for _, id := range s.admitted {
+		v.Admitted[id] = true
 	}
 	return snap
 }
@@ -251,25 +253,8 @@ func (s *unitState) delete(key string) {
 	deleteSorted(s.sigs, &s.sortedSigs, key)
 	delete(s.halts, key)
 	delete(s.rollouts, key)
-	if e, ok := s.progress[key]; ok {
-		s.setProgress(e.id, e.host, nil)
-		delete(s.progress, key)
-	}
-}
-
-// setProgress sets (nil: removes) host's progress in rollout id, copying
-// the rollout's map.
-func (s *unitState) setProgress(id, host string, p *reconcile.HostProgress) {
-	m := maps.Clone(s.byID[id])
-	if m == nil {
-		m = map[string]*reconcile.HostProgress{}
-	}
-	if p == nil {
-		delete(m, host)
-	} else {
-		m[host] = p
-	}
-	s.byID[id] = m
+	delete(s.mine, key)
+	delete(s.admitted, key)
 }
 
 func (w *unitWatch) put(s *unitState, kv *mvccpb.KeyValue) {
@@ -331,7 +316,7 @@ type watchItem struct {
 // watch follows every prefix from rev+1, updating state and handing out
 // snapshots. It returns nil when the periodic resync is due, or the error
 // that ended the watch.
-func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSnapshot func(reconcile.Snapshot)) error {
+func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSnapshot func(Snapshot)) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	var wg sync.WaitGroup
 	defer func() {
@@ -381,12 +366,10 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 			}
 			continue
 		}
-		// A host's rollout progress is written alone, or with its
-		// rollout's end or pause: each half is a consistent view of its
-		// own, so it is handed out at once. Settling would ask etcd for a
-		// progress notification from every agent of the fleet at each
-		// host's step (N² requests per rollout).
-		if w.prefixes[it.from] == w.c.progressRoot() {
+		// This host's own progress and admissions are written alone:
+		// handed out at once, without asking etcd for a progress
+		// notification (a request per host per step).
+		if p := w.prefixes[it.from]; p == w.c.progressDir(w.host) || strings.HasPrefix(p, w.c.admitRoot()) {
 			onSnapshot(w.snapshot(state, rev))
 			continue
 		}
@@ -506,16 +489,24 @@ func (w *unitWatch) apply(state *unitState, rev *int64, it watchItem) (bool, err
 	return len(resp.Events) > 0, nil
 }
 
-// putRollout keeps a rollout record or a host's progress in one.
+// putRollout keeps a rollout record, or this host's progress or admission
+// in one.
 func (w *unitWatch) putRollout(s *unitState, kv *mvccpb.KeyValue) {
 	key := string(kv.Key)
-	if id, host, p, ok := w.c.decodeProgress(kv.Key, kv.Value); ok {
-		s.progress[key] = progressEntry{id: id, host: host, p: p}
-		s.setProgress(id, host, p)
+	if id, ok := strings.CutPrefix(key, w.c.progressDir(w.host)); ok {
+		var p rollout.Progress
+		if err := json.Unmarshal(kv.Value, &p); err != nil || id == "" {
+			w.log.Warn("skipping registry key "+key+": value is not a rollout host's progress", "key", key, "err", err)
+			delete(s.mine, key)
+			return
+		}
+		s.mine[key] = idProgress{id: id, p: &p}
 		return
 	}
-	if strings.HasPrefix(key, w.c.progressRoot()) {
-		s.delete(key)
+	if strings.HasPrefix(key, w.c.admitRoot()) {
+		if id := key[strings.LastIndexByte(key, '/')+1:]; id != "" {
+			s.admitted[key] = id
+		}
 		return
 	}
 	r, err := decodeRollout(kv.Value, kv.ModRevision)

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/agentd/agentd/control"
-	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 )
 
 // socketFlag binds --debug-socket with the agent's default for the mode.
@@ -178,19 +178,19 @@ func newDiffCmd() *cobra.Command {
 // units, where it stands, where this host stands, and why when it waits
 // or failed, e.g.
 //
-//	web.service: rollout r… wave 2 of 3, this host soaking (12 s of 30 s), 1/5 hosts healthy
+//	web.service: rollout r… running, this host soaking (12 s of 30 s), in wave 2 of 3 of 5 hosts
+//
+// An agent sees only its own progress: `agentd rollout status` counts the
+// others.
 func rolloutLine(ri control.RolloutInfo, now time.Time) string {
-	at := fmt.Sprintf("wave %d of %d", ri.Wave, ri.Waves)
-	if ri.State != reconcile.RolloutRunning {
-		at = fmt.Sprintf("%s at %s", ri.State, at)
-	}
+	at := string(ri.State)
 	var host string
 	switch ri.HostState {
 	case "":
 		host = "this host not in it (it joined the group since)"
-	case reconcile.HostPending:
+	case rollout.HostPending:
 		host = fmt.Sprintf("this host pending (wave %d)", ri.HostWave)
-	case reconcile.HostSoaking:
+	case rollout.HostSoaking:
 		host = fmt.Sprintf("this host soaking (%s of %s)", ago(now.Sub(ri.HostSince)), ago(ri.Soak))
 	default:
 		host = fmt.Sprintf("this host %s (%s)", ri.HostState, ago(now.Sub(ri.HostSince)))
@@ -199,10 +199,10 @@ func rolloutLine(ri control.RolloutInfo, now time.Time) string {
 	if ri.Reason != "" {
 		why = append(why, ri.Reason)
 	}
-	if ri.HostReason != "" && ri.HostState == reconcile.HostFailed {
+	if ri.HostReason != "" && ri.HostState == rollout.HostFailed {
 		why = append(why, "this host: "+ri.HostReason)
 	}
-	line := fmt.Sprintf("%s: rollout %s %s, %s, %d/%d hosts healthy", strings.Join(ri.Units, ", "), ri.ID, at, host, ri.Healthy, ri.Hosts)
+	line := fmt.Sprintf("%s: rollout %s %s, %s, in wave %d of %d of %d hosts", strings.Join(ri.Units, ", "), ri.ID, at, host, max(ri.HostWave, 1), ri.Waves, ri.Hosts)
 	if len(why) > 0 {
 		line += " — " + strings.Join(why, "; ")
 	}

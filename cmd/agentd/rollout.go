@@ -18,12 +18,12 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
 )
 
 // Rollouts from the CLI: the strategy flags of `unit put`, `unit rm` and
-// `unit revert` (a group write then starts a rollout, reconcile.Rollout,
+// `unit revert` (a group write then starts a rollout, rollout.Record,
 // written with the change in one transaction), `--wait` following it (and running --gate-cmd between
 // waves), and `agentd rollout ls|status|pause|resume|promote|abort`. The
 // CLI never moves a host: the agents do, from the record; the CLI reads
@@ -46,7 +46,7 @@ type strategyFlags struct {
 	name, nothing string
 	// s is the strategy the flags say, once checked: a rollout when
 	// s.IsRollout().
-	s reconcile.Strategy
+	s rollout.Strategy
 }
 
 func (f *strategyFlags) bind(cmd *cobra.Command, name, nothing string) {
@@ -98,18 +98,18 @@ func (f *strategyFlags) check(cmd *cobra.Command, tg registry.Target, wait bool,
 
 // strategy parses the flags into a validated strategy; any bad value is a
 // usage error (exit 2) and nothing is written.
-func (f *strategyFlags) strategy() (reconcile.Strategy, error) {
-	s := reconcile.Strategy{
+func (f *strategyFlags) strategy() (rollout.Strategy, error) {
+	s := rollout.Strategy{
 		Soak: f.soak, ProgressDeadline: f.progressDeadline,
 		PauseAfterCanary: f.pauseAfterCanary, AutoRevert: f.autoRevert,
 		MaxRestarts: f.maxRestarts, GateCmd: strings.TrimSpace(f.gateCmd),
 	}
 	var errs []error
-	count := func(flag, v string, into *reconcile.Count) {
+	count := func(flag, v string, into *rollout.Count) {
 		if v == "" {
 			return
 		}
-		c, err := reconcile.ParseCount(flag, v)
+		c, err := rollout.ParseCount(flag, v)
 		if err != nil {
 			errs = append(errs, err)
 			return
@@ -120,7 +120,7 @@ func (f *strategyFlags) strategy() (reconcile.Strategy, error) {
 	count("--max-unavailable", f.maxUnavailable, &s.MaxUnavailable)
 	if f.waves != "" {
 		for part := range strings.SplitSeq(f.waves, ",") {
-			c, err := reconcile.ParseCount("--waves", part)
+			c, err := rollout.ParseCount("--waves", part)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%w (in --waves %s)", err, f.waves))
 				continue
@@ -145,7 +145,7 @@ func (f *strategyFlags) strategy() (reconcile.Strategy, error) {
 // stage is what makes a checked write to tg a rollout when the flags say
 // so: the rollout (nil: not one) and opts with the option that writes it
 // in the write's own transaction (registry.WithRollout).
-func (f *strategyFlags) stage(ctx context.Context, reg *registry.Client, tg registry.Target, opts []registry.WriteOption, warn io.Writer) (*reconcile.Rollout, []registry.WriteOption, error) {
+func (f *strategyFlags) stage(ctx context.Context, reg *registry.Client, tg registry.Target, opts []registry.WriteOption, warn io.Writer) (*rollout.Record, []registry.WriteOption, error) {
 	if !f.s.IsRollout() {
 		return nil, opts, nil
 	}
@@ -158,7 +158,7 @@ func (f *strategyFlags) stage(ctx context.Context, reg *registry.Client, tg regi
 
 // newRollout is the rollout a write of f's strategy to group starts: the
 // group's members now (live or not), by name, cut into waves.
-func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, group string, warn io.Writer) (*reconcile.Rollout, error) {
+func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, group string, warn io.Writer) (*rollout.Record, error) {
 	known, err := reg.KnownHosts(ctx)
 	if err != nil {
 		return nil, err
@@ -181,7 +181,7 @@ func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, gr
 			strings.Join(down, ", "), group, plural(len(down), "has", "have"), plural(len(down), "it", "them"), plural(len(down), "its", "their"))
 	}
 	now := time.Now().UTC()
-	return &reconcile.Rollout{
+	return &rollout.Record{
 		ID: registry.NewRolloutID(now), Group: group, Strategy: f.s,
 		Hosts: hosts, WaveEnds: f.s.WaveEnds(len(hosts)),
 		By: storedBy(), Reason: strings.TrimSpace(f.reason),
@@ -197,12 +197,12 @@ func plural(n int, one, many string) string {
 
 // announceRollout says which rollout a write started, and which it
 // superseded (read back: the write's transaction ended them).
-func announceRollout(ctx context.Context, out io.Writer, asJSON bool, reg *registry.Client, r *reconcile.Rollout) {
+func announceRollout(ctx context.Context, out io.Writer, asJSON bool, reg *registry.Client, r *rollout.Record) {
 	var superseded []string
-	if all, err := reg.Rollouts(ctx, r.Group); err == nil {
+	if all, err := reg.Rollouts(ctx, r.Group, false); err == nil {
 		for _, v := range all {
-			if e := v.Rollout.End; e != nil && e.State == reconcile.RolloutSuperseded && e.Reason == "superseded by "+r.ID {
-				superseded = append(superseded, v.Rollout.ID)
+			if e := v.Record.End; e != nil && e.State == rollout.Superseded && e.Reason == "superseded by "+r.ID {
+				superseded = append(superseded, v.Record.ID)
 			}
 		}
 	}
@@ -223,70 +223,15 @@ func joinInts(ns []int) string {
 	return strings.Join(s, ", ")
 }
 
-// ended says a phase is final: nobody takes the rollout any more.
-func ended(s reconcile.RolloutState) bool {
-	switch s {
-	case reconcile.RolloutDone, reconcile.RolloutFailed, reconcile.RolloutAborted, reconcile.RolloutSuperseded:
-		return true
-	}
-	return false
-}
-
-// reverts says the hosts that took r go back to the previous version in
-// phase ph: an abort with --revert, or a failure with --auto-revert.
-func reverts(r *reconcile.Rollout, ph reconcile.Phase) bool {
-	if r.Abort != nil {
-		return r.Abort.Revert
-	}
-	return ph.State == reconcile.RolloutFailed && r.Strategy.AutoRevert
-}
-
-// hostState is where host stands in v, and since when (zero: pending).
-func hostState(v registry.RolloutView, host string) (reconcile.HostState, string, time.Time) {
-	p := v.Progress[host]
-	if p == nil {
-		return reconcile.HostPending, "", time.Time{}
-	}
-	return p.State, p.Reason, p.Since
-}
-
-// hostsIn are v's hosts in one of states, in rollout order.
-func hostsIn(v registry.RolloutView, states ...reconcile.HostState) []string {
-	var out []string
-	for _, h := range v.Rollout.Hosts {
-		if st, _, _ := hostState(v, h); slices.Contains(states, st) {
-			out = append(out, h)
-		}
-	}
-	return out
-}
-
-// holding are the hosts that still have the change (or are taking it, or
-// going back from it).
-func holding(v registry.RolloutView) []string {
-	return hostsIn(v, reconcile.HostApplying, reconcile.HostSoaking, reconcile.HostHealthy, reconcile.HostFailed, reconcile.HostReverting)
-}
-
-// settled says following v can stop: it ended, and when it reverts, no
-// host holds the change any more.
-func settled(v registry.RolloutView, ph reconcile.Phase) bool {
-	if !ended(ph.State) {
-		return false
-	}
-	if ph.State == reconcile.RolloutFailed || ph.State == reconcile.RolloutAborted {
-		return !reverts(v.Rollout, ph) || len(holding(v)) == 0
-	}
-	return true
-}
-
-// rolloutFollow follows one rollout by polling the registry, until it is
-// settled or ctx ends; show is called at every read, and with a gate
-// command the gate is run when the rollout waits for it.
+// rolloutFollow follows one rollout by polling its record and summary
+// (never every host's progress), until it is settled or ctx ends; show is
+// called at every read, and with a gate command the gate is run when the
+// rollout waits for it.
 type rolloutFollow struct {
 	reg   *registry.Client
 	id    string
 	every time.Duration
-	show  func(v registry.RolloutView, ph reconcile.Phase, now time.Time)
+	show  func(v rollout.View, ph rollout.Phase, now time.Time)
 	// gate runs Strategy.GateCmd (put --wait only); its output goes to
 	// gateOut.
 	gate    bool
@@ -294,14 +239,14 @@ type rolloutFollow struct {
 	say     func(v any, format string, args ...any)
 }
 
-func (f *rolloutFollow) run(ctx context.Context) (registry.RolloutView, reconcile.Phase, error) {
+func (f *rolloutFollow) run(ctx context.Context) (rollout.View, rollout.Phase, error) {
 	var (
-		v       registry.RolloutView
-		ph      reconcile.Phase
+		v       rollout.View
+		ph      rollout.Phase
 		readErr error
 	)
 	for {
-		nv, err := f.reg.Rollout(ctx, f.id)
+		nv, err := f.reg.Rollout(ctx, f.id, false)
 		switch {
 		case ctx.Err() != nil:
 			return v, ph, ctx.Err()
@@ -313,15 +258,12 @@ func (f *rolloutFollow) run(ctx context.Context) (registry.RolloutView, reconcil
 			readErr = nil
 			v = nv
 			now := time.Now()
-			ph = v.Phase(now)
-			if ph.End != nil && v.Rollout.End == nil {
-				f.writeEnd(ctx, now)
-			}
+			ph = v.Phase()
 			f.show(v, ph, now)
-			if settled(v, ph) {
+			if v.Settled() {
 				return v, ph, nil
 			}
-			if f.gate && ph.State == reconcile.RolloutWaitingGate {
+			if f.gate && ph.State == rollout.WaitingGate {
 				if err := f.runGate(ctx, v, ph.Wave); err != nil {
 					return v, ph, err
 				}
@@ -339,29 +281,11 @@ func (f *rolloutFollow) run(ctx context.Context) (registry.RolloutView, reconcil
 	}
 }
 
-// writeEnd writes the end the phase computes at now, if nobody has yet:
-// whoever first sees a rollout done or failed writes it (the agents
-// too), so that it stops counting as running. Best effort: a reader
-// without write access leaves it to the agents.
-func (f *rolloutFollow) writeEnd(ctx context.Context, now time.Time) {
-	_, _ = f.reg.UpdateRollout(ctx, f.id, func(v registry.RolloutView) error {
-		if v.Rollout.End != nil {
-			return errNoChange
-		}
-		ph := v.Rollout.Phase(v.Progress, now)
-		if ph.End == nil {
-			return errNoChange
-		}
-		v.Rollout.End = ph.End
-		return nil
-	})
-}
-
 // runGate runs the gate command before wave (an index) of v: exit 0
-// opens the wave (Rollout.Gated); anything else pauses the rollout with
+// opens the wave (Record.Gated); anything else pauses the rollout with
 // the reason, and the follow ends with exit 3.
-func (f *rolloutFollow) runGate(ctx context.Context, v registry.RolloutView, wave int) error {
-	r := v.Rollout
+func (f *rolloutFollow) runGate(ctx context.Context, v rollout.View, wave int) error {
+	r := v.Record
 	n := strconv.Itoa(wave + 1)
 	f.say(map[string]any{"event": "rollout-gate", "rollout": r.ID, "wave": wave + 1, "cmd": r.Strategy.GateCmd},
 		"rollout %s: running the gate before wave %s: %s\n", r.ID, n, r.Strategy.GateCmd)
@@ -377,11 +301,11 @@ func (f *rolloutFollow) runGate(ctx context.Context, v registry.RolloutView, wav
 	}
 	now := time.Now().UTC()
 	if runErr == nil {
-		_, err := f.reg.UpdateRollout(ctx, r.ID, func(v registry.RolloutView) error {
-			if ph := v.Phase(now); ended(ph.State) {
+		_, err := f.reg.UpdateRollout(ctx, r.ID, func(v rollout.View) error {
+			if v.Phase().State.Ended() {
 				return errNoChange
 			}
-			v.Rollout.Gated = max(v.Rollout.Gated, wave)
+			v.Record.Gated = max(v.Record.Gated, wave)
 			return nil
 		})
 		if err != nil && !errors.Is(err, errNoChange) {
@@ -395,11 +319,11 @@ func (f *rolloutFollow) runGate(ctx context.Context, v registry.RolloutView, wav
 	if last := tail.lastLine(); last != "" {
 		reason += ": " + last
 	}
-	_, err := f.reg.UpdateRollout(ctx, r.ID, func(v registry.RolloutView) error {
-		if ph := v.Phase(now); ended(ph.State) {
+	_, err := f.reg.UpdateRollout(ctx, r.ID, func(v rollout.View) error {
+		if v.Phase().State.Ended() {
 			return errNoChange
 		}
-		v.Rollout.Paused, v.Rollout.PauseReason, v.Rollout.PausedAt = true, reason, now
+		v.Record.Paused, v.Record.PauseReason, v.Record.PausedAt = true, reason, now
 		return nil
 	})
 	if err != nil && !errors.Is(err, errNoChange) {
@@ -429,32 +353,34 @@ func (t *tailBuffer) lastLine() string {
 var errNoChange = errors.New("nothing to change")
 
 // followPut is `--wait` on a rollout (put, rm, revert): it follows r to
-// its end, printing each host's and the phase's changes, and exits as the rollout
-// ended (0 done; 3 failed or aborted, after the revert if any; 5
-// superseded; 4 on --timeout: the rollout goes on).
-func followPut(ctx context.Context, reg *registry.Client, r *reconcile.Rollout, wf waitFlags, asJSON bool, out, errOut io.Writer) error {
+// its end, printing a line of counters whenever one moves and each new
+// offender, and exits as the rollout ended (0 done; 3 failed or aborted,
+// after the revert if any; 5 superseded; 4 on --timeout: the rollout goes
+// on).
+func followPut(ctx context.Context, reg *registry.Client, r *rollout.Record, wf waitFlags, asJSON bool, out, errOut io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, wf.timeout)
 	defer cancel()
-	lines := &rolloutLines{out: out, json: asJSON, hosts: map[string]hostLine{}}
+	lines := newRolloutLines(out, asJSON)
 	f := &rolloutFollow{reg: reg, id: r.ID, every: 200 * time.Millisecond, show: lines.show,
 		gate: r.Strategy.GateCmd != "", gateOut: errOut,
-		say: func(v any, format string, args ...any) { say(out, asJSON, v, format, args...) }}
+		say: func(v any, format string, args ...any) { lines.flush(); say(out, asJSON, v, format, args...) }}
 	v, ph, err := f.run(ctx)
-	if v.Rollout == nil && err != nil {
+	lines.flush()
+	if v.Record == nil && err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return withCode(exitTimeout, fmt.Errorf("timed out after %s before rollout %s could be read; it goes on without this command: agentd rollout status %s --watch", wf.timeout, r.ID, r.ID))
 		}
 		return err
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		msg := fmt.Sprintf("timed out after %s: rollout %s is %s (%s)", wf.timeout, r.ID, describePhase(v, ph), healthyCount(v))
-		if ended(ph.State) {
-			msg += "; still going back to the previous version: " + strings.Join(holding(v), ", ")
+		msg := fmt.Sprintf("timed out after %s: rollout %s is %s (%s)", wf.timeout, r.ID, describePhase(v, ph), counters(v))
+		if ph.State.Ended() && v.Summary.Holding() > 0 {
+			msg += "; still going back to the previous version: " + v.Summary.Named(holdingStates...)
 		}
 		return withCode(exitTimeout, errors.New(msg+"; it goes on without this command: agentd rollout status "+r.ID+" --watch"))
 	}
 	if errors.Is(err, context.Canceled) {
-		return fmt.Errorf("interrupted: rollout %s is %s (%s); it goes on without this command: agentd rollout status %s --watch", r.ID, describePhase(v, ph), healthyCount(v), r.ID)
+		return fmt.Errorf("interrupted: rollout %s is %s (%s); it goes on without this command: agentd rollout status %s --watch", r.ID, describePhase(v, ph), counters(v), r.ID)
 	}
 	if err != nil {
 		return err
@@ -462,91 +388,151 @@ func followPut(ctx context.Context, reg *registry.Client, r *reconcile.Rollout, 
 	return rolloutVerdict(v, ph)
 }
 
+// holdingStates are the states of a host that has the change, is taking
+// it, or is going back from it.
+var holdingStates = []rollout.HostState{rollout.HostApplying, rollout.HostSoaking, rollout.HostHealthy, rollout.HostFailed, rollout.HostReverting}
+
 // rolloutVerdict is the exit of a follow that saw v settled in phase ph.
-func rolloutVerdict(v registry.RolloutView, ph reconcile.Phase) error {
-	r := v.Rollout
+func rolloutVerdict(v rollout.View, ph rollout.Phase) error {
+	r, s := v.Record, v.Summary
 	switch ph.State {
-	case reconcile.RolloutDone:
+	case rollout.Done:
 		return nil
-	case reconcile.RolloutSuperseded:
+	case rollout.Superseded:
 		return withCode(exitSuperseded, fmt.Errorf("rollout %s superseded%s", r.ID, prefixed(ph.Reason)))
 	}
 	msg := fmt.Sprintf("rollout %s %s%s", r.ID, ph.State, prefixed(ph.Reason))
-	if reverts(r, ph) {
-		if back := hostsIn(v, reconcile.HostReverted); len(back) > 0 {
-			msg += "; reverted to the previous version: " + strings.Join(back, ", ")
+	if r.Reverts() {
+		if v.Count(rollout.HostReverted) > 0 {
+			msg += "; reverted to the previous version: " + s.Named(rollout.HostReverted)
 		} else {
 			msg += "; no host had taken it: nothing to revert"
 		}
-	} else if kept := holding(v); len(kept) > 0 {
-		msg += "; these hosts keep the change: " + strings.Join(kept, ", ")
+	} else if s.Holding() > 0 {
+		msg += "; these hosts keep the change: " + s.Named(holdingStates...)
 	}
 	return withCode(exitFailed, errors.New(msg))
 }
 
-// hostLine is what was last said of a host.
-type hostLine struct {
-	state  reconcile.HostState
-	reason string
-}
-
-// rolloutLines prints a rollout's changes as lines (put --wait): each
-// host's new state, and the phase when it changes.
+// rolloutLines prints a rollout's changes (put --wait): a line of counters
+// when one moves (redrawn in place on a terminal, at most 5 times a second
+// otherwise), and each offender once.
 type rolloutLines struct {
-	out    io.Writer
-	json   bool
-	hosts  map[string]hostLine
-	phase  string
-	start  time.Time
-	primed bool
+	out      io.Writer
+	json     bool
+	tty      bool
+	last     string
+	pending  string // a counters line not printed yet (rate limit)
+	printed  time.Time
+	drawn    bool
+	said     map[string]string // offender → reason said
+	start    time.Time
+	primed   bool
+	lastJSON map[string]any
 }
 
-func (l *rolloutLines) show(v registry.RolloutView, ph reconcile.Phase, now time.Time) {
-	r := v.Rollout
+func newRolloutLines(out io.Writer, asJSON bool) *rolloutLines {
+	return &rolloutLines{out: out, json: asJSON, tty: !asJSON && isTerminal(out), said: map[string]string{}}
+}
+
+func (l *rolloutLines) show(v rollout.View, ph rollout.Phase, now time.Time) {
+	r := v.Record
 	if !l.primed {
 		l.primed, l.start = true, now
 	}
-	for _, h := range r.Hosts {
-		st, reason, _ := hostState(v, h)
-		hl := hostLine{st, reason}
-		last, seen := l.hosts[h]
-		if seen && last == hl || !seen && st == reconcile.HostPending {
-			l.hosts[h] = hl
-			continue
+	if s := v.Summary; s != nil {
+		for _, o := range s.Offenders {
+			key := o.Host + "|" + string(o.State)
+			if l.said[key] == o.Reason {
+				continue
+			}
+			l.said[key] = o.Reason
+			l.flush()
+			say(l.out, l.json, map[string]any{"event": "rollout-host", "rollout": r.ID, "host": o.Host, "wave": o.Wave + 1, "state": o.State, "reason": o.Reason,
+				"elapsedMs": now.Sub(l.start).Milliseconds()},
+				"%s (wave %d): %s%s\n", o.Host, o.Wave+1, o.State, prefixed(o.Reason))
 		}
-		l.hosts[h] = hl
-		say(l.out, l.json, map[string]any{"event": "rollout-host", "rollout": r.ID, "host": h, "wave": r.Wave(h) + 1, "state": st, "reason": reason,
-			"elapsedMs": now.Sub(l.start).Milliseconds()},
-			"%s (wave %d): %s%s\n", h, r.Wave(h)+1, st, prefixed(reason))
 	}
-	phase := describePhase(v, ph)
-	if phase == l.phase {
+	line := fmt.Sprintf("rollout %s: %s · %s", r.ID, describePhase(v, ph), counters(v))
+	if line == l.last {
 		return
 	}
-	l.phase = phase
-	healthy := len(hostsIn(v, reconcile.HostHealthy))
-	say(l.out, l.json, map[string]any{"event": "rollout-phase", "rollout": r.ID, "state": ph.State, "wave": phaseWave(v, ph), "waves": len(r.WaveEnds),
-		"reason": ph.Reason, "healthy": healthy, "hosts": len(r.Hosts), "elapsedMs": now.Sub(l.start).Milliseconds()},
-		"rollout %s: %s (%s)\n", r.ID, phase, healthyCount(v))
+	l.last = line
+	if l.json {
+		say(l.out, true, map[string]any{"event": "rollout-phase", "rollout": r.ID, "state": ph.State, "wave": phaseWave(v, ph), "waves": len(r.WaveEnds),
+			"reason": ph.Reason, "counts": countsOf(v), "hosts": len(r.Hosts), "elapsedMs": now.Sub(l.start).Milliseconds()}, "")
+		return
+	}
+	if l.tty {
+		if l.drawn {
+			fmt.Fprint(l.out, "\x1b[1A\x1b[2K")
+		}
+		fmt.Fprintf(l.out, "%s %s\n", line, progressBar(v))
+		l.drawn = true
+		return
+	}
+	l.pending = line
+	if now.Sub(l.printed) >= 200*time.Millisecond || ph.State.Ended() {
+		l.flush()
+		l.printed = now
+	}
+}
+
+// flush prints the counters line held back by the rate limit.
+func (l *rolloutLines) flush() {
+	if l.pending != "" {
+		fmt.Fprintln(l.out, l.pending)
+		l.pending = ""
+	}
+	l.drawn = false
+}
+
+// isTerminal says out is a terminal that takes cursor moves.
+func isTerminal(out io.Writer) bool {
+	f, ok := out.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd())) && os.Getenv("TERM") != "dumb"
 }
 
 // describePhase is "running, wave 2 of 3" with the phase's reason.
-func describePhase(v registry.RolloutView, ph reconcile.Phase) string {
-	return fmt.Sprintf("%s, wave %d of %d%s", ph.State, phaseWave(v, ph), len(v.Rollout.WaveEnds), prefixed(ph.Reason))
+func describePhase(v rollout.View, ph rollout.Phase) string {
+	return fmt.Sprintf("%s, wave %d of %d%s", ph.State, phaseWave(v, ph), len(v.Record.WaveEnds), prefixed(ph.Reason))
 }
 
 // phaseWave is the phase's wave counted from 1 (a rollout whose every
 // wave is done is in its last).
-func phaseWave(v registry.RolloutView, ph reconcile.Phase) int {
-	return min(ph.Wave, len(v.Rollout.WaveEnds)-1) + 1
+func phaseWave(v rollout.View, ph rollout.Phase) int {
+	return min(ph.Wave, len(v.Record.WaveEnds)-1) + 1
 }
 
-func healthyCount(v registry.RolloutView) string {
-	return fmt.Sprintf("%d/%d hosts healthy", len(hostsIn(v, reconcile.HostHealthy)), len(v.Rollout.Hosts))
+// counters is "312 healthy · 88 applying · 3 failed · 597 waiting" from
+// the summary (the hosts' states it counts add up to the host total).
+func counters(v rollout.View) string {
+	s := v.Summary
+	if s == nil {
+		return fmt.Sprintf("%d %s, no count yet", len(v.Record.Hosts), plural(len(v.Record.Hosts), "host", "hosts"))
+	}
+	var parts []string
+	for _, st := range rollout.HostStates {
+		if n := s.Counts[st]; n > 0 || st == rollout.HostHealthy {
+			word := string(st)
+			if st == rollout.HostPending {
+				word = "waiting"
+			}
+			parts = append(parts, fmt.Sprintf("%d %s", n, word))
+		}
+	}
+	return strings.Join(parts, " · ")
+}
+
+func countsOf(v rollout.View) map[rollout.HostState]int {
+	if v.Summary == nil {
+		return map[rollout.HostState]int{rollout.HostPending: len(v.Record.Hosts)}
+	}
+	return v.Summary.Counts
 }
 
 // describeStrategy is the strategy as the flags that made it.
-func describeStrategy(s reconcile.Strategy) string {
+func describeStrategy(s rollout.Strategy) string {
 	var parts []string
 	add := func(ok bool, format string, args ...any) {
 		if ok {
@@ -575,74 +561,97 @@ func describeStrategy(s reconcile.Strategy) string {
 }
 
 // rolloutSummary is one rollout as `rollout ls --json` and `rollout
-// status --json` give it. Wave counts from 1.
+// status --json` give it. Wave counts from 1. Hosts are listed only when
+// asked for (--hosts).
 type rolloutSummary struct {
-	Rollout *reconcile.Rollout `json:"rollout"`
+	Rollout *rollout.Record `json:"rollout"`
 	Phase   struct {
-		State  reconcile.RolloutState `json:"state"`
-		Wave   int                    `json:"wave"`
-		Waves  int                    `json:"waves"`
-		Reason string                 `json:"reason,omitempty"`
+		State  rollout.State `json:"state"`
+		Wave   int           `json:"wave"`
+		Waves  int           `json:"waves"`
+		Reason string        `json:"reason,omitempty"`
 	} `json:"phase"`
-	Healthy int           `json:"healthy"`
-	Total   int           `json:"total"`
-	Hosts   []rolloutHost `json:"hosts"`
+	Healthy     int                       `json:"healthy"`
+	Total       int                       `json:"total"`
+	Counts      map[rollout.HostState]int `json:"counts"`
+	Offenders   []rollout.Offender        `json:"offenders,omitempty"`
+	Coordinator string                    `json:"coordinator,omitempty"`
+	Hosts       []rolloutHost             `json:"hosts,omitempty"`
 }
 
 type rolloutHost struct {
-	Host   string              `json:"host"`
-	Wave   int                 `json:"wave"`
-	State  reconcile.HostState `json:"state"`
-	Since  time.Time           `json:"since,omitzero"`
-	Reason string              `json:"reason,omitempty"`
+	Host   string            `json:"host"`
+	Wave   int               `json:"wave"`
+	State  rollout.HostState `json:"state"`
+	Since  time.Time         `json:"since,omitzero"`
+	Reason string            `json:"reason,omitempty"`
 }
 
-func summarize(v registry.RolloutView, ph reconcile.Phase) rolloutSummary {
-	r := v.Rollout
-	s := rolloutSummary{Rollout: r, Total: len(r.Hosts), Hosts: []rolloutHost{}}
+func summarize(v rollout.View, ph rollout.Phase, which hostFilter) rolloutSummary {
+	r := v.Record
+	s := rolloutSummary{Rollout: r, Total: len(r.Hosts), Counts: countsOf(v), Healthy: v.Count(rollout.HostHealthy), Coordinator: v.Coordinator}
+	if v.Summary != nil {
+		s.Offenders = v.Summary.Offenders
+	}
 	s.Phase.State, s.Phase.Wave, s.Phase.Waves, s.Phase.Reason = ph.State, phaseWave(v, ph), len(r.WaveEnds), ph.Reason
-	for _, h := range r.Hosts {
-		st, reason, since := hostState(v, h)
-		if st == reconcile.HostHealthy {
-			s.Healthy++
-		}
+	for _, h := range which.hosts(v) {
+		st, reason, since := v.HostState(h)
 		s.Hosts = append(s.Hosts, rolloutHost{Host: h, Wave: r.Wave(h) + 1, State: st, Since: since, Reason: reason})
 	}
 	return s
 }
 
-// progressBar is "[########------------] 2/5 healthy, 1 soaking".
-func progressBar(v registry.RolloutView) string {
-	const width = 20
-	total := len(v.Rollout.Hosts)
-	counts := map[reconcile.HostState]int{}
-	for _, h := range v.Rollout.Hosts {
-		st, _, _ := hostState(v, h)
-		counts[st]++
+// hostFilter is --hosts: which hosts `rollout status` lists one by one
+// ("": none, the counters say it all).
+type hostFilter string
+
+func (f hostFilter) check() error {
+	switch f {
+	case "", "all", "failed", "pending":
+		return nil
 	}
-	n := 0
-	if total > 0 {
-		n = counts[reconcile.HostHealthy] * width / total
-	}
-	s := "[" + strings.Repeat("#", n) + strings.Repeat("-", width-n) + "] " +
-		fmt.Sprintf("%d/%d healthy", counts[reconcile.HostHealthy], total)
-	for _, st := range []reconcile.HostState{reconcile.HostApplying, reconcile.HostSoaking, reconcile.HostFailed, reconcile.HostReverting, reconcile.HostReverted} {
-		if counts[st] > 0 {
-			s += fmt.Sprintf(", %d %s", counts[st], st)
-		}
-	}
-	return s
+	return fmt.Errorf("--hosts %q: want all, failed or pending", string(f))
 }
 
-// printRolloutStatus writes the status of one rollout: a header and a
-// table of its hosts.
-func printRolloutStatus(out io.Writer, v registry.RolloutView, ph reconcile.Phase, now time.Time) error {
-	r := v.Rollout
+// hosts are v's hosts f lists, in rollout order (v read with progress).
+func (f hostFilter) hosts(v rollout.View) []string {
+	if f == "" || v.Progress == nil {
+		return nil
+	}
+	var out []string
+	for _, h := range v.Record.Hosts {
+		st, _, _ := v.HostState(h)
+		switch {
+		case f == "all",
+			f == "failed" && (st == rollout.HostFailed || st == rollout.HostReverting || st == rollout.HostReverted),
+			f == "pending" && st != rollout.HostHealthy:
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// progressBar is "[########------------] 40%".
+func progressBar(v rollout.View) string {
+	const width = 20
+	total := len(v.Record.Hosts)
+	n, pct := 0, 0
+	if total > 0 {
+		n = v.Count(rollout.HostHealthy) * width / total
+		pct = v.Count(rollout.HostHealthy) * 100 / total
+	}
+	return "[" + strings.Repeat("#", n) + strings.Repeat("-", width-n) + "] " + strconv.Itoa(pct) + "%"
+}
+
+// printRolloutStatus writes the status of one rollout: a header, one line
+// of counters, the first offenders, and the hosts --hosts asks for.
+func printRolloutStatus(out io.Writer, v rollout.View, ph rollout.Phase, which hostFilter, now time.Time) error {
+	r := v.Record
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "rollout %s of group %s: %s\n", r.ID, r.Group, strings.Join(slices.Sorted(maps.Keys(r.Units)), ", "))
 	fmt.Fprintf(&b, "phase:    %s\n", describePhase(v, ph))
 	fmt.Fprintf(&b, "strategy: %s\n", describeStrategy(r.Strategy))
-	fmt.Fprintf(&b, "waves:    %s of %d %s\n", joinInts(r.WaveEnds), len(r.Hosts), plural(len(r.Hosts), "host", "hosts"))
+	fmt.Fprintf(&b, "waves:    %s of %d %s\n", joinWaveEnds(r.WaveEnds), len(r.Hosts), plural(len(r.Hosts), "host", "hosts"))
 	started := fmt.Sprintf("started:  %s (%s ago)", r.CreatedAt.Local().Format(time.DateTime), ago(now.Sub(r.CreatedAt)))
 	if r.By != "" {
 		started += " by " + r.By
@@ -664,33 +673,66 @@ func printRolloutStatus(out io.Writer, v registry.RolloutView, ph reconcile.Phas
 	if e := r.End; e != nil {
 		fmt.Fprintf(&b, "ended:    %s, %s%s\n", e.At.Local().Format(time.DateTime), e.State, prefixed(e.Reason))
 	}
-	fmt.Fprintln(&b, progressBar(v))
-	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tWAVE\tSTATE\tFOR\tREASON")
-	for _, h := range r.Hosts {
-		st, reason, since := hostState(v, h)
-		dur := "-"
-		if !since.IsZero() {
-			dur = ago(now.Sub(since))
+	fmt.Fprintf(&b, "coordinator: %s\n", describeCoordinator(v, now))
+	fmt.Fprintf(&b, "%s %s\n", progressBar(v), counters(v))
+	if s := v.Summary; s != nil && len(s.Offenders) > 0 {
+		fmt.Fprintln(&b, "first offenders:")
+		for _, o := range s.Offenders {
+			fmt.Fprintf(&b, "  %s (wave %d): %s%s\n", o.Host, o.Wave+1, o.State, prefixed(o.Reason))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", h, r.Wave(h)+1, st, dur, orDash(reason))
 	}
-	if err := tw.Flush(); err != nil {
-		return err
+	if hosts := which.hosts(v); len(hosts) > 0 {
+		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "HOST\tWAVE\tSTATE\tFOR\tREASON")
+		for _, h := range hosts {
+			st, reason, since := v.HostState(h)
+			dur := "-"
+			if !since.IsZero() {
+				dur = ago(now.Sub(since))
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\n", h, r.Wave(h)+1, st, dur, orDash(reason))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	} else if which == "" && len(r.Hosts) > 0 {
+		fmt.Fprintf(&b, "(each host: agentd rollout status %s --hosts all|failed|pending)\n", r.ID)
 	}
 	_, err := b.WriteTo(out)
 	return err
 }
 
+// describeCoordinator names the group's coordinator, or says since when
+// there is none (by the summary's last write).
+func describeCoordinator(v rollout.View, now time.Time) string {
+	if v.Coordinator != "" {
+		return v.Coordinator
+	}
+	if s := v.Summary; s != nil {
+		return fmt.Sprintf("none for group %s since %s (its last summary, by %s); the rollout goes on when one of its agents runs", v.Record.Group, ago(now.Sub(s.At)), orDash(s.Coordinator))
+	}
+	return "none for group " + v.Record.Group + " yet; the rollout starts when one of its agents runs"
+}
+
+// joinWaveEnds is "1, 3, 5".
+func joinWaveEnds(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ", ")
+}
+
 // statusSignature changes when anything `rollout status` shows changes,
 // but the times.
-func statusSignature(v registry.RolloutView, ph reconcile.Phase) string {
-	r := v.Rollout
+func statusSignature(v rollout.View, ph rollout.Phase) string {
+	r := v.Record
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s|%d|%s|%v|%s|%v|%v|%v", ph.State, ph.Wave, ph.Reason, r.Paused, r.PauseReason, r.Abort != nil, r.End != nil, r.Gated)
-	for _, h := range r.Hosts {
-		st, reason, _ := hostState(v, h)
-		fmt.Fprintf(&b, "|%s=%s:%s", h, st, reason)
+	fmt.Fprintf(&b, "%s|%d|%s|%v|%s|%v|%v|%v|%s|%s", ph.State, ph.Wave, ph.Reason, r.Paused, r.PauseReason, r.Abort != nil, r.End != nil, r.Gated, counters(v), v.Coordinator)
+	if s := v.Summary; s != nil {
+		for _, o := range s.Offenders {
+			fmt.Fprintf(&b, "|%s=%s:%s", o.Host, o.State, o.Reason)
+		}
 	}
 	return b.String()
 }
@@ -729,7 +771,7 @@ func newRolloutLsCmd() *cobra.Command {
 				}
 			}
 			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
-				all, err := reg.Rollouts(ctx, group)
+				all, err := reg.Rollouts(ctx, group, false)
 				if err != nil {
 					return err
 				}
@@ -738,16 +780,16 @@ func newRolloutLsCmd() *cobra.Command {
 				if asJSON {
 					items := []rolloutSummary{}
 					for _, v := range all {
-						items = append(items, summarize(v, v.Phase(now)))
+						items = append(items, summarize(v, v.Phase(), ""))
 					}
 					return writeJSON(out, items)
 				}
 				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tGROUP\tUNITS\tSTATE\tWAVE\tHEALTHY\tAGE\tBY")
 				for _, v := range all {
-					r, ph := v.Rollout, v.Phase(now)
+					r, ph := v.Record, v.Phase()
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%d/%d\t%s\t%s\n", r.ID, r.Group, strings.Join(slices.Sorted(maps.Keys(r.Units)), ","),
-						ph.State, phaseWave(v, ph), len(r.WaveEnds), len(hostsIn(v, reconcile.HostHealthy)), len(r.Hosts), ago(now.Sub(r.CreatedAt)), orDash(r.By))
+						ph.State, phaseWave(v, ph), len(r.WaveEnds), v.Count(rollout.HostHealthy), len(r.Hosts), ago(now.Sub(r.CreatedAt)), orDash(r.By))
 				}
 				return tw.Flush()
 			})
@@ -764,14 +806,21 @@ func newRolloutStatusCmd() *cobra.Command {
 		ef     etcdFlags
 		watch  bool
 		asJSON bool
+		which  string
 	)
 	cmd := &cobra.Command{
-		Use:   "status ID [--watch]",
-		Short: "Show a rollout: its phase, strategy and every host's state",
-		Long: `Show a rollout: its phase (running, paused, waiting-promote, waiting-gate,
-done, failed, aborted, superseded), strategy, who started it and why, a
-progress bar, and per host its wave, state (pending, applying, soaking,
-healthy, failed, reverting, reverted), the reason and the time in that state.
+		Use:   "status ID [--watch] [--hosts all|failed|pending]",
+		Short: "Show a rollout: its phase, strategy, a line of counters and the first offenders",
+		Long: `Show a rollout: its phase (starting, running, paused, waiting-promote,
+waiting-gate, done, failed, aborted, superseded), strategy, who started it and
+why, its coordinator, a progress bar with one line of counters (hosts healthy,
+applying, soaking, failed, reverting, reverted, waiting), and the first hosts
+that failed or hold it up, with why. All of it is read from the summary the
+group's coordinator keeps: one key, whatever the group's size.
+
+--hosts lists hosts one by one (wave, state, reason, time in that state):
+all, failed (failed, reverting, reverted) or pending (not healthy yet); that
+reads every host's progress.
 
 With --watch, show it again whenever it changes (redrawn in place on a
 terminal; JSON lines with --json) until it ends (and, when it reverts, until
@@ -779,42 +828,45 @@ every host went back); then exit 0 when it is done, 3 when it failed or was
 aborted, 5 when it was superseded.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			hf := hostFilter(which)
+			if err := hf.check(); err != nil {
+				return withCode(exitUsage, err)
+			}
 			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
 				out := cmd.OutOrStdout()
 				if !watch {
-					v, err := reg.Rollout(ctx, args[0])
+					v, err := reg.Rollout(ctx, args[0], hf != "")
 					if err != nil {
 						return err
 					}
 					now := time.Now()
-					ph := v.Phase(now)
+					ph := v.Phase()
 					if asJSON {
-						return writeJSON(out, summarize(v, ph))
+						return writeJSON(out, summarize(v, ph, hf))
 					}
-					return printRolloutStatus(out, v, ph, now)
+					return printRolloutStatus(out, v, ph, hf, now)
 				}
 				return watchRollout(ctx, reg, args[0], out, asJSON)
 			})
 		},
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
+	cmd.Flags().StringVar(&which, "hosts", "", "also list hosts one by one: all, failed or pending")
 	cmd.Flags().BoolVar(&watch, "watch", false, "show it again at every change until it ends")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (with --watch, one line per change)")
 	return cmd
 }
 
-// watchRollout is `rollout status --watch`.
+// watchRollout is `rollout status --watch`: it follows the record and
+// the summary only, redrawn in place on a terminal.
 func watchRollout(ctx context.Context, reg *registry.Client, id string, out io.Writer, asJSON bool) error {
-	tty := false
-	if f, ok := out.(*os.File); ok && !asJSON {
-		tty = term.IsTerminal(int(f.Fd())) && os.Getenv("TERM") != "dumb"
-	}
+	tty := !asJSON && isTerminal(out)
 	var (
 		last  string
 		drawn int
 		werr  error
 	)
-	show := func(v registry.RolloutView, ph reconcile.Phase, now time.Time) {
+	show := func(v rollout.View, ph rollout.Phase, now time.Time) {
 		sig := statusSignature(v, ph)
 		if sig == last && !tty {
 			return
@@ -822,10 +874,10 @@ func watchRollout(ctx context.Context, reg *registry.Client, id string, out io.W
 		last = sig
 		switch {
 		case asJSON:
-			writeJSONLine(out, summarize(v, ph))
+			writeJSONLine(out, summarize(v, ph, ""))
 		case tty:
 			var b bytes.Buffer
-			werr = printRolloutStatus(&b, v, ph, now)
+			werr = printRolloutStatus(&b, v, ph, "", now)
 			if drawn > 0 {
 				fmt.Fprintf(out, "\x1b[%dA", drawn)
 			}
@@ -842,7 +894,7 @@ func watchRollout(ctx context.Context, reg *registry.Client, id string, out io.W
 				fmt.Fprintln(out)
 			}
 			drawn++
-			werr = printRolloutStatus(out, v, ph, now)
+			werr = printRolloutStatus(out, v, ph, "", now)
 		}
 	}
 	f := &rolloutFollow{reg: reg, id: id, every: 500 * time.Millisecond, show: show}
@@ -850,7 +902,7 @@ func watchRollout(ctx context.Context, reg *registry.Client, id string, out io.W
 	if werr != nil {
 		return werr
 	}
-	if errors.Is(err, context.Canceled) && v.Rollout != nil {
+	if errors.Is(err, context.Canceled) && v.Record != nil {
 		return nil // interrupted: the rollout goes on
 	}
 	if err != nil {
@@ -863,7 +915,7 @@ func watchRollout(ctx context.Context, reg *registry.Client, id string, out io.W
 // applied to the record as read (again on a race) and written back, and
 // its message printed; errNoChange writes nothing and prints the message.
 func controlCmd(use, short, long string, bind func(cmd *cobra.Command),
-	change func(v registry.RolloutView, now time.Time, by string) (msg string, err error)) *cobra.Command {
+	change func(v rollout.View, now time.Time, by string) (msg string, err error)) *cobra.Command {
 	var (
 		ef     etcdFlags
 		asJSON bool
@@ -875,7 +927,7 @@ func controlCmd(use, short, long string, bind func(cmd *cobra.Command),
 			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
 				by := storedBy()
 				var msg string
-				v, err := reg.UpdateRollout(ctx, args[0], func(v registry.RolloutView) error {
+				v, err := reg.UpdateRollout(ctx, args[0], func(v rollout.View) error {
 					var err error
 					msg, err = change(v, time.Now().UTC(), by)
 					return err
@@ -885,7 +937,7 @@ func controlCmd(use, short, long string, bind func(cmd *cobra.Command),
 				}
 				out := cmd.OutOrStdout()
 				if asJSON {
-					return writeJSON(out, summarize(v, v.Phase(time.Now())))
+					return writeJSON(out, summarize(v, v.Phase(), ""))
 				}
 				fmt.Fprintln(out, msg)
 				return nil
@@ -901,9 +953,9 @@ func controlCmd(use, short, long string, bind func(cmd *cobra.Command),
 }
 
 // refuseEnded refuses to steer a rollout that ended.
-func refuseEnded(v registry.RolloutView, ph reconcile.Phase, verb string) error {
-	if ended(ph.State) {
-		return fmt.Errorf("rollout %s has ended (%s%s): nothing to %s", v.Rollout.ID, ph.State, prefixed(ph.Reason), verb)
+func refuseEnded(v rollout.View, ph rollout.Phase, verb string) error {
+	if ph.State.Ended() {
+		return fmt.Errorf("rollout %s has ended (%s%s): nothing to %s", v.Record.ID, ph.State, prefixed(ph.Reason), verb)
 	}
 	return nil
 }
@@ -915,8 +967,8 @@ func newRolloutPauseCmd() *cobra.Command {
 finish their soak. "agentd rollout resume ID" goes on. A paused rollout's
 --progress-deadline does not run.`,
 		func(cmd *cobra.Command) { cmd.Flags().StringVar(&reason, "reason", "", "why, shown in rollout status") },
-		func(v registry.RolloutView, now time.Time, by string) (string, error) {
-			r, ph := v.Rollout, v.Phase(now)
+		func(v rollout.View, now time.Time, by string) (string, error) {
+			r, ph := v.Record, v.Phase()
 			if err := refuseEnded(v, ph, "pause"); err != nil {
 				return "", err
 			}
@@ -928,14 +980,14 @@ finish their soak. "agentd rollout resume ID" goes on. A paused rollout's
 				r.PauseReason += ": " + reason
 			}
 			return fmt.Sprintf("rollout %s paused at wave %d of %d (%s): no host starts taking it; `agentd rollout resume %s` goes on",
-				r.ID, phaseWave(v, ph), len(r.WaveEnds), healthyCount(v), r.ID), nil
+				r.ID, phaseWave(v, ph), len(r.WaveEnds), counters(v), r.ID), nil
 		})
 }
 
 func newRolloutResumeCmd() *cobra.Command {
 	return controlCmd("resume ID", "Resume a paused rollout", "", nil,
-		func(v registry.RolloutView, now time.Time, _ string) (string, error) {
-			r, ph := v.Rollout, v.Phase(now)
+		func(v rollout.View, now time.Time, _ string) (string, error) {
+			r, ph := v.Record, v.Phase()
 			if err := refuseEnded(v, ph, "resume"); err != nil {
 				return "", err
 			}
@@ -952,13 +1004,13 @@ func newRolloutPromoteCmd() *cobra.Command {
 		`Send a rollout on: after --pause-after-canary (waiting-promote), after a pause
 (as resume), or past its gate (waiting-gate, or paused by a failed gate: the
 wave opens without the gate command). Exit 1 when nothing holds it.`, nil,
-		func(v registry.RolloutView, now time.Time, _ string) (string, error) {
-			r, ph := v.Rollout, v.Phase(now)
+		func(v rollout.View, now time.Time, _ string) (string, error) {
+			r, ph := v.Record, v.Phase()
 			if err := refuseEnded(v, ph, "promote"); err != nil {
 				return "", err
 			}
 			switch ph.State {
-			case reconcile.RolloutWaitingPromote, reconcile.RolloutPaused, reconcile.RolloutWaitingGate:
+			case rollout.WaitingPromote, rollout.Paused, rollout.WaitingGate:
 			default:
 				return "", fmt.Errorf("rollout %s is not paused (%s): nothing to promote", r.ID, describePhase(v, ph))
 			}
@@ -982,25 +1034,24 @@ previous version back in the keys for every host.`,
 		func(cmd *cobra.Command) {
 			cmd.Flags().BoolVar(&revert, "revert", false, "put the hosts that took the change back on the previous version")
 		},
-		func(v registry.RolloutView, now time.Time, by string) (string, error) {
-			r, ph := v.Rollout, v.Phase(now)
+		func(v rollout.View, now time.Time, by string) (string, error) {
+			r, ph := v.Record, v.Phase()
 			if err := refuseEnded(v, ph, "abort"); err != nil {
 				return "", err
 			}
 			reason := "aborted by " + by
-			took := holding(v)
 			what := "the hosts that took it keep it"
 			if revert {
 				reason += ", with --revert"
 				what = "the hosts that took it go back to the previous version"
 			}
-			if len(took) > 0 {
-				what += " (" + strings.Join(took, ", ") + ")"
-			} else {
+			if v.Summary.Holding() > 0 {
+				what += " (" + v.Summary.Named(holdingStates...) + ")"
+			} else if v.Summary != nil {
 				what = "no host had taken it"
 			}
-			r.Abort = &reconcile.RolloutAbort{Revert: revert, At: now, By: by}
-			r.End = &reconcile.RolloutEnd{State: reconcile.RolloutAborted, Reason: reason, At: now}
+			r.Abort = &rollout.Abort{Revert: revert, At: now, By: by}
+			r.End = &rollout.End{State: rollout.Aborted, Reason: reason, At: now}
 			return fmt.Sprintf("rollout %s aborted at wave %d of %d: no host takes it any more; %s; follow it with agentd rollout status %s --watch",
 				r.ID, phaseWave(v, ph), len(r.WaveEnds), what, r.ID), nil
 		})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
 )
 
@@ -96,12 +97,12 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 	plainReq := etcdRequests(etcd) - req0
 
 	// The rollout of v2 in waves of 10%.
-	var waves []reconcile.Count
+	var waves []rollout.Count
 	for p := 10; p <= 100; p += 10 {
-		waves = append(waves, reconcile.Count{N: p, Percent: true})
+		waves = append(waves, rollout.Count{N: p, Percent: true})
 	}
-	s := reconcile.Strategy{Waves: waves, Soak: soak, MaxRestarts: -1}
-	r := &reconcile.Rollout{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: hosts, WaveEnds: s.WaveEnds(n), By: "bench"}
+	s := rollout.Strategy{Waves: waves, Soak: soak, MaxRestarts: -1}
+	r := &rollout.Record{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: hosts, WaveEnds: s.WaveEnds(n), By: "bench"}
 	for _, a := range fleet.agents {
 		a.sd.reset()
 	}
@@ -110,10 +111,10 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 	if _, err := reg.Put(ctx, target, map[string][]byte{scaleUnitName: scaleUnit(2)}, registry.WithRollout(r, false)); err != nil {
 		b.Fatal(err)
 	}
-	var v registry.RolloutView
+	var v rollout.View
 	for {
-		v, err = reg.Rollout(ctx, r.ID)
-		if err == nil && v.Rollout.End != nil {
+		v, err = reg.Rollout(ctx, r.ID, false)
+		if err == nil && v.Record.End != nil {
 			break
 		}
 		if time.Since(t1) > 10*time.Minute {
@@ -122,14 +123,14 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 		time.Sleep(100 * time.Millisecond)
 	}
 	total := time.Since(t1)
-	if v.Rollout.End.State != reconcile.RolloutDone {
-		b.Fatalf("rollout ended %+v", v.Rollout.End)
+	if v.Record.End.State != rollout.Done {
+		b.Fatalf("rollout ended %+v", v.Record.End)
 	}
 	time.Sleep(time.Second)
 	rollReq := etcdRequests(etcd) - req1
 
 	var per []string
-	prev := v.Rollout.CreatedAt
+	prev := v.Record.CreatedAt
 	var worst time.Duration
 	var toJob, toHealthy []time.Duration
 	byHost := map[string]*scaleAgent{}
@@ -137,9 +138,9 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 		byHost[a.host] = a
 	}
 	var firstOfWave []time.Duration
-	for w := range v.Rollout.WaveEnds {
+	for w := range v.Record.WaveEnds {
 		var last, first time.Time
-		for _, h := range v.Rollout.WaveHosts(w) {
+		for _, h := range v.Record.WaveHosts(w) {
 			p := v.Progress[h]
 			if p != nil && p.HealthyAt.After(last) {
 				last = p.HealthyAt
@@ -181,7 +182,7 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 		fmt.Sprintf("; wave before done → host restarted p50 %v p99 %v; restarted → recorded healthy p50 %v p99 %v",
 			pct(toJob, .5), pct(toJob, .99), pct(toHealthy, .5), pct(toHealthy, .99))
 	return breakdown + "\n" + fmt.Sprintf("agents=%d soak=%v: plain put to all %v, %.1f etcd requests per host; rollout in %d waves %v (%.1f etcd requests per host); per wave beyond the soak, ms: %s (worst %v); agent warnings %d\n",
-		n, soak, plain.Round(time.Millisecond), float64(plainReq)/float64(n), len(v.Rollout.WaveEnds), total.Round(time.Millisecond),
+		n, soak, plain.Round(time.Millisecond), float64(plainReq)/float64(n), len(v.Record.WaveEnds), total.Round(time.Millisecond),
 		float64(rollReq)/float64(n), strings.Join(per, " "), worst.Round(time.Millisecond), warn)
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
 )
@@ -22,7 +23,7 @@ import (
 
 // startRollout puts content for app.service to group web as a rollout with
 // strategy s, as `unit put --group web --canary …` does.
-func (f *fleet) startRollout(content string, s reconcile.Strategy) *reconcile.Rollout {
+func (f *fleet) startRollout(content string, s rollout.Strategy) *rollout.Record {
 	f.t.Helper()
 	hosts := make([]string, len(f.hosts))
 	for i, e := range f.hosts {
@@ -32,7 +33,7 @@ func (f *fleet) startRollout(content string, s reconcile.Strategy) *reconcile.Ro
 	if s.MaxRestarts == 0 {
 		s.MaxRestarts = -1
 	}
-	r := &reconcile.Rollout{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: hosts, WaveEnds: s.WaveEnds(len(hosts)), By: "test"}
+	r := &rollout.Record{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: hosts, WaveEnds: s.WaveEnds(len(hosts)), By: "test"}
 	if err := s.Validate(); err != nil {
 		f.t.Fatal(err)
 	}
@@ -44,7 +45,7 @@ func (f *fleet) startRollout(content string, s reconcile.Strategy) *reconcile.Ro
 }
 
 // waitRollout waits until the rollout's phase satisfies ok.
-func (f *fleet) waitRollout(id string, within time.Duration, what string, ok func(registry.RolloutView, reconcile.Phase) bool) registry.RolloutView {
+func (f *fleet) waitRollout(id string, within time.Duration, what string, ok func(rollout.View, rollout.Phase) bool) rollout.View {
 	f.t.Helper()
 	deadline := time.Now().Add(within)
 	for {
@@ -61,12 +62,12 @@ func (f *fleet) waitRollout(id string, within time.Duration, what string, ok fun
 	}
 }
 
-func describeRollout(v registry.RolloutView) string {
-	if v.Rollout == nil {
+func describeRollout(v rollout.View) string {
+	if v.Record == nil {
 		return "<none>"
 	}
-	s := fmt.Sprintf("end=%+v paused=%v", v.Rollout.End, v.Rollout.Paused)
-	for _, h := range v.Rollout.Hosts {
+	s := fmt.Sprintf("end=%+v paused=%v", v.Record.End, v.Record.Paused)
+	for _, h := range v.Record.Hosts {
 		if p := v.Progress[h]; p != nil {
 			s += fmt.Sprintf(" %s=%s(%s)", h, p.State, p.Reason)
 		} else {
@@ -87,15 +88,15 @@ func TestRolloutFailedCanaryIsRevertedAndOthersNeverTakeIt(t *testing.T) {
 	f.put(good, 0)
 	before := f.pids()
 	bad := f.unit("/bin/sleep 1001", policy+"\nHealthCmd=/bin/false\nHealthIntervalSec=200ms\nHealthRetries=2")
-	r := f.startRollout(bad, reconcile.Strategy{Canary: reconcile.Count{N: 1}, AutoRevert: true})
-	v := f.waitRollout(r.ID, 60*time.Second, "failed with h1 reverted", func(v registry.RolloutView, ph reconcile.Phase) bool {
+	r := f.startRollout(bad, rollout.Strategy{Canary: rollout.Count{N: 1}, AutoRevert: true})
+	v := f.waitRollout(r.ID, 60*time.Second, "failed with h1 reverted", func(v rollout.View, ph rollout.Phase) bool {
 		p := v.Progress["h1"]
-		return v.Rollout.End != nil && p != nil && p.State == reconcile.HostReverted
+		return v.Record.End != nil && p != nil && p.State == rollout.HostReverted
 	})
-	if v.Rollout.End.State != reconcile.RolloutFailed {
-		t.Fatalf("rollout ended %+v, want failed", v.Rollout.End)
+	if v.Record.End.State != rollout.Failed {
+		t.Fatalf("rollout ended %+v, want failed", v.Record.End)
 	}
-	t.Logf("rollout %s: %s", r.ID, v.Rollout.End.Reason)
+	t.Logf("rollout %s: %s", r.ID, v.Record.End.Reason)
 	after := f.pids()
 	for _, e := range f.hosts {
 		if got, _ := e.readLocal("app.service"); got != good {
@@ -146,7 +147,7 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 		}
 		return id != ""
 	})
-	f.waitRollout(id, 30*time.Second, "taken by h1", func(v registry.RolloutView, ph reconcile.Phase) bool { return v.Progress["h1"].Took() })
+	f.waitRollout(id, 30*time.Second, "taken by h1", func(v rollout.View, ph rollout.Phase) bool { return v.Progress["h1"].Took() })
 	kill()
 	t.Logf("the CLI, killed once h1 took the change, said:\n%s", <-cliDone)
 	v0, err := f.reg.Rollout(context.Background(), id)
@@ -159,18 +160,18 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 	}
 	// Pause once the second wave's hosts took the change: they finish,
 	// the third wave does not start.
-	f.waitRollout(r.ID, 60*time.Second, "taken by wave 2", func(v registry.RolloutView, ph reconcile.Phase) bool {
+	f.waitRollout(r.ID, 60*time.Second, "taken by wave 2", func(v rollout.View, ph rollout.Phase) bool {
 		return v.Progress["h2"].Took() && v.Progress["h3"].Took()
 	})
-	if _, err := f.reg.UpdateRollout(context.Background(), r.ID, func(v registry.RolloutView) error {
-		v.Rollout.Paused, v.Rollout.PausedAt = true, time.Now()
+	if _, err := f.reg.UpdateRollout(context.Background(), r.ID, func(v rollout.View) error {
+		v.Record.Paused, v.Record.PausedAt = true, time.Now()
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
 	pausedAt := time.Now()
-	f.waitRollout(r.ID, 30*time.Second, "wave 2 done", func(v registry.RolloutView, ph reconcile.Phase) bool {
-		return v.Progress["h2"] != nil && v.Progress["h2"].State == reconcile.HostHealthy && v.Progress["h3"] != nil && v.Progress["h3"].State == reconcile.HostHealthy
+	f.waitRollout(r.ID, 30*time.Second, "wave 2 done", func(v rollout.View, ph rollout.Phase) bool {
+		return v.Progress["h2"] != nil && v.Progress["h2"].State == rollout.HostHealthy && v.Progress["h3"] != nil && v.Progress["h3"].State == rollout.HostHealthy
 	})
 	time.Sleep(1500 * time.Millisecond)
 	for _, ev := range f.readEvents() {
@@ -178,8 +179,8 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 			t.Fatalf("%s restarted while the rollout was paused (paused %v ago)", ev.host, time.Since(pausedAt).Round(time.Millisecond))
 		}
 	}
-	if _, err := f.reg.UpdateRollout(context.Background(), r.ID, func(v registry.RolloutView) error {
-		v.Rollout.Paused, v.Rollout.ResumedAt = false, time.Now()
+	if _, err := f.reg.UpdateRollout(context.Background(), r.ID, func(v rollout.View) error {
+		v.Record.Paused, v.Record.ResumedAt = false, time.Now()
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -187,9 +188,9 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 	if out, code := e.cli("rollout", "status", r.ID, "--watch"); code != 0 || !strings.Contains(out, "done") {
 		t.Fatalf("rollout status --watch: exit %d, want 0 and done\n%s", code, out)
 	}
-	v := f.waitRollout(r.ID, 10*time.Second, "done", func(v registry.RolloutView, ph reconcile.Phase) bool { return v.Rollout.End != nil })
-	if v.Rollout.End.State != reconcile.RolloutDone {
-		t.Fatalf("rollout ended %+v", v.Rollout.End)
+	v := f.waitRollout(r.ID, 10*time.Second, "done", func(v rollout.View, ph rollout.Phase) bool { return v.Record.End != nil })
+	if v.Record.End.State != rollout.Done {
+		t.Fatalf("rollout ended %+v", v.Record.End)
 	}
 	f.waitRolledOut(next, 30*time.Second)
 
@@ -259,14 +260,14 @@ func TestRolloutSoakSurvivesAgentSIGKILL(t *testing.T) {
 	eventually(t, "v1 runs", func() bool { return h.ActiveState(t, "app.service") == "active" })
 	v2 := f.unit("/bin/sleep 1001", "HealthySec=0.2")
 	soak := 4 * time.Second
-	s := reconcile.Strategy{Soak: soak, MaxRestarts: -1}
-	r := &reconcile.Rollout{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: []string{"h1"}, WaveEnds: s.WaveEnds(1)}
+	s := rollout.Strategy{Soak: soak, MaxRestarts: -1}
+	r := &rollout.Record{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: []string{"h1"}, WaveEnds: s.WaveEnds(1)}
 	if _, err := reg.Put(ctx, tg, map[string][]byte{"app.service": []byte(v2)}, registry.WithRollout(r, false)); err != nil {
 		t.Fatal(err)
 	}
 	f.hosts = nil
-	v := f.waitRollout(r.ID, 30*time.Second, "soaking on h1", func(v registry.RolloutView, ph reconcile.Phase) bool {
-		return v.Progress["h1"] != nil && v.Progress["h1"].State == reconcile.HostSoaking
+	v := f.waitRollout(r.ID, 30*time.Second, "soaking on h1", func(v rollout.View, ph rollout.Phase) bool {
+		return v.Progress["h1"] != nil && v.Progress["h1"].State == rollout.HostSoaking
 	})
 	soakingSince := v.Progress["h1"].Since
 	pid := h.MainPID(t, "app.service")
@@ -274,10 +275,10 @@ func TestRolloutSoakSurvivesAgentSIGKILL(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	startCrashAgent(t, h, etcd.Endpoint(), "h1", "--group", "web")
 	restartedAt := time.Now()
-	v = f.waitRollout(r.ID, 30*time.Second, "done", func(v registry.RolloutView, ph reconcile.Phase) bool { return v.Rollout.End != nil })
+	v = f.waitRollout(r.ID, 30*time.Second, "done", func(v rollout.View, ph rollout.Phase) bool { return v.Record.End != nil })
 	p := v.Progress["h1"]
-	if v.Rollout.End.State != reconcile.RolloutDone || p.State != reconcile.HostHealthy {
-		t.Fatalf("rollout %+v, h1 %+v", v.Rollout.End, p)
+	if v.Record.End.State != rollout.Done || p.State != rollout.HostHealthy {
+		t.Fatalf("rollout %+v, h1 %+v", v.Record.End, p)
 	}
 	// Resumed: healthy when the first soak ends; started over, it would be
 	// a whole soak after the restart at the earliest.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/agentd/agentd/control"
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
 )
 
@@ -30,9 +31,9 @@ func TestRolloutRmOnAgentsAndStatus(t *testing.T) {
 		t.Fatalf("unit rm as a rollout: exit %d", code)
 	}
 	id := rolloutID(t, out)
-	f.waitRollout(id, 30*time.Second, "soaking on h1", func(v registry.RolloutView, ph reconcile.Phase) bool {
+	f.waitRollout(id, 30*time.Second, "soaking on h1", func(v rollout.View, ph rollout.Phase) bool {
 		p := v.Progress["h1"]
-		return p != nil && p.State == reconcile.HostSoaking
+		return p != nil && p.State == rollout.HostSoaking
 	})
 	if _, ok := h1.readLocal("app.service"); ok {
 		t.Error("h1 (the canary) still has app.service on disk")
@@ -63,15 +64,15 @@ func TestRolloutRmOnAgentsAndStatus(t *testing.T) {
 	}
 	var st control.StatusReply
 	if err := json.Unmarshal([]byte(status(h2, "--json")), &st); err != nil || len(st.Rollouts) != 1 || st.Rollouts[0].ID != id ||
-		st.Rollouts[0].HostState != reconcile.HostPending || st.Rollouts[0].HostWave != 2 || !slices.Equal(st.Rollouts[0].Units, []string{"app.service"}) {
+		st.Rollouts[0].HostState != rollout.HostPending || st.Rollouts[0].HostWave != 2 || !slices.Equal(st.Rollouts[0].Units, []string{"app.service"}) {
 		t.Errorf("status --json rollouts: %+v (%v)", st.Rollouts, err)
 	}
 	if out, code := h1.cli("rollout", "abort", id, "--revert", "--etcd-endpoints", h1.endpoint); code != 0 {
 		t.Fatalf("rollout abort --revert: exit %d\n%s", code, out)
 	}
-	f.waitRollout(id, 30*time.Second, "h1 reverted", func(v registry.RolloutView, ph reconcile.Phase) bool {
+	f.waitRollout(id, 30*time.Second, "h1 reverted", func(v rollout.View, ph rollout.Phase) bool {
 		p := v.Progress["h1"]
-		return p != nil && p.State == reconcile.HostReverted
+		return p != nil && p.State == rollout.HostReverted
 	})
 	if got, ok := h1.readLocal("app.service"); !ok || got != app {
 		t.Error("h1 did not get app.service back after abort --revert")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
 )
 
@@ -64,8 +65,8 @@ func TestRolloutRm(t *testing.T) {
 		t.Error("wave 2 started before the canary was healthy")
 	}
 	v := e.view(t, id)
-	r := v.Rollout
-	if r.End == nil || r.End.State != reconcile.RolloutDone || r.Reason != "retire hello" || r.By != storedBy() {
+	r := v.Record
+	if r.End == nil || r.End.State != rollout.Done || r.Reason != "retire hello" || r.By != storedBy() {
 		t.Errorf("end %+v, reason %q, by %q", r.End, r.Reason, r.By)
 	}
 	if len(r.Units) != 2 {
@@ -91,7 +92,7 @@ func TestRolloutRm(t *testing.T) {
 		t.Fatalf("rm as a rollout: exit %d", code)
 	}
 	id2 := rolloutID(t, out)
-	if ph := e.view(t, id2).Phase(time.Now()); ph.State != reconcile.RolloutRunning {
+	if ph := e.view(t, id2).Phase(time.Now()); ph.State != rollout.Running {
 		t.Fatalf("the rm rollout is %s", ph.State)
 	}
 	// Putting the key back, or reverting the removal, as a rollout:
@@ -191,12 +192,12 @@ func TestRolloutRevert(t *testing.T) {
 			t.Errorf("revert --wait output lacks %q", want)
 		}
 	}
-	if old := e.view(t, id).Rollout; old.End == nil || old.End.State != reconcile.RolloutSuperseded {
+	if old := e.view(t, id).Rollout; old.End == nil || old.End.State != rollout.Superseded {
 		t.Errorf("the first revert's end: %+v", old.End)
 	}
 	// The version before v1 (current) was v2: it went back to it.
 	r2 := e.view(t, id2).Rollout
-	if u := r2.Units["hello.service"]; u.From == nil || *u.From != string(c1) || u.ToHash != reconcile.Hash(c2) || r2.End == nil || r2.End.State != reconcile.RolloutDone {
+	if u := r2.Units["hello.service"]; u.From == nil || *u.From != string(c1) || u.ToHash != reconcile.Hash(c2) || r2.End == nil || r2.End.State != rollout.Done {
 		t.Errorf("the second revert's rollout: %+v, end %+v", u, r2.End)
 	}
 }

@@ -16,13 +16,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // The rollout CLI against a real etcd, with no agent: the hosts are
 // member records, and the agents' side of a rollout (each host's
-// progress) is written by the test (simAgents) as reconcile.Phase allows.
+// progress) is written by the test (simAgents) as rollout.Phase allows.
 
 // rolloutEnv is an etcd whose group "web" has the given members (member
 // records: known, not live), and a directory for unit files.
@@ -87,7 +88,7 @@ func (e *rolloutEnv) dump(t *testing.T) map[string]string {
 	return out
 }
 
-func (e *rolloutEnv) view(t *testing.T, id string) registry.RolloutView {
+func (e *rolloutEnv) view(t *testing.T, id string) rollout.View {
 	t.Helper()
 	v, err := e.reg.Rollout(t.Context(), id)
 	if err != nil {
@@ -97,9 +98,9 @@ func (e *rolloutEnv) view(t *testing.T, id string) registry.RolloutView {
 }
 
 // progress writes host's progress in rollout id, as its agent would.
-func (e *rolloutEnv) progress(ctx context.Context, id, host string, st reconcile.HostState, reason string) error {
-	p := reconcile.HostProgress{State: st, Since: time.Now().UTC(), Reason: reason}
-	if st == reconcile.HostHealthy {
+func (e *rolloutEnv) progress(ctx context.Context, id, host string, st rollout.HostState, reason string) error {
+	p := rollout.Progress{State: st, Since: time.Now().UTC(), Reason: reason}
+	if st == rollout.HostHealthy {
 		p.HealthyAt = p.Since
 	}
 	b, err := json.Marshal(p)
@@ -154,15 +155,15 @@ func (e *rolloutEnv) sim(ctx context.Context, fail func(host string) bool) error
 			return err
 		}
 		for _, v := range all {
-			r, now := v.Rollout, time.Now()
-			ph := v.Phase(now)
-			if ph.State == reconcile.RolloutSuperseded {
+			r, now := v.Record, time.Now()
+			ph := v.Phase()
+			if ph.State == rollout.Superseded {
 				continue
 			}
 			if r.End == nil && ph.End != nil {
-				if _, err := e.reg.UpdateRollout(ctx, r.ID, func(v registry.RolloutView) error {
-					if v.Rollout.End == nil {
-						v.Rollout.End = ph.End
+				if _, err := e.reg.UpdateRollout(ctx, r.ID, func(v rollout.View) error {
+					if v.Record.End == nil {
+						v.Record.End = ph.End
 					}
 					return nil
 				}); err != nil && ctx.Err() == nil {
@@ -171,20 +172,20 @@ func (e *rolloutEnv) sim(ctx context.Context, fail func(host string) bool) error
 			}
 			for _, h := range r.Hosts {
 				st, _, _ := hostState(v, h)
-				var next reconcile.HostState
+				var next rollout.HostState
 				reason := ""
 				switch {
-				case ended(ph.State) && reverts(r, ph) && (&reconcile.HostProgress{State: st}).Took():
-					next, reason = reconcile.HostReverting, "the rollout "+string(ph.State)
-				case st == reconcile.HostReverting:
-					next = reconcile.HostReverted
+				case ended(ph.State) && reverts(r, ph) && (&rollout.Progress{State: st}).Took():
+					next, reason = rollout.HostReverting, "the rollout "+string(ph.State)
+				case st == rollout.HostReverting:
+					next = rollout.HostReverted
 				case ended(ph.State):
-				case st == reconcile.HostPending && ph.State == reconcile.RolloutRunning && r.Wave(h) <= ph.Wave:
-					next, reason = reconcile.HostApplying, fmt.Sprintf("wave %d of %d", r.Wave(h)+1, len(r.WaveEnds))
-				case st == reconcile.HostApplying && fail != nil && fail(h):
-					next, reason = reconcile.HostFailed, "hello.service: exited 1"
-				case st == reconcile.HostApplying:
-					next = reconcile.HostHealthy
+				case st == rollout.HostPending && ph.State == rollout.Running && r.Wave(h) <= ph.Wave:
+					next, reason = rollout.HostApplying, fmt.Sprintf("wave %d of %d", r.Wave(h)+1, len(r.WaveEnds))
+				case st == rollout.HostApplying && fail != nil && fail(h):
+					next, reason = rollout.HostFailed, "hello.service: exited 1"
+				case st == rollout.HostApplying:
+					next = rollout.HostHealthy
 				}
 				if next != "" {
 					if err := e.progress(ctx, r.ID, h, next, reason); err != nil && ctx.Err() == nil {
@@ -294,7 +295,7 @@ func TestRolloutPutRecordsAndSupersedes(t *testing.T) {
 		t.Errorf("no warning about the members without a live agent:\n%s", stderr)
 	}
 	v := e.view(t, id)
-	r := v.Rollout
+	r := v.Record
 	if !slices.Equal(r.Hosts, []string{"h1", "h2", "h3", "h4", "h5"}) || !slices.Equal(r.WaveEnds, []int{1, 3, 5}) || r.Group != "web" {
 		t.Errorf("hosts %v, waves %v, group %s", r.Hosts, r.WaveEnds, r.Group)
 	}
@@ -306,7 +307,7 @@ func TestRolloutPutRecordsAndSupersedes(t *testing.T) {
 		t.Errorf("fresh.service in the rollout: %+v", u)
 	}
 	s := r.Strategy
-	if s.Canary != (reconcile.Count{N: 1}) || len(s.Waves) != 2 || s.Waves[0] != (reconcile.Count{N: 50, Percent: true}) || s.Soak != 30*time.Second ||
+	if s.Canary != (rollout.Count{N: 1}) || len(s.Waves) != 2 || s.Waves[0] != (rollout.Count{N: 50, Percent: true}) || s.Soak != 30*time.Second ||
 		!s.AutoRevert || s.MaxRestarts != -1 || s.PauseAfterCanary || s.GateCmd != "" {
 		t.Errorf("strategy %+v", s)
 	}
@@ -339,7 +340,7 @@ func TestRolloutPutRecordsAndSupersedes(t *testing.T) {
 			id2 = m[1]
 		}
 	}
-	if old := e.view(t, id).Rollout; old.End == nil || old.End.State != reconcile.RolloutSuperseded || old.End.Reason != "superseded by "+id2 {
+	if old := e.view(t, id).Rollout; old.End == nil || old.End.State != rollout.Superseded || old.End.Reason != "superseded by "+id2 {
 		t.Errorf("the first rollout's end: %+v", old.End)
 	}
 	if nr := e.view(t, id2).Rollout; len(nr.Hosts) != 6 || !slices.Equal(nr.WaveEnds, []int{2, 6}) || *nr.Units["hello.service"].From != content(v2) {
@@ -357,10 +358,10 @@ func TestRolloutPutRecordsAndSupersedes(t *testing.T) {
 	if out, _, code := e.run(t, "rollout", "ls", "--group", "db"); code != 0 || strings.Contains(out, id) {
 		t.Errorf("rollout ls --group db: exit %d\n%s", code, out)
 	}
-	if err := e.progress(t.Context(), id2, "h1", reconcile.HostHealthy, ""); err != nil {
+	if err := e.progress(t.Context(), id2, "h1", rollout.HostHealthy, ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.progress(t.Context(), id2, "h2", reconcile.HostSoaking, ""); err != nil {
+	if err := e.progress(t.Context(), id2, "h2", rollout.HostSoaking, ""); err != nil {
 		t.Fatal(err)
 	}
 	out, _, code = e.run(t, "rollout", "status", id2)
@@ -397,7 +398,7 @@ func TestRolloutPutRecordsAndSupersedes(t *testing.T) {
 	}
 	out, _, _ = e.run(t, "rollout", "status", id, "--json")
 	var sum rolloutSummary
-	if err := json.Unmarshal([]byte(out), &sum); err != nil || sum.Phase.State != reconcile.RolloutSuperseded || sum.Total != 5 || len(sum.Hosts) != 5 || sum.Rollout.Reason != "new TLS config" {
+	if err := json.Unmarshal([]byte(out), &sum); err != nil || sum.Phase.State != rollout.Superseded || sum.Total != 5 || len(sum.Hosts) != 5 || sum.Rollout.Reason != "new TLS config" {
 		t.Errorf("status --json: %v\n%s", err, out)
 	}
 }
@@ -434,7 +435,7 @@ func TestRolloutControl(t *testing.T) {
 		t.Errorf("after resume: paused %v, resumed %v", r.Paused, r.ResumedAt)
 	}
 	// The canary is healthy: waiting for promote.
-	if err := e.progress(t.Context(), id, "h1", reconcile.HostHealthy, ""); err != nil {
+	if err := e.progress(t.Context(), id, "h1", rollout.HostHealthy, ""); err != nil {
 		t.Fatal(err)
 	}
 	expect("rollout status", 0, "phase:    waiting-promote, wave 2 of 2")
@@ -442,7 +443,7 @@ func TestRolloutControl(t *testing.T) {
 	if r := e.view(t, id).Rollout; !r.Promoted || r.Paused {
 		t.Errorf("after promote: promoted %v, paused %v", r.Promoted, r.Paused)
 	}
-	if ph := e.view(t, id).Phase(time.Now()); ph.State != reconcile.RolloutRunning || ph.Wave != 1 {
+	if ph := e.view(t, id).Phase(time.Now()); ph.State != rollout.Running || ph.Wave != 1 {
 		t.Errorf("after promote: phase %+v", ph)
 	}
 	// Paused, promote goes on too.
@@ -450,14 +451,14 @@ func TestRolloutControl(t *testing.T) {
 	expect("rollout promote", 0, "promoted")
 	expect("rollout abort --revert", 0, "aborted at wave 2 of 2: no host takes it any more; the hosts that took it go back to the previous version (h1)")
 	r = e.view(t, id).Rollout
-	if r.Abort == nil || !r.Abort.Revert || r.Abort.By != storedBy() || r.End == nil || r.End.State != reconcile.RolloutAborted || !strings.Contains(r.End.Reason, "aborted by ") {
+	if r.Abort == nil || !r.Abort.Revert || r.Abort.By != storedBy() || r.End == nil || r.End.State != rollout.Aborted || !strings.Contains(r.End.Reason, "aborted by ") {
 		t.Errorf("after abort: abort %+v end %+v", r.Abort, r.End)
 	}
 	for _, verb := range []string{"abort", "pause", "resume", "promote"} {
 		expect("rollout "+verb, exitError, "has ended (aborted — aborted by ")
 	}
 	// Watching it: h1 still holds the change, going back; then back.
-	if err := e.progress(t.Context(), id, "h1", reconcile.HostReverted, ""); err != nil {
+	if err := e.progress(t.Context(), id, "h1", rollout.HostReverted, ""); err != nil {
 		t.Fatal(err)
 	}
 	expect("rollout status --watch", exitFailed, "reverted to the previous version: h1")
@@ -496,8 +497,8 @@ func TestRolloutPutWaitDone(t *testing.T) {
 	if strings.Index(out, "h1 (wave 1): healthy") > strings.Index(out, "h2 (wave 2): applying") {
 		t.Error("wave 2 started before the canary was healthy")
 	}
-	if v := e.view(t, id); len(hostsIn(v, reconcile.HostHealthy)) != 4 || v.Rollout.End == nil || v.Rollout.End.State != reconcile.RolloutDone {
-		t.Errorf("healthy hosts: %v, end %+v", hostsIn(v, reconcile.HostHealthy), v.Rollout.End)
+	if v := e.view(t, id); len(hostsIn(v, rollout.HostHealthy)) != 4 || v.Record.End == nil || v.Record.End.State != rollout.Done {
+		t.Errorf("healthy hosts: %v, end %+v", hostsIn(v, rollout.HostHealthy), v.Record.End)
 	}
 	if out, _, code := e.run(t, "rollout", "status", id, "--watch"); code != 0 || !strings.Contains(out, "[####################] 4/4 healthy\n") {
 		t.Errorf("status --watch of a rollout done: exit %d", code)
@@ -542,8 +543,8 @@ func TestRolloutPutWaitFailedReverts(t *testing.T) {
 	if v.Progress["h2"] != nil || v.Progress["h3"] != nil {
 		t.Errorf("hosts outside the canary took the change: %v", v.Progress)
 	}
-	if v.Rollout.End == nil || v.Rollout.End.State != reconcile.RolloutFailed {
-		t.Errorf("end %+v", v.Rollout.End)
+	if v.Record.End == nil || v.Record.End.State != rollout.Failed {
+		t.Errorf("end %+v", v.Record.End)
 	}
 }
 
@@ -592,8 +593,8 @@ func TestRolloutGate(t *testing.T) {
 			t.Fatalf("gate failing: exit %d\n%s", code, stderr)
 		}
 		v := e.view(t, id)
-		if !v.Rollout.Paused || !strings.Contains(v.Rollout.PauseReason, "error rate 7%") || v.Rollout.Gated != 0 {
-			t.Errorf("paused %v (%q), gated %d", v.Rollout.Paused, v.Rollout.PauseReason, v.Rollout.Gated)
+		if !v.Record.Paused || !strings.Contains(v.Record.PauseReason, "error rate 7%") || v.Record.Gated != 0 {
+			t.Errorf("paused %v (%q), gated %d", v.Record.Paused, v.Record.PauseReason, v.Record.Gated)
 		}
 		if v.Progress["h2"] != nil || v.Progress["h3"] != nil {
 			t.Errorf("wave 2 started past a failed gate: %v", v.Progress)

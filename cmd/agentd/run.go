@@ -23,6 +23,7 @@ import (
 	"github.com/agentd/agentd/metrics"
 	"github.com/agentd/agentd/probe"
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/sshsig"
 	"github.com/agentd/agentd/systemd"
@@ -371,7 +372,7 @@ type agentRun struct {
 	marks   *unitdir.SignedMarks
 
 	reporter *sessionReporter
-	rollouts *rolloutHand // this host's part in its groups' rollouts
+	rollouts *rollout.Participant // this host's part in its groups' rollouts
 	agent    *reconcile.Agent
 }
 
@@ -545,7 +546,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 		sys = reconcile.PlainSystemd(wedgeSystemd{BasicSystemd: sys, file: o.wedgeFile, log: log})
 	}
 	r.reporter = &sessionReporter{svc: svc, met: met}
-	r.rollouts = newRolloutHand(o.host, log, r.reporter.current, met)
+	r.rollouts = rollout.NewParticipant(o.host, log, sessionHostPort(r.reporter), met)
 	r.agent = reconcile.New(reconcile.Config{
 		Systemd:           loopSystemd{Systemd: sys, met: met},
 		Files:             r.files,
@@ -573,13 +574,13 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 // returned once they all ended.
 func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) error {
 	o, log, svc, met, agent := r.o, r.log, r.svc, r.met, r.agent
-	onSnapshot := func(s reconcile.Snapshot) {
-		met.SnapshotReceived(s.Revision)
-		met.Halts(s.Halts)
+	onSnapshot := func(rs registry.Snapshot) {
+		met.SnapshotReceived(rs.Revision)
+		met.Halts(rs.Halts)
 		svc.setOffline("")
 		// What the host runs, rollouts applied, is also what a start
 		// without the registry runs.
-		if s, handOn := r.rollouts.overlay(s); handOn {
+		if s, handOn := r.rollouts.Overlay(rs.Snapshot, rs.Rollouts); handOn {
 			r.lkg.received(s, agent.SetSnapshot)
 		}
 	}
@@ -600,7 +601,13 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 		r.lkg.fallback(ctx, fallbackAfter(o.registryTimeout, r.manifest.Units(), r.manifest.Intent(), log), agent.SetSnapshot, svc)
 	})
 	wg.Go(func() { svc.run(ctx) })
-	wg.Go(func() { r.rollouts.run(ctx) })
+	wg.Go(func() { r.rollouts.Run(ctx) })
+	// A candidate coordinator for each group: one agent of the group wins
+	// and runs its rollouts; the others stand by.
+	for _, g := range o.groups {
+		c := rollout.NewCoordinator(g, log, sessionElector{r.reporter}.elector)
+		wg.Go(func() { c.Run(ctx) })
+	}
 	if r.metricsLn != nil {
 		wg.Go(func() { fail(met.Serve(ctx, r.metricsLn)) })
 	}
@@ -632,7 +639,7 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 // snapshot of this host's keys to onSnapshot until ctx is done. Leaving
 // revokes the lease: membership and statuses go with it.
 func followRegistry(ctx context.Context, o *runOptions, endpoints []string, log *slog.Logger,
-	reporter *sessionReporter, met *metrics.Metrics, onSnapshot func(reconcile.Snapshot), poke func(string)) error {
+	reporter *sessionReporter, met *metrics.Metrics, onSnapshot func(registry.Snapshot), poke func(string)) error {
 	reg, s, err := connectRegistry(ctx, o, endpoints, log, met)
 	if err != nil {
 		return err

@@ -1,4 +1,23 @@
-package reconcile
+// Package rollout stages one write to a group's unit keys across the
+// group's hosts: a canary, then waves, each host healthy for a soak before
+// the next wave opens, with pause, promote, gates, abort and auto-revert.
+//
+// The put writes the keys as it always did (history, revert and --dry-run
+// see one write) and, in the same transaction, a Record that holds the
+// content the keys had before. A host that has not taken the change keeps
+// that content (Overlay). One coordinator per group, elected in etcd among
+// the group's agents, reads every host's progress, admits hosts wave by
+// wave (a key per host), ends the rollout and keeps one Summary of it
+// (Decide). Each host's participant watches only the records, its own
+// admissions and its own progress, takes the change when admitted, and
+// records how it went (Step). So the work of a host per wave is O(1)
+// whatever the group's size, and a rollout goes on while any agent of the
+// group runs, with or without the CLI that started it.
+//
+// Decide, Step and Overlay are pure; Coordinator and Participant are the
+// loops that feed them and write what they decide through small ports the
+// registry implements.
+package rollout
 
 import (
 	"errors"
@@ -7,19 +26,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
-)
 
-// A rollout is one write to a group's unit keys, taken by the group's
-// hosts in stages instead of all at once. The put writes the keys as it
-// always did (history, revert and --dry-run see one write) and, in the same
-// transaction, a Rollout record that holds the content the keys had before.
-// A host that has not taken the change yet keeps that content (Overlay):
-// nothing central hands out the change. Each host's agent decides from the
-// record and the other hosts' progress (both in the registry) whether its
-// wave is open, takes the change, soaks it and records how it went
-// (RolloutStep); whoever first sees the rollout complete or failed writes
-// its end. So a rollout goes on while any agent of the group runs, with or
-// without the CLI that started it.
+	"github.com/agentd/agentd/reconcile"
+)
 
 // Count is a number of hosts: N, or N% of the rollout's hosts.
 type Count struct {
@@ -154,18 +163,20 @@ func (s Strategy) WaveEnds(total int) []int {
 	return ends
 }
 
-// Rollout is the record of one staged change, at
-// <prefix>/rollouts/groups/<group>/<id>. The CLI writes it with the change;
-// pause, resume, promote, abort and the gate write its control fields; the
-// agents write End. Each host's progress is its own key (HostProgress).
-type Rollout struct {
+// Record is one staged change, at <prefix>/rollouts/groups/<group>/<id>.
+// The CLI writes it with the change; pause, resume, promote, abort and the
+// gate write its control fields; the coordinator writes End (and a host
+// Paused, when its unit restarts too often). Nothing in it moves as hosts
+// progress: every agent of the group watches it, so it changes a few times
+// per rollout, never per host.
+type Record struct {
 	ID    string `json:"id"`
 	Group string `json:"group"`
 	// Units are the keys the change wrote (a unit or a drop-in, as
 	// Entry.Unit), with what they held before.
-	Units    map[string]RolloutUnit `json:"units"`
-	Revision int64                  `json:"revision"` // of the put that wrote them
-	Strategy Strategy               `json:"strategy"`
+	Units    map[string]Unit `json:"units"`
+	Revision int64           `json:"revision"` // of the put that wrote them
+	Strategy Strategy        `json:"strategy"`
 	// Hosts are the group's members when the rollout started, in the order
 	// they take it; WaveEnds cuts them into waves.
 	Hosts     []string  `json:"hosts"`
@@ -184,52 +195,64 @@ type Rollout struct {
 	ResumedAt   time.Time `json:"resumedAt,omitzero"` // also set by promote
 	Promoted    bool      `json:"promoted,omitempty"`
 	// Gated is the last wave (index) the gate command let open.
-	Gated int           `json:"gated,omitempty"`
-	Abort *RolloutAbort `json:"abort,omitempty"`
-	End   *RolloutEnd   `json:"end,omitempty"`
+	Gated int    `json:"gated,omitempty"`
+	Abort *Abort `json:"abort,omitempty"`
+	End   *End   `json:"end,omitempty"`
 
 	// ModRevision is the revision that last wrote the record (not
 	// stored): writes to it compare it.
 	ModRevision int64 `json:"-"`
 }
 
-// RolloutUnit is one key of a rollout: what it held before (From nil: it
-// did not exist) and the hash it holds now ("": the change removes it).
-type RolloutUnit struct {
+// Unit is one key of a rollout: what it held before (From nil: it did not
+// exist) and the hash it holds now ("": the change removes it).
+type Unit struct {
 	From         *string `json:"from"`
 	FromRevision int64   `json:"fromRevision,omitempty"`
 	ToHash       string  `json:"toHash"`
 }
 
-// RolloutAbort stops a rollout: no host takes it any more; with Revert
-// the hosts that took it go back to the previous content.
-type RolloutAbort struct {
+// Abort stops a rollout: no host takes it any more; with Revert the hosts
+// that took it go back to the previous content.
+type Abort struct {
 	Revert bool      `json:"revert,omitempty"`
 	At     time.Time `json:"at"`
 	By     string    `json:"by,omitempty"`
 }
 
-// RolloutEnd is how a rollout ended. Written once.
-type RolloutEnd struct {
-	State  RolloutState `json:"state"`
-	Reason string       `json:"reason,omitempty"`
-	At     time.Time    `json:"at"`
+// End is how a rollout ended. Written once.
+type End struct {
+	State  State     `json:"state"`
+	Reason string    `json:"reason,omitempty"`
+	At     time.Time `json:"at"`
+	// SupersededBy is the rollout whose put ended this one.
+	SupersededBy string `json:"supersededBy,omitempty"`
 }
 
-// RolloutState is a rollout's phase as a word.
-type RolloutState string
+// State is a rollout's phase as a word.
+type State string
 
 const (
-	RolloutRunning         RolloutState = "running"
-	RolloutPaused          RolloutState = "paused"
-	RolloutWaitingGate     RolloutState = "waiting-gate"
-	RolloutDone            RolloutState = "done"
-	RolloutFailed          RolloutState = "failed"
-	RolloutAborted         RolloutState = "aborted"
-	RolloutSuperseded      RolloutState = "superseded"
-	RolloutWaitingPromote  RolloutState = "waiting-promote"
-	RolloutRevertingFailed RolloutState = "reverting"
+	Running        State = "running"
+	Paused         State = "paused"
+	WaitingGate    State = "waiting-gate"
+	WaitingPromote State = "waiting-promote"
+	// Starting: no coordinator has looked at the rollout yet.
+	Starting   State = "starting"
+	Done       State = "done"
+	Failed     State = "failed"
+	Aborted    State = "aborted"
+	Superseded State = "superseded"
 )
+
+// Ended says a phase is final: no host takes the rollout any more.
+func (s State) Ended() bool {
+	switch s {
+	case Done, Failed, Aborted, Superseded:
+		return true
+	}
+	return false
+}
 
 // HostState is where one host is in a rollout.
 type HostState string
@@ -244,11 +267,14 @@ const (
 	HostReverted  HostState = "reverted"
 )
 
-// HostProgress is one host's progress in one rollout, at
-// <prefix>/rollouts/progress/<id>/<host>, written by that host's agent only
+// HostStates are the host states in the order a summary counts them.
+var HostStates = []HostState{HostHealthy, HostApplying, HostSoaking, HostFailed, HostReverting, HostReverted, HostPending}
+
+// Progress is one host's progress in one rollout, at
+// <prefix>/rollouts/hosts/<host>/<id>, written by that host's agent only
 // (no lease: it outlives the agent, so a restarted agent resumes its soak,
 // and a host that went away never counts as done).
-type HostProgress struct {
+type Progress struct {
 	State  HostState `json:"state"`
 	Since  time.Time `json:"since"`
 	Reason string    `json:"reason,omitempty"`
@@ -261,7 +287,7 @@ type HostProgress struct {
 
 // Took says the host has the change (or is taking it): it keeps the new
 // content. A host that reverts, or never took it, has the previous one.
-func (p *HostProgress) Took() bool {
+func (p *Progress) Took() bool {
 	if p == nil {
 		return false
 	}
@@ -272,13 +298,35 @@ func (p *HostProgress) Took() bool {
 	return false
 }
 
+// StateOf is p's state (pending when nil).
+func (p *Progress) StateOf() HostState {
+	if p == nil {
+		return HostPending
+	}
+	return p.State
+}
+
+// Admission lets one host take a rollout's change, at
+// <prefix>/rollouts/admit/<group>/<host>/<id>: written once by the
+// group's coordinator, read by that host only.
+type Admission struct {
+	Wave int       `json:"wave"` // counted from 0
+	At   time.Time `json:"at"`
+	By   string    `json:"by"` // the coordinating host
+}
+
 // Wave is the index of the wave host belongs to; -1 when it is not one
 // of the rollout's hosts.
-func (r *Rollout) Wave(host string) int {
+func (r *Record) Wave(host string) int {
 	i := slices.Index(r.Hosts, host)
 	if i < 0 {
 		return -1
 	}
+	return r.waveOf(i)
+}
+
+// waveOf is the wave of the host at index i of Hosts.
+func (r *Record) waveOf(i int) int {
 	for w, end := range r.WaveEnds {
 		if i < end {
 			return w
@@ -288,7 +336,7 @@ func (r *Rollout) Wave(host string) int {
 }
 
 // WaveHosts returns the hosts of wave w.
-func (r *Rollout) WaveHosts(w int) []string {
+func (r *Record) WaveHosts(w int) []string {
 	start := 0
 	if w > 0 {
 		start = r.WaveEnds[w-1]
@@ -300,21 +348,22 @@ func (r *Rollout) WaveHosts(w int) []string {
 // hold what it wrote (a later write supersedes it), and it did not end
 // done (then every host has the change, as the keys say). entries are the
 // group's current entries.
-func (r *Rollout) Governs(entries []Entry) bool {
-	if r.End != nil && r.End.State == RolloutDone {
+func (r *Record) Governs(entries []reconcile.Entry) bool {
+	if r.End != nil && r.End.State == Done {
 		return false
 	}
-	return !r.Superseded(entries)
+	return !r.Overwritten(entries)
 }
 
-// Superseded says one of the rollout's keys holds something else than
-// what the rollout wrote.
-func (r *Rollout) Superseded(entries []Entry) bool {
+// Overwritten says one of the rollout's keys holds something else than
+// what the rollout wrote: a later write superseded it, whether or not
+// anyone has recorded that in its End yet.
+func (r *Record) Overwritten(entries []reconcile.Entry) bool {
 	now := map[string]string{}
 	for _, e := range entries {
-		if e.Scope == ScopeGroup && e.Group == r.Group {
+		if e.Scope == reconcile.ScopeGroup && e.Group == r.Group {
 			if _, ok := r.Units[e.Unit]; ok {
-				now[e.Unit] = Hash(e.Value)
+				now[e.Unit] = reconcile.Hash(e.Value)
 			}
 		}
 	}
@@ -324,4 +373,31 @@ func (r *Rollout) Superseded(entries []Entry) bool {
 		}
 	}
 	return false
+}
+
+// Reverts says the hosts that took the change go back: the rollout was
+// aborted with --revert, or failed with --auto-revert. The record alone
+// says it (the coordinator writes a failure into End at once), so every
+// host and the CLI read the same answer.
+func (r *Record) Reverts() bool {
+	if r.Abort != nil {
+		return r.Abort.Revert
+	}
+	return r.End != nil && r.End.State == Failed && r.Strategy.AutoRevert
+}
+
+// Ended says the record's rollout has an end written.
+func (r *Record) Ended() bool { return r.End != nil }
+
+// lastMoved is when the rollout last moved: started, resumed or promoted,
+// or a host became healthy (latest: the latest HealthyAt seen).
+func (r *Record) lastMoved(latest time.Time) time.Time {
+	last := r.CreatedAt
+	if r.ResumedAt.After(last) {
+		last = r.ResumedAt
+	}
+	if latest.After(last) {
+		last = latest
+	}
+	return last
 }

@@ -1,0 +1,349 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// ErrNotCoordinator: a coordinator's write found another host elected
+// (its term ended): nothing was written.
+var ErrNotCoordinator = errors.New("no longer the group's rollout coordinator")
+
+// Coordination is this host's term as its group's rollout coordinator
+// (rollout.Coordinator), won in etcd's election at
+// <p>/rollouts/coordinator/<group>/ on the agent's membership lease: when
+// the agent dies, its term ends with the lease (its TTL), and the next
+// candidate, which watched only its predecessor's key, takes over. Every
+// write of the term is guarded by its election key, so two coordinators
+// never both write: a host is admitted once, and --max-unavailable holds.
+type Coordination struct {
+	c     *Client
+	host  string
+	group string
+	cs    *concurrency.Session
+	el    *concurrency.Election
+
+	mu sync.Mutex
+	st *groupState
+}
+
+// Campaign waits until this host coordinates group's rollouts, or ctx
+// ends. The candidacy is bound to the membership lease (no lease of its
+// own: 10,000 agents keep one lease each, not two).
+func (s *Session) Campaign(ctx context.Context, group string) (*Coordination, error) {
+	if err := ValidateName("group", group); err != nil {
+		return nil, err
+	}
+	lease := s.Lease()
+	if lease == clientv3.NoLease {
+		return nil, errLeaseLost
+	}
+	cs, err := concurrency.NewSession(s.c.cli, concurrency.WithLease(lease), concurrency.WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("campaign for group %s: %w", group, err)
+	}
+	el := concurrency.NewElection(cs, s.c.electionPrefix(group))
+	if err := el.Campaign(ctx, s.member.Host); err != nil {
+		cs.Orphan() // the lease is the membership's: never revoke it here
+		return nil, fmt.Errorf("campaign for group %s: %w", group, err)
+	}
+	return &Coordination{c: s.c, host: s.member.Host, group: group, cs: cs, el: el}, nil
+}
+
+// Lost is closed when the term ended with the lease.
+func (co *Coordination) Lost() <-chan struct{} { return co.cs.Done() }
+
+// Resign ends the term: the next candidate takes over at once.
+func (co *Coordination) Resign(ctx context.Context) {
+	rctx, cancel := co.c.reqCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	_ = co.el.Resign(rctx)
+	co.cs.Orphan()
+}
+
+// Host is the coordinating host (this one).
+func (co *Coordination) Host() string { return co.host }
+
+func (co *Coordination) guard() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(co.el.Key()), "=", co.el.Rev())
+}
+
+// admitChunk bounds the puts of one admission transaction (MaxTxnOps,
+// less the guard).
+const admitChunk = 500
+
+// Admit lets hosts take rollout r (one key per host, written once).
+func (co *Coordination) Admit(ctx context.Context, r *rollout.Record, hosts []string, a rollout.Admission) error {
+	b, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	for chunk := range slices.Chunk(hosts, admitChunk) {
+		ops := make([]clientv3.Op, len(chunk))
+		for i, h := range chunk {
+			ops[i] = clientv3.OpPut(co.c.admitKey(r.Group, h, r.ID), string(b))
+		}
+		if err := co.commit(ctx, "admit hosts to rollout "+r.ID, ops...); err != nil {
+			return err
+		}
+		// In the state at once: the next pass must not admit them again
+		// before the watch shows the keys.
+		co.mu.Lock()
+		if st := co.st; st != nil {
+			if st.admitted[r.ID] == nil {
+				st.admitted[r.ID] = map[string]bool{}
+			}
+			for _, h := range chunk {
+				st.admitted[r.ID][h] = true
+			}
+		}
+		co.mu.Unlock()
+	}
+	return nil
+}
+
+// End writes r's end, if its record did not change since it was read
+// (false: it did; look again).
+func (co *Coordination) End(ctx context.Context, r *rollout.Record, e rollout.End) (bool, error) {
+	next := *r
+	next.End = &e
+	ok, err := co.c.writeRollout(ctx, &next, []clientv3.Cmp{co.guard()})
+	if err == nil && !ok && !co.elected(ctx) {
+		return false, ErrNotCoordinator
+	}
+	return ok, err
+}
+
+// WriteSummary writes s as rollout s.ID's summary.
+func (co *Coordination) WriteSummary(ctx context.Context, s rollout.Summary) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	return co.commit(ctx, "write the summary of rollout "+s.ID, clientv3.OpPut(co.c.summaryKey(co.group, s.ID), string(b)))
+}
+
+func (co *Coordination) commit(ctx context.Context, what string, ops ...clientv3.Op) error {
+	rctx, cancel := co.c.reqCtx(ctx)
+	defer cancel()
+	resp, err := co.c.cli.Txn(rctx).If(co.guard()).Then(ops...).Commit()
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s: %w", what, err)
+	case !resp.Succeeded:
+		return fmt.Errorf("%s: %w", what, ErrNotCoordinator)
+	}
+	return nil
+}
+
+// elected says the election key of this term still stands.
+func (co *Coordination) elected(ctx context.Context) bool {
+	rctx, cancel := co.c.reqCtx(ctx)
+	defer cancel()
+	resp, err := co.c.cli.Get(rctx, co.el.Key(), clientv3.WithCountOnly())
+	return err != nil || resp.Count > 0
+}
+
+// groupState is what the coordinator follows: the group's records,
+// summaries, admissions and keys, and every host's progress, decoded once
+// per event (the coordinator decides on it many times).
+type groupState struct {
+	records   map[string]*rollout.Record // by key
+	summaries map[string]*rollout.Summary
+	progress  map[string]map[string]*rollout.Progress // ID → host
+	admitted  map[string]map[string]bool              // ID → host
+	entries   map[string]reconcile.Entry              // by key
+	rev       int64
+}
+
+// Read runs fn with the group's state as last followed (nil maps before
+// the first read). fn must not keep it.
+func (co *Coordination) Read(fn func(rollout.GroupState)) {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	st := co.st
+	if st == nil {
+		fn(rollout.GroupState{})
+		return
+	}
+	g := rollout.GroupState{Progress: st.progress, Admitted: st.admitted, Summaries: st.summaries, Revision: st.rev}
+	for _, r := range st.records {
+		g.Records = append(g.Records, r)
+	}
+	slices.SortFunc(g.Records, func(a, b *rollout.Record) int { return strings.Compare(a.ID, b.ID) })
+	g.Entries = slices.SortedFunc(maps.Values(st.entries), reconcile.CompareEntries)
+	fn(g)
+}
+
+// Follow reads the group's rollout state at one revision, then follows
+// it, calling poke after each change, until ctx ends or the watch fails
+// (then it returns the error; call it again to read afresh).
+func (co *Coordination) Follow(ctx context.Context, poke func()) error {
+	c := co.c
+	prefixes := []string{c.rolloutGroup(co.group), c.summaryRoot() + co.group + "/", c.admitGroup(co.group), c.progressRoot(), c.targetUnits(Target{Group: co.group})}
+	ops := make([]clientv3.Op, len(prefixes))
+	for i, p := range prefixes {
+		ops[i] = clientv3.OpGet(p, clientv3.WithPrefix())
+	}
+	rctx, cancel := c.reqCtx(ctx)
+	resp, err := c.cli.Txn(rctx).Then(ops...).Commit()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("read the rollouts of group %s: %w", co.group, err)
+	}
+	st := &groupState{records: map[string]*rollout.Record{}, summaries: map[string]*rollout.Summary{},
+		progress: map[string]map[string]*rollout.Progress{}, admitted: map[string]map[string]bool{}, entries: map[string]reconcile.Entry{}, rev: resp.Header.Revision}
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().GetKvs() {
+			co.apply(st, clientv3.EventTypePut, kv)
+		}
+	}
+	co.mu.Lock()
+	co.st = st
+	co.mu.Unlock()
+	poke()
+
+	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer wcancel()
+	merged := make(chan clientv3.WatchResponse)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer wcancel()
+	for _, p := range prefixes {
+		ch := c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(st.rev+1))
+		wg.Go(func() {
+			for resp := range ch {
+				select {
+				case merged <- resp:
+				case <-wctx.Done():
+					return
+				}
+			}
+			select {
+			case merged <- clientv3.WatchResponse{Canceled: true, CancelReason: "watch channel closed"}:
+			case <-wctx.Done():
+			}
+		})
+	}
+	for {
+		var resp clientv3.WatchResponse
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case resp = <-merged:
+		}
+		if err := resp.Err(); err != nil {
+			return fmt.Errorf("follow the rollouts of group %s: %w", co.group, err)
+		}
+		if resp.Canceled {
+			return fmt.Errorf("follow the rollouts of group %s: %s", co.group, resp.CancelReason)
+		}
+		if len(resp.Events) == 0 {
+			continue
+		}
+		co.mu.Lock()
+		for _, ev := range resp.Events {
+			co.apply(st, ev.Type, ev.Kv)
+			st.rev = max(st.rev, ev.Kv.ModRevision)
+		}
+		co.mu.Unlock()
+		poke()
+	}
+}
+
+// apply folds one key into st.
+func (co *Coordination) apply(st *groupState, typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
+	c, key, del := co.c, string(kv.Key), typ == clientv3.EventTypeDelete
+	switch {
+	case strings.HasPrefix(key, c.progressRoot()):
+		rest := strings.TrimPrefix(key, c.progressRoot())
+		host, id, ok := strings.Cut(rest, "/")
+		if !ok {
+			return
+		}
+		if del {
+			if m := st.progress[id]; m != nil {
+				delete(m, host)
+			}
+			return
+		}
+		if _, _, p, ok := c.decodeProgress(kv.Key, kv.Value); ok {
+			if st.progress[id] == nil {
+				st.progress[id] = map[string]*rollout.Progress{}
+			}
+			st.progress[id][host] = p
+		}
+	case strings.HasPrefix(key, c.admitGroup(co.group)):
+		host, id, ok := strings.Cut(strings.TrimPrefix(key, c.admitGroup(co.group)), "/")
+		if !ok {
+			return
+		}
+		if del {
+			delete(st.admitted[id], host)
+			return
+		}
+		if st.admitted[id] == nil {
+			st.admitted[id] = map[string]bool{}
+		}
+		st.admitted[id][host] = true
+	case strings.HasPrefix(key, c.summaryRoot()):
+		id := key[strings.LastIndexByte(key, '/')+1:]
+		var s rollout.Summary
+		if del || json.Unmarshal(kv.Value, &s) != nil {
+			delete(st.summaries, id)
+			return
+		}
+		st.summaries[id] = &s
+	case strings.HasPrefix(key, c.rolloutGroup(co.group)):
+		if del {
+			delete(st.records, key)
+			return
+		}
+		r, err := decodeRollout(kv.Value, kv.ModRevision)
+		if err != nil {
+			c.skipKey(kv.Key, "not a rollout record", err)
+			delete(st.records, key)
+			return
+		}
+		st.records[key] = r
+	default:
+		t, unit, ok := c.parseUnitKey(key)
+		if !ok || t.Group != co.group {
+			return
+		}
+		if del {
+			delete(st.entries, key)
+			return
+		}
+		st.entries[key] = reconcile.Entry{Scope: reconcile.ScopeGroup, Group: t.Group, Unit: unit, Value: kv.Value, ModRevision: kv.ModRevision}
+	}
+}
+
+// Coordinator is the host that coordinates group now ("": none), by the
+// election's oldest candidate.
+func (c *Client) Coordinator(ctx context.Context, group string) (string, error) {
+	rctx, cancel := c.reqCtx(ctx)
+	defer cancel()
+	resp, err := c.cli.Get(rctx, c.electionPrefix(group)+"/", clientv3.WithFirstCreate()...)
+	if err != nil {
+		return "", fmt.Errorf("read the coordinator of group %s: %w", group, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", nil
+	}
+	return string(resp.Kvs[0].Value), nil
+}
+
+var _ rollout.Term = (*Coordination)(nil)

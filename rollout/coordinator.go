@@ -1,0 +1,239 @@
+package rollout
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"time"
+)
+
+// Elector lets a host stand for coordinating a group (the registry
+// session, once joined).
+type Elector interface {
+	// Campaign waits until this host coordinates group, or ctx ends.
+	Campaign(ctx context.Context, group string) (Term, error)
+}
+
+// Term is one host's term as a group's coordinator. Its writes are
+// guarded by the election: after the term ended they write nothing.
+type Term interface {
+	Host() string
+	// Lost is closed when the term ended (the agent's lease is gone).
+	Lost() <-chan struct{}
+	// Resign ends the term: another candidate takes over at once.
+	Resign(ctx context.Context)
+	// Follow keeps the group's state current, calling poke after each
+	// change, until ctx ends or the watch fails.
+	Follow(ctx context.Context, poke func()) error
+	// Read runs fn with the group's state; fn must not keep it. The
+	// term's own admissions are in it as soon as they are written.
+	Read(fn func(GroupState))
+	Admit(ctx context.Context, r *Record, hosts []string, a Admission) error
+	End(ctx context.Context, r *Record, e End) (bool, error)
+	WriteSummary(ctx context.Context, s Summary) error
+}
+
+// SummaryEvery is the shortest time between two writes of one rollout's
+// summary: readers see counts at most this old, and a wave of 1,000 hosts
+// costs a few summary writes, not 1,000.
+const SummaryEvery = 250 * time.Millisecond
+
+// Coordinator stands for coordinating one group's rollouts on this host
+// and, while elected, runs them: it admits hosts, ends rollouts and keeps
+// their summaries (Decide). Every agent of the group runs one; one wins.
+type Coordinator struct {
+	group string
+	log   *slog.Logger
+	elect func() Elector // nil until joined
+}
+
+// NewCoordinator makes the coordinator candidate for group; elect returns
+// nil until the agent has joined the registry.
+func NewCoordinator(group string, log *slog.Logger, elect func() Elector) *Coordinator {
+	return &Coordinator{group: group, log: log.With("group", group, "component", "rollout-coordinator"), elect: elect}
+}
+
+// Run campaigns, coordinates while elected, and campaigns again when the
+// term ends, until ctx is done (it then resigns: another agent takes over
+// at once).
+func (c *Coordinator) Run(ctx context.Context) {
+	fails := 0
+	for ctx.Err() == nil {
+		el := c.elect()
+		if el == nil {
+			sleep(ctx, jittered(time.Second))
+			continue
+		}
+		term, err := el.Campaign(ctx, c.group)
+		if err != nil {
+			if ctx.Err() == nil {
+				fails++
+				c.log.Debug("campaign for the group's rollout coordinator failed; trying again", "err", err)
+				sleep(ctx, jittered(min(time.Duration(fails)*500*time.Millisecond, 10*time.Second)))
+			}
+			continue
+		}
+		fails = 0
+		c.log.Info("coordinating the rollouts of group " + c.group)
+		c.serve(ctx, term)
+		term.Resign(ctx)
+		if ctx.Err() == nil {
+			c.log.Warn("no longer coordinating the rollouts of group " + c.group + "; standing again")
+		}
+	}
+}
+
+// serve runs one term until it is lost or ctx ends.
+func (c *Coordinator) serve(ctx context.Context, term Term) {
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wake := make(chan struct{}, 1)
+	poke := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for fails := 0; tctx.Err() == nil; fails++ {
+			err := term.Follow(tctx, poke)
+			if tctx.Err() != nil {
+				return
+			}
+			c.log.Info("following the group's rollouts ended; reading them again", "err", err)
+			sleep(tctx, jittered(min(time.Duration(fails+1)*100*time.Millisecond, 5*time.Second)))
+		}
+	}()
+	defer func() { cancel(); <-done }()
+	t := &termState{written: map[string]writtenSummary{}, settled: map[string]bool{}}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		select {
+		case <-tctx.Done():
+			return
+		case <-term.Lost():
+			return
+		case <-wake:
+		case <-timer.C:
+		}
+		next := c.pass(tctx, term, t, time.Now())
+		timer.Stop()
+		if !next.IsZero() {
+			timer.Reset(max(time.Until(next), time.Millisecond))
+		}
+	}
+}
+
+// termState is what a term remembers between passes.
+type termState struct {
+	written map[string]writtenSummary // by rollout ID
+	settled map[string]bool           // ended, and its final summary written
+}
+
+type writtenSummary struct {
+	s  *Summary
+	at time.Time
+}
+
+type decided struct {
+	r *Record
+	d Decision
+}
+
+// pass decides every rollout of the group once and writes the decisions;
+// it returns when to look again for time alone.
+func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now time.Time) (next time.Time) {
+	var todo []decided
+	term.Read(func(g GroupState) {
+		for _, r := range g.Records {
+			if t.settled[r.ID] {
+				continue
+			}
+			if _, ok := t.written[r.ID]; !ok && g.Summaries[r.ID] != nil {
+				t.written[r.ID] = writtenSummary{s: g.Summaries[r.ID]} // a former term's
+			}
+			d := Decide(r, GroupView{Progress: g.Progress[r.ID], Admitted: g.Admitted[r.ID], Entries: g.Entries}, term.Host(), now)
+			todo = append(todo, decided{r, d})
+		}
+	})
+	soonest := func(at time.Time) {
+		if !at.IsZero() && (next.IsZero() || at.Before(next)) {
+			next = at
+		}
+	}
+	for _, x := range todo {
+		r, d := x.r, x.d
+		log := c.log.With("rollout", r.ID)
+		if len(d.Admit) > 0 {
+			a := Admission{Wave: d.Summary.Phase.Wave, At: now, By: term.Host()}
+			if err := term.Admit(ctx, r, d.Admit, a); err != nil {
+				log.Warn("rollout "+r.ID+": could not admit hosts; trying again", "err", err)
+				soonest(now.Add(jittered(time.Second)))
+				continue
+			}
+			log.Info("rollout "+r.ID+": admitted "+NameHosts(d.Admit, len(d.Admit))+" to wave "+itoa(a.Wave+1), "hosts", len(d.Admit), "wave", a.Wave+1)
+		}
+		if d.End != nil {
+			ok, err := term.End(ctx, r, *d.End)
+			switch {
+			case err != nil:
+				log.Warn("rollout "+r.ID+": could not write its end; trying again", "err", err)
+				soonest(now.Add(jittered(time.Second)))
+				continue
+			case !ok:
+				continue // the record moved: the next pass sees it
+			}
+			log.Info("rollout "+r.ID+" ended: "+string(d.End.State)+prefixed(d.End.Reason), "state", d.End.State)
+		}
+		soonest(d.Due)
+		last := t.written[r.ID]
+		if !d.Summary.same(last.s) {
+			if wait := last.at.Add(SummaryEvery); now.Before(wait) {
+				soonest(wait)
+				continue
+			}
+			if err := term.WriteSummary(ctx, d.Summary); err != nil {
+				log.Warn("rollout "+r.ID+": could not write its summary; trying again", "err", err)
+				soonest(now.Add(jittered(time.Second)))
+				continue
+			}
+			s := d.Summary
+			t.written[r.ID] = writtenSummary{s: &s, at: now}
+			last = t.written[r.ID]
+		}
+		if r.End != nil && last.s != nil && last.s.Phase.State.Ended() && (!r.Reverts() || last.s.Holding() == 0) {
+			t.settled[r.ID] = true
+		}
+	}
+	return next
+}
+
+func prefixed(s string) string {
+	if s == "" {
+		return ""
+	}
+	return ": " + s
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// jittered is d ± 10 %: agents restarted together do not act in step.
+func jittered(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	return d - d/10 + time.Duration(rand.Int64N(int64(d/5)+1))
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

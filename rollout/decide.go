@@ -1,0 +1,346 @@
+package rollout
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+)
+
+// Phase is where a rollout stands: the coordinator computes it from the
+// record and every host's progress and writes it into the Summary, where
+// the CLI, `rollout status` and each host read it.
+type Phase struct {
+	State State `json:"state"`
+	// Wave is the open wave (the first with a host not yet done), from 0.
+	Wave   int    `json:"wave"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// SampleSize is how many hosts a summary names per state, and how many
+// offenders it lists: a message names at most this many and counts the
+// rest.
+const SampleSize = 10
+
+// Summary is one rollout at a glance, at <prefix>/rollouts/summary/<group>/<id>:
+// a count per host state that adds up to the host total, the first hosts
+// of each state and the first offenders with their reasons. Only the
+// coordinator writes it, when something in it moves.
+type Summary struct {
+	ID     string            `json:"id"`
+	Phase  Phase             `json:"phase"`
+	Waves  int               `json:"waves"`
+	Total  int               `json:"total"`
+	Counts map[HostState]int `json:"counts"`
+	// Admitted counts the hosts let take the change (all states but
+	// pending, and the pending ones admitted whose agent has not started).
+	Admitted int `json:"admitted"`
+	// Hosts are the first SampleSize hosts in each state, in rollout order.
+	Hosts map[HostState][]string `json:"hosts,omitempty"`
+	// Offenders are the first SampleSize hosts that failed, or that hold
+	// the rollout up past its progress deadline, with why.
+	Offenders   []Offender `json:"offenders,omitempty"`
+	Coordinator string     `json:"coordinator,omitempty"`
+	At          time.Time  `json:"at"`
+}
+
+// Offender is one host that failed or holds a rollout up.
+type Offender struct {
+	Host   string    `json:"host"`
+	Wave   int       `json:"wave"` // from 0
+	State  HostState `json:"state"`
+	Since  time.Time `json:"since,omitzero"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+// Holding counts the hosts that have the change, are taking it, or are
+// going back from it.
+func (s *Summary) Holding() int {
+	if s == nil {
+		return 0
+	}
+	return s.Counts[HostApplying] + s.Counts[HostSoaking] + s.Counts[HostHealthy] + s.Counts[HostFailed] + s.Counts[HostReverting]
+}
+
+// HoldingHosts names the first of them.
+func (s *Summary) HoldingHosts() []string {
+	return s.sample(HostApplying, HostSoaking, HostHealthy, HostFailed, HostReverting)
+}
+
+// sample is the first SampleSize hosts in states (rollout order is kept
+// within a state only).
+func (s *Summary) sample(states ...HostState) []string {
+	if s == nil {
+		return nil
+	}
+	var out []string
+	for _, st := range states {
+		out = append(out, s.Hosts[st]...)
+	}
+	return out[:min(len(out), SampleSize)]
+}
+
+// Named is the first hosts in states, as a message says them: at most
+// SampleSize names, then how many more.
+func (s *Summary) Named(states ...HostState) string {
+	n := 0
+	for _, st := range states {
+		n += s.countOf(st)
+	}
+	return NameHosts(s.sample(states...), n)
+}
+
+func (s *Summary) countOf(st HostState) int {
+	if s == nil {
+		return 0
+	}
+	return s.Counts[st]
+}
+
+// NameHosts is "h1, h2, h3" or "h1, …, h10 and 990 more" for total hosts
+// of which names are the first.
+func NameHosts(names []string, total int) string {
+	names = names[:min(len(names), SampleSize)]
+	s := strings.Join(names, ", ")
+	if more := total - len(names); more > 0 {
+		s += fmt.Sprintf(" and %d more", more)
+	}
+	return s
+}
+
+// same says a and b say the same but for when they were written.
+func (a *Summary) same(b *Summary) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	x, y := *a, *b
+	x.At, y.At = time.Time{}, time.Time{}
+	return fmt.Sprint(x) == fmt.Sprint(y)
+}
+
+// Decision is what a group's coordinator does for one rollout.
+type Decision struct {
+	// Admit are the hosts let take the change now, in rollout order.
+	Admit []string
+	// End ends the rollout (written into its record).
+	End *End
+	// Summary is what its summary should say.
+	Summary Summary
+	// Due is when to look again for time alone (the progress deadline);
+	// zero: not before news.
+	Due time.Time
+}
+
+// GroupView is what a coordinator knows of one rollout: every host's
+// progress and which hosts it admitted, and the group's keys now.
+type GroupView struct {
+	Progress map[string]*Progress
+	Admitted map[string]bool
+	Entries  []reconcile.Entry
+}
+
+// Decide is the coordinator's one decision about r at now. Pure. It ends
+// the rollout when a host failed (naming it), when every host is healthy,
+// when the progress deadline passed (naming each host that holds it up,
+// with the state its agent last reported), or when a later write took its
+// keys; otherwise, while it runs (not paused, not waiting for promote or a
+// gate), it admits the next hosts of the open waves, as many as
+// --max-unavailable leaves room for. A host is admitted once: an
+// admission is a key that stays.
+func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision {
+	var d Decision
+	end := r.End
+	if end == nil && r.Overwritten(g.Entries) {
+		end = &End{State: Superseded, Reason: "its keys were written again since, without a rollout", At: now}
+		d.End = end
+	}
+	w := r.openWave(g.Progress)
+	var ph Phase
+	var offenders []Offender
+	switch {
+	case end != nil:
+		ph = Phase{State: end.State, Wave: min(w, len(r.WaveEnds)-1), Reason: end.Reason}
+		offenders = r.failed(g.Progress)
+	default:
+		ph, offenders, d.Due = r.phase(g, w, now)
+		if ph.State.Ended() {
+			d.End = &End{State: ph.State, Reason: ph.Reason, At: now}
+		}
+	}
+	if ph.State == Running {
+		d.Admit = r.admit(g, w)
+	}
+	d.Summary = r.summarize(g, ph, offenders, d.Admit, coordinator, now)
+	return d
+}
+
+// phase is where a rollout with no end written stands, the hosts that
+// hold it up, and when its progress deadline falls.
+func (r *Record) phase(g GroupView, w int, now time.Time) (Phase, []Offender, time.Time) {
+	if failed := r.failed(g.Progress); len(failed) > 0 {
+		f := failed[0]
+		reason := fmt.Sprintf("%s failed the change: %s", f.Host, f.Reason)
+		if len(failed) > 1 {
+			reason += fmt.Sprintf(" (and %d more %s)", len(failed)-1, plural(len(failed)-1, "host", "hosts"))
+		}
+		return Phase{State: Failed, Wave: f.Wave, Reason: reason}, failed, time.Time{}
+	}
+	if w == len(r.WaveEnds) {
+		return Phase{State: Done, Wave: w - 1}, nil, time.Time{}
+	}
+	var due time.Time
+	if d := r.Strategy.ProgressDeadline; d > 0 && !r.Paused {
+		last := r.lastMoved(latestHealthy(g.Progress))
+		due = last.Add(d + time.Millisecond)
+		if now.Sub(last) > d {
+			stuck := r.stuck(g, now)
+			reason := fmt.Sprintf("no host became healthy for %s (--progress-deadline), since %s", d, last.UTC().Format(time.DateTime))
+			if len(stuck) > 0 {
+				parts := make([]string, len(stuck))
+				for i, o := range stuck {
+					parts[i] = o.Host + ": " + o.Reason
+				}
+				reason += "; holding it up: " + strings.Join(parts, "; ")
+			}
+			return Phase{State: Failed, Wave: w, Reason: reason}, stuck, time.Time{}
+		}
+	}
+	switch {
+	case r.Paused:
+		return Phase{State: Paused, Wave: w, Reason: r.PauseReason}, nil, time.Time{}
+	case w > 0 && r.Strategy.PauseAfterCanary && !r.Promoted:
+		return Phase{State: WaitingPromote, Wave: w, Reason: "the canary is healthy: `agentd rollout promote " + r.ID + "` sends the change on"}, nil, due
+	case w > 0 && r.Strategy.GateCmd != "" && r.Gated < w:
+		return Phase{State: WaitingGate, Wave: w, Reason: "waiting for the gate command before wave " + fmt.Sprint(w+1)}, nil, due
+	}
+	return Phase{State: Running, Wave: w}, nil, due
+}
+
+// openWave is the first wave with a host not done (len(WaveEnds) when
+// every host is).
+func (r *Record) openWave(progress map[string]*Progress) int {
+	for i, h := range r.Hosts {
+		if p := progress[h]; p == nil || p.State != HostHealthy {
+			return r.waveOf(i)
+		}
+	}
+	return len(r.WaveEnds)
+}
+
+// failed are the hosts that failed the change, in rollout order (at most
+// SampleSize).
+func (r *Record) failed(progress map[string]*Progress) []Offender {
+	var out []Offender
+	for i, h := range r.Hosts {
+		if p := progress[h]; p != nil && p.State == HostFailed && len(out) < SampleSize {
+			out = append(out, Offender{Host: h, Wave: r.waveOf(i), State: p.State, Since: p.Since, Reason: p.Reason})
+		}
+	}
+	return out
+}
+
+// stuck are the admitted hosts not healthy (at most SampleSize), each
+// with the state its agent last reported and for how long.
+func (r *Record) stuck(g GroupView, now time.Time) []Offender {
+	var out []Offender
+	for i, h := range r.Hosts {
+		if len(out) == SampleSize {
+			break
+		}
+		p := g.Progress[h]
+		if !g.Admitted[h] || p.StateOf() == HostHealthy {
+			continue
+		}
+		o := Offender{Host: h, Wave: r.waveOf(i), State: p.StateOf()}
+		if p == nil {
+			o.Reason = "admitted, but its agent has not started taking the change (is it running?)"
+		} else {
+			o.Since = p.Since
+			o.Reason = fmt.Sprintf("%s for %s", p.State, now.Sub(p.Since).Round(time.Second))
+			if p.Reason != "" {
+				o.Reason += " (" + p.Reason + ")"
+			}
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+func latestHealthy(progress map[string]*Progress) time.Time {
+	var last time.Time
+	for _, p := range progress {
+		if p.HealthyAt.After(last) {
+			last = p.HealthyAt
+		}
+	}
+	return last
+}
+
+// admit are the hosts of waves up to w not admitted yet, in order, as
+// many as --max-unavailable leaves room for (no bound when unset): a host
+// admitted and not yet healthy counts against it, so the bound holds
+// exactly with one coordinator and no group-wide guard.
+func (r *Record) admit(g GroupView, w int) []string {
+	room := len(r.Hosts)
+	if !r.Strategy.MaxUnavailable.IsZero() {
+		room = max(1, r.Strategy.MaxUnavailable.Of(len(r.Hosts)))
+		for _, h := range r.Hosts {
+			if g.Admitted[h] {
+				switch g.Progress[h].StateOf() {
+				case HostPending, HostApplying, HostSoaking, HostReverting:
+					room--
+				}
+			}
+		}
+	}
+	var out []string
+	for _, h := range r.Hosts[:r.WaveEnds[w]] {
+		if room <= 0 {
+			break
+		}
+		if !g.Admitted[h] && g.Progress[h] == nil {
+			out = append(out, h)
+			room--
+		}
+	}
+	return out
+}
+
+// summarize counts r's hosts by state (admit: the hosts being admitted
+// now count as admitted).
+func (r *Record) summarize(g GroupView, ph Phase, offenders []Offender, admit []string, coordinator string, now time.Time) Summary {
+	s := Summary{ID: r.ID, Phase: ph, Waves: len(r.WaveEnds), Total: len(r.Hosts), Counts: map[HostState]int{},
+		Hosts: map[HostState][]string{}, Offenders: offenders, Coordinator: coordinator, At: now}
+	for _, h := range r.Hosts {
+		st := g.Progress[h].StateOf()
+		s.Counts[st]++
+		if len(s.Hosts[st]) < SampleSize {
+			s.Hosts[st] = append(s.Hosts[st], h)
+		}
+		if st != HostPending || g.Admitted[h] {
+			s.Admitted++
+		}
+	}
+	s.Admitted += len(admit)
+	return s
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// GroupState is what a group's coordinator follows: the group's records,
+// every host's progress and the admissions, by rollout ID then host, the
+// summaries by ID, and the group's keys now.
+type GroupState struct {
+	Records   []*Record
+	Progress  map[string]map[string]*Progress
+	Admitted  map[string]map[string]bool
+	Summaries map[string]*Summary
+	Entries   []reconcile.Entry
+	Revision  int64
+}

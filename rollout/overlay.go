@@ -1,0 +1,121 @@
+package rollout
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/agentd/agentd/reconcile"
+)
+
+// Overlay returns the entries host runs under the rollouts: where a
+// rollout governs its keys (they hold what it wrote) and host has not
+// taken its change (or went back), each key holds what host ran before it:
+// the rollout's From, or, when the rollout followed another that did not
+// finish (After: aborted, failed, or superseded while running), what that
+// one gives host, and so on back. So a host reverted from an aborted
+// change, or not yet in it, keeps what it runs when the next rollout
+// starts. Entries no rollout touches are shared. mine is host's own
+// progress, by rollout ID: nothing else is needed, so a host never reads
+// another host's progress.
+func Overlay(entries []reconcile.Entry, host string, records []*Record, mine map[string]*Progress) []reconcile.Entry {
+	byID := make(map[string]*Record, len(records))
+	for _, r := range records {
+		byID[r.ID] = r
+	}
+	var out []reconcile.Entry
+	for _, r := range records {
+		if !r.Governs(entries) || r.Wave(host) < 0 || mine[r.ID].Took() {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(entries)
+		}
+		out = r.previous(out, func(key string) (from *string, rev int64) {
+			cur := r
+			for {
+				ru := cur.Units[key]
+				from, rev = ru.From, ru.FromRevision
+				next := byID[cur.After]
+				if next == nil || (next.End != nil && next.End.State == Done) || next.Wave(host) < 0 {
+					return from, rev
+				}
+				if _, ok := next.Units[key]; !ok {
+					return from, rev
+				}
+				if mine[next.ID].Took() {
+					return from, rev // host runs next's change: cur's From
+				}
+				cur = next
+			}
+		})
+	}
+	if out == nil {
+		return entries
+	}
+	return out
+}
+
+// previous puts r's keys back to what host ran before it (prev).
+func (r *Record) previous(entries []reconcile.Entry, prev func(key string) (*string, int64)) []reconcile.Entry {
+	seen := map[string]bool{}
+	out := entries[:0]
+	for _, e := range entries {
+		if _, ok := r.Units[e.Unit]; !ok || e.Scope != reconcile.ScopeGroup || e.Group != r.Group {
+			out = append(out, e)
+			continue
+		}
+		seen[e.Unit] = true
+		if from, rev := prev(e.Unit); from != nil {
+			e.Value, e.ModRevision = []byte(*from), rev
+			out = append(out, e)
+		}
+	}
+	for _, key := range slices.Sorted(maps.Keys(r.Units)) {
+		if from, rev := prev(key); !seen[key] && from != nil {
+			out = append(out, reconcile.Entry{Scope: reconcile.ScopeGroup, Group: r.Group, Unit: key, Value: []byte(*from), ModRevision: rev})
+		}
+	}
+	slices.SortFunc(out, reconcile.CompareEntries)
+	return out
+}
+
+// HoldUnconfirmed keeps each group key written after upTo (the revision up
+// to which the rollouts are known complete) as it was in prev: such a key
+// may be staged by a rollout whose record has not arrived yet, and a host
+// outside its first wave must not run it meanwhile. A key that was not in
+// prev stays out. upTo 0 (not known, e.g. a saved snapshot) holds nothing.
+// A removal cannot be dated (the key is gone): it is not held. It says
+// whether it held anything: the snapshot then speaks for upTo only.
+func HoldUnconfirmed(entries, prev []reconcile.Entry, upTo int64) ([]reconcile.Entry, bool) {
+	if upTo <= 0 {
+		return entries, false
+	}
+	held := false
+	for _, e := range entries {
+		if e.Scope == reconcile.ScopeGroup && e.ModRevision > upTo {
+			held = true
+			break
+		}
+	}
+	if !held {
+		return entries, false
+	}
+	was := make(map[[2]string]reconcile.Entry, len(prev))
+	for _, e := range prev {
+		if e.Scope == reconcile.ScopeGroup {
+			was[[2]string{e.Group, e.Unit}] = e
+		}
+	}
+	out := make([]reconcile.Entry, 0, len(entries))
+	for _, e := range entries {
+		if e.Scope == reconcile.ScopeGroup && e.ModRevision > upTo {
+			if old, ok := was[[2]string{e.Group, e.Unit}]; ok {
+				out = append(out, old)
+			}
+			continue
+		}
+		out = append(out, e)
+	}
+	slices.SortFunc(out, reconcile.CompareEntries)
+	return out, true
+}

@@ -1,0 +1,164 @@
+package rollout
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+)
+
+// Write is what one host's participant writes after looking at a rollout:
+// its own progress, and at most a pause of the record.
+type Write struct {
+	Progress *Progress // this host's new progress; nil: unchanged
+	Pause    string    // pauses the rollout, with this reason
+}
+
+// IsZero says there is nothing to write.
+func (w Write) IsZero() bool { return w.Progress == nil && w.Pause == "" }
+
+// HostInput is what a host knows when it steps a rollout: nothing of the
+// other hosts.
+type HostInput struct {
+	Host string
+	// Mine is the host's progress (nil: pending); Admitted says the
+	// coordinator let it take the change.
+	Mine     *Progress
+	Admitted bool
+	// Entries are the host's registry entries as stored; Runs the same
+	// with the rollouts applied (Overlay: what the host should run now);
+	// Statuses its units' statuses as it last published them.
+	Entries, Runs []reconcile.Entry
+	Statuses      map[string]reconcile.Status
+}
+
+// Step decides what in.Host writes to r at now. Pure. The host takes the
+// change once admitted (the coordinator opened its wave and had room for
+// it under --max-unavailable), judges it by the one judgement of converged
+// (Expectation.Judge), soaks it, and goes back when the record says the
+// rollout reverts.
+func Step(r *Record, in HostInput, now time.Time) Write {
+	var out Write
+	if r.Overwritten(in.Entries) || r.Wave(in.Host) < 0 {
+		return out
+	}
+	mine := in.Mine
+	set := func(s HostState, reason string) {
+		p := Progress{State: s, Since: now, Reason: reason}
+		if mine != nil {
+			p.HealthyAt, p.Restarts = mine.HealthyAt, mine.Restarts
+		}
+		if s == HostHealthy {
+			p.HealthyAt = now
+		}
+		if s == HostApplying {
+			p.Restarts = restartsOf(r, in.Statuses)
+		}
+		out.Progress = &p
+	}
+	st := mine.StateOf()
+	switch {
+	case r.Reverts() && mine.Took():
+		set(HostReverting, "the rollout "+string(r.End.State)+": going back to the previous version")
+	case st == HostReverting:
+		if done, _ := r.judge(in.Statuses, in.Runs, true); done {
+			set(HostReverted, "")
+		}
+	case st == HostPending:
+		if in.Admitted && r.End == nil && r.Abort == nil {
+			set(HostApplying, fmt.Sprintf("wave %d of %d", r.Wave(in.Host)+1, len(r.WaveEnds)))
+		}
+	case st == HostApplying || st == HostSoaking:
+		done, failed := r.judge(in.Statuses, in.Runs, false)
+		switch {
+		case failed != "":
+			set(HostFailed, failed)
+		case !done:
+			if st == HostSoaking {
+				set(HostApplying, "not healthy any more: waiting for it again")
+			}
+		case st == HostApplying && r.Strategy.Soak > 0:
+			set(HostSoaking, "")
+		case st == HostApplying || now.Sub(mine.Since) >= r.Strategy.Soak:
+			set(HostHealthy, "")
+		}
+		if out.Progress == nil || out.Progress.State != HostFailed {
+			if why := r.restartedTooOften(mine, in.Statuses); why != "" && !r.Paused && r.End == nil {
+				out.Pause = in.Host + ": " + why
+			}
+		}
+	}
+	return out
+}
+
+// SoakDue is when a host soaking r counts as done for time alone (zero:
+// it is not soaking): its participant looks again then.
+func SoakDue(r *Record, mine *Progress) time.Time {
+	if mine == nil || mine.State != HostSoaking {
+		return time.Time{}
+	}
+	return mine.Since.Add(r.Strategy.Soak)
+}
+
+// judge says whether this host runs what it should (runs: the rollout's
+// change when it takes it, what it ran before when it went back) healthy,
+// or why it failed the change (taking it only), by the one judgement of
+// converged (Expectation.Judge) on its statuses.
+func (r *Record) judge(statuses map[string]reconcile.Status, runs []reconcile.Entry, back bool) (done bool, failed string) {
+	now := map[string][]byte{}
+	for _, e := range runs {
+		if e.Scope == reconcile.ScopeGroup && e.Group == r.Group {
+			now[e.Unit] = e.Value
+		}
+	}
+	rep := reconcile.HostReport{Statuses: statuses}
+	done = true
+	for _, key := range slices.Sorted(maps.Keys(r.Units)) {
+		content, present := now[key]
+		e, err := reconcile.Expect(key, content, !present, 0)
+		if err != nil {
+			return false, err.Error()
+		}
+		p, why := e.Judge(rep, func() bool { return true })
+		switch {
+		case p == reconcile.ProgressFailed || p == reconcile.ProgressRolledBack:
+			if !back {
+				return false, key + ": " + why
+			}
+			done = false
+		case !p.Success():
+			done = false
+		}
+	}
+	return done, ""
+}
+
+// restartedTooOften says why the host's units restarted more than
+// MaxRestarts times since it took the change ("" if not).
+func (r *Record) restartedTooOften(mine *Progress, statuses map[string]reconcile.Status) string {
+	if r.Strategy.MaxRestarts < 0 || mine == nil {
+		return ""
+	}
+	for u, n := range restartsOf(r, statuses) {
+		if d := int(n) - int(mine.Restarts[u]); d > r.Strategy.MaxRestarts {
+			return fmt.Sprintf("%s restarted %d times since it took the change (--max-restarts %d)", u, d, r.Strategy.MaxRestarts)
+		}
+	}
+	return ""
+}
+
+func restartsOf(r *Record, statuses map[string]reconcile.Status) map[string]uint32 {
+	out := map[string]uint32{}
+	for key := range r.Units {
+		_, unit, err := reconcile.ParseKey(key)
+		if err != nil {
+			continue
+		}
+		if st, ok := statuses[unit]; ok {
+			out[unit] = st.NRestarts
+		}
+	}
+	return out
+}

@@ -1,0 +1,94 @@
+package rollout
+
+import (
+	"time"
+
+	"github.com/agentd/agentd/reconcile"
+)
+
+// View is one rollout as a reader sees it (the CLI, `rollout status`,
+// `put --wait`): its record, its summary and the group's keys, read at one
+// revision. It never needs every host's progress: Progress is filled only
+// when a command asks for each host's line.
+type View struct {
+	Record *Record
+	// Summary is nil until a coordinator has looked at the rollout.
+	Summary *Summary
+	// Entries are the group's unit keys now (to tell a superseded rollout).
+	Entries []reconcile.Entry
+	// Coordinator is the host that coordinates the group now ("": none).
+	Coordinator string
+	// Progress is every host's progress, when asked for (else nil).
+	Progress map[string]*Progress
+	Revision int64
+}
+
+// Phase is where the rollout stands: its end when one is written (or its
+// keys were written again since: superseded), else what the coordinator
+// last summarized, with the record's pause (written by the CLI) taken at
+// once.
+func (v View) Phase() Phase {
+	r, s := v.Record, v.Summary
+	wave := 0
+	if s != nil {
+		wave = s.Phase.Wave
+	}
+	switch {
+	case r.End != nil:
+		return Phase{State: r.End.State, Wave: wave, Reason: r.End.Reason}
+	case r.Overwritten(v.Entries):
+		return Phase{State: Superseded, Wave: wave, Reason: "its keys were written again since, without a rollout"}
+	case r.Paused:
+		return Phase{State: Paused, Wave: wave, Reason: r.PauseReason}
+	case s == nil:
+		return Phase{State: Starting, Reason: "no coordinator has looked at it yet"}
+	case s.Phase.State == Paused: // resumed since the summary
+		return Phase{State: Running, Wave: wave}
+	}
+	return s.Phase
+}
+
+// Settled says following the rollout can stop: it ended and, when it
+// reverts, no host holds the change any more (by the summary written
+// after its end).
+func (v View) Settled() bool {
+	ph := v.Phase()
+	if !ph.State.Ended() {
+		return false
+	}
+	if v.Record.Reverts() {
+		s := v.Summary
+		return s != nil && s.At.After(v.Record.End.At.Add(-time.Millisecond)) && s.Phase.State.Ended() && s.Holding() == 0
+	}
+	return true
+}
+
+// HostState is host's state (pending when its progress was not read or
+// not written).
+func (v View) HostState(host string) (HostState, string, time.Time) {
+	p := v.Progress[host]
+	if p == nil {
+		return HostPending, "", time.Time{}
+	}
+	return p.State, p.Reason, p.Since
+}
+
+// Count is how many hosts are in state, by the summary.
+func (v View) Count(st HostState) int { return v.Summary.countOf(st) }
+
+// HostView is what a host's registry watch delivers of its groups'
+// rollouts: the records, and its own progress and admissions. No other
+// host's progress reaches it.
+type HostView struct {
+	// Records are the rollouts of the host's groups that did not end done
+	// (a failed or aborted one still says who keeps the previous content),
+	// sorted by ID.
+	Records []*Record
+	// Mine is this host's progress, Admitted its admissions, by rollout ID.
+	Mine     map[string]*Progress
+	Admitted map[string]bool
+	// KnownUpTo is how far the records are known complete: a group key
+	// written after it may belong to a rollout whose record has not
+	// arrived yet (HoldUnconfirmed).
+	KnownUpTo int64
+}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
-	"github.com/agentd/agentd/rollout"
 )
 
 // factsSink is a FactsPublisher that keeps the last facts published.

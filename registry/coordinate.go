@@ -14,7 +14,6 @@ import (
 	"github.com/agentd/agentd/rollout"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 // ErrNotCoordinator: a coordinator's write found another host elected
@@ -22,62 +21,121 @@ import (
 var ErrNotCoordinator = errors.New("no longer the group's rollout coordinator")
 
 // Coordination is this host's term as its group's rollout coordinator
-// (rollout.Coordinator), won in etcd's election at
-// <p>/rollouts/coordinator/<group>/ on the agent's membership lease: when
-// the agent dies, its term ends with the lease (its TTL), and the next
-// candidate, which watched only its predecessor's key, takes over. Every
-// write of the term is guarded by its election key, so two coordinators
-// never both write: a host is admitted once, and --max-unavailable holds.
+// (rollout.Coordinator), won in an election at
+// <p>/rollouts/coordinator/<group>/ on the agent's membership lease: each
+// candidate puts one key bound to its lease, and the oldest key wins (the
+// scheme of etcd's concurrency.Election, on the lease the Session already
+// keeps: concurrency.Session would keep it a second time, with the
+// client's lessor and its wake-ups, see leaseKeeper). A candidate watches
+// only the key just older than its own, so a group of N agents costs N
+// keys and N one-key watches, and a change of coordinator wakes one
+// agent. When the coordinator dies its key goes with its lease (its TTL)
+// and the next candidate takes over. Every write of the term is guarded
+// by its election key, so two coordinators never both write: a host is
+// admitted once, and --max-unavailable holds.
 type Coordination struct {
 	c     *Client
 	host  string
 	group string
-	cs    *concurrency.Session
-	el    *concurrency.Election
+	key   string
+	rev   int64 // the election key's create revision
+	lost  <-chan struct{}
 
 	mu sync.Mutex
 	st *groupState
 }
 
 // Campaign waits until this host coordinates group's rollouts, or ctx
-// ends. The candidacy is bound to the membership lease (no lease of its
-// own: 10,000 agents keep one lease each, not two).
+// ends, or the lease is lost.
 func (s *Session) Campaign(ctx context.Context, group string) (*Coordination, error) {
 	if err := ValidateName("group", group); err != nil {
 		return nil, err
 	}
-	lease := s.Lease()
-	if lease == clientv3.NoLease {
+	s.mu.Lock()
+	k := s.sess
+	s.mu.Unlock()
+	if k == nil {
 		return nil, errLeaseLost
 	}
-	cs, err := concurrency.NewSession(s.c.cli, concurrency.WithLease(lease), concurrency.WithContext(ctx))
+	c := s.c
+	key := fmt.Sprintf("%s/%x", c.electionPrefix(group), int64(k.id))
+	rctx, cancel := c.reqCtx(ctx)
+	resp, err := c.cli.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, s.member.Host, clientv3.WithLease(k.id))).Else(clientv3.OpGet(key)).Commit()
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("campaign for group %s: %w", group, err)
 	}
-	el := concurrency.NewElection(cs, s.c.electionPrefix(group))
-	if err := el.Campaign(ctx, s.member.Host); err != nil {
-		cs.Orphan() // the lease is the membership's: never revoke it here
+	rev := resp.Header.Revision
+	if !resp.Succeeded {
+		rev = resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision
+	}
+	co := &Coordination{c: c, host: s.member.Host, group: group, key: key, rev: rev, lost: k.Done()}
+	if err := co.waitOlder(ctx); err != nil {
+		co.Resign(ctx)
 		return nil, fmt.Errorf("campaign for group %s: %w", group, err)
 	}
-	return &Coordination{c: s.c, host: s.member.Host, group: group, cs: cs, el: el}, nil
+	return co, nil
+}
+
+// waitOlder returns once no candidate older than this one is left.
+func (co *Coordination) waitOlder(ctx context.Context) error {
+	c := co.c
+	for {
+		rctx, cancel := c.reqCtx(ctx)
+		opts := append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(co.rev-1))
+		resp, err := c.cli.Get(rctx, c.electionPrefix(co.group)+"/", opts...)
+		cancel()
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) == 0 {
+			return nil
+		}
+		older := string(resp.Kvs[0].Key)
+		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		ch := c.cli.Watch(wctx, older, clientv3.WithRev(resp.Header.Revision+1))
+		gone := false
+		for !gone {
+			select {
+			case <-ctx.Done():
+				wcancel()
+				return ctx.Err()
+			case <-co.lost:
+				wcancel()
+				return errLeaseLost
+			case wr, ok := <-ch:
+				if !ok || wr.Err() != nil {
+					gone = true // look again
+					break
+				}
+				for _, ev := range wr.Events {
+					if ev.Type == clientv3.EventTypeDelete {
+						gone = true
+					}
+				}
+			}
+		}
+		wcancel()
+	}
 }
 
 // Lost is closed when the term ended with the lease.
-func (co *Coordination) Lost() <-chan struct{} { return co.cs.Done() }
+func (co *Coordination) Lost() <-chan struct{} { return co.lost }
 
-// Resign ends the term: the next candidate takes over at once.
+// Resign ends the term (or the candidacy): the next candidate takes over
+// at once.
 func (co *Coordination) Resign(ctx context.Context) {
 	rctx, cancel := co.c.reqCtx(context.WithoutCancel(ctx))
 	defer cancel()
-	_ = co.el.Resign(rctx)
-	co.cs.Orphan()
+	_, _ = co.c.cli.Txn(rctx).If(co.guard()).Then(clientv3.OpDelete(co.key)).Commit()
 }
 
 // Host is the coordinating host (this one).
 func (co *Coordination) Host() string { return co.host }
 
 func (co *Coordination) guard() clientv3.Cmp {
-	return clientv3.Compare(clientv3.CreateRevision(co.el.Key()), "=", co.el.Rev())
+	return clientv3.Compare(clientv3.CreateRevision(co.key), "=", co.rev)
 }
 
 // admitChunk bounds the puts of one admission transaction (MaxTxnOps,
@@ -126,6 +184,21 @@ func (co *Coordination) End(ctx context.Context, r *rollout.Record, e rollout.En
 	return ok, err
 }
 
+// Join adds hosts to r's last wave, if its record did not change since it
+// was read (false: it did; look again).
+func (co *Coordination) Join(ctx context.Context, r *rollout.Record, hosts []string) (bool, error) {
+	next := *r
+	next.Hosts = append(slices.Clone(r.Hosts), hosts...)
+	next.WaveEnds = slices.Clone(r.WaveEnds)
+	next.WaveEnds[len(next.WaveEnds)-1] = len(next.Hosts)
+	next.Joined = append(slices.Clone(r.Joined), hosts...)
+	ok, err := co.c.writeRollout(ctx, &next, []clientv3.Cmp{co.guard()})
+	if err == nil && !ok && !co.elected(ctx) {
+		return false, ErrNotCoordinator
+	}
+	return ok, err
+}
+
 // WriteSummary writes s as rollout s.ID's summary.
 func (co *Coordination) WriteSummary(ctx context.Context, s rollout.Summary) error {
 	b, err := json.Marshal(s)
@@ -152,7 +225,7 @@ func (co *Coordination) commit(ctx context.Context, what string, ops ...clientv3
 func (co *Coordination) elected(ctx context.Context) bool {
 	rctx, cancel := co.c.reqCtx(ctx)
 	defer cancel()
-	resp, err := co.c.cli.Get(rctx, co.el.Key(), clientv3.WithCountOnly())
+	resp, err := co.c.cli.Get(rctx, co.key, clientv3.WithCountOnly())
 	return err != nil || resp.Count > 0
 }
 
@@ -165,7 +238,16 @@ type groupState struct {
 	progress  map[string]map[string]*rollout.Progress // ID → host
 	admitted  map[string]map[string]bool              // ID → host
 	entries   map[string]reconcile.Entry              // by key
+	members   map[string]bool                         // the group's live agents
 	rev       int64
+	// created is each record's create revision (by key), and entriesAt
+	// the revision the group's keys are known up to: each prefix has a
+	// watch of its own, and a rollout's record may arrive before the keys
+	// its transaction wrote (which would read as superseded). A record is
+	// shown only once its keys are known (every rollout writes them in
+	// the record's own transaction).
+	created   map[string]int64
+	entriesAt int64
 }
 
 // Read runs fn with the group's state as last followed (nil maps before
@@ -178,9 +260,11 @@ func (co *Coordination) Read(fn func(rollout.GroupState)) {
 		fn(rollout.GroupState{})
 		return
 	}
-	g := rollout.GroupState{Progress: st.progress, Admitted: st.admitted, Summaries: st.summaries, Revision: st.rev}
-	for _, r := range st.records {
-		g.Records = append(g.Records, r)
+	g := rollout.GroupState{Progress: st.progress, Admitted: st.admitted, Summaries: st.summaries, Members: st.members, Revision: st.rev}
+	for key, r := range st.records {
+		if st.created[key] <= st.entriesAt {
+			g.Records = append(g.Records, r)
+		}
 	}
 	slices.SortFunc(g.Records, func(a, b *rollout.Record) int { return strings.Compare(a.ID, b.ID) })
 	g.Entries = slices.SortedFunc(maps.Values(st.entries), reconcile.CompareEntries)
@@ -192,7 +276,8 @@ func (co *Coordination) Read(fn func(rollout.GroupState)) {
 // (then it returns the error; call it again to read afresh).
 func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 	c := co.c
-	prefixes := []string{c.rolloutGroup(co.group), c.summaryRoot() + co.group + "/", c.admitGroup(co.group), c.progressRoot(), c.targetUnits(Target{Group: co.group})}
+	prefixes := []string{c.rolloutGroup(co.group), c.summaryRoot() + co.group + "/", c.admitGroup(co.group), c.progressRoot(),
+		c.targetUnits(Target{Group: co.group}), c.agentsRoot()}
 	ops := make([]clientv3.Op, len(prefixes))
 	for i, p := range prefixes {
 		ops[i] = clientv3.OpGet(p, clientv3.WithPrefix())
@@ -204,7 +289,8 @@ func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 		return fmt.Errorf("read the rollouts of group %s: %w", co.group, err)
 	}
 	st := &groupState{records: map[string]*rollout.Record{}, summaries: map[string]*rollout.Summary{},
-		progress: map[string]map[string]*rollout.Progress{}, admitted: map[string]map[string]bool{}, entries: map[string]reconcile.Entry{}, rev: resp.Header.Revision}
+		progress: map[string]map[string]*rollout.Progress{}, admitted: map[string]map[string]bool{}, entries: map[string]reconcile.Entry{}, rev: resp.Header.Revision,
+		created: map[string]int64{}, entriesAt: resp.Header.Revision}
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().GetKvs() {
 			co.apply(st, clientv3.EventTypePut, kv)
@@ -217,33 +303,39 @@ func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer wcancel()
-	merged := make(chan clientv3.WatchResponse)
+	type watched struct {
+		resp    clientv3.WatchResponse
+		entries bool // from the watch of the group's keys
+	}
+	merged := make(chan watched)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer wcancel()
-	for _, p := range prefixes {
+	for i, p := range prefixes {
 		ch := c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(st.rev+1))
+		entries := i == len(prefixes)-1
 		wg.Go(func() {
 			for resp := range ch {
 				select {
-				case merged <- resp:
+				case merged <- watched{resp, entries}:
 				case <-wctx.Done():
 					return
 				}
 			}
 			select {
-			case merged <- clientv3.WatchResponse{Canceled: true, CancelReason: "watch channel closed"}:
+			case merged <- watched{clientv3.WatchResponse{Canceled: true, CancelReason: "watch channel closed"}, entries}:
 			case <-wctx.Done():
 			}
 		})
 	}
 	for {
-		var resp clientv3.WatchResponse
+		var w watched
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case resp = <-merged:
+		case w = <-merged:
 		}
+		resp := w.resp
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("follow the rollouts of group %s: %w", co.group, err)
 		}
@@ -258,6 +350,9 @@ func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 			co.apply(st, ev.Type, ev.Kv)
 			st.rev = max(st.rev, ev.Kv.ModRevision)
 		}
+		if w.entries {
+			st.entriesAt = max(st.entriesAt, resp.Header.Revision)
+		}
 		co.mu.Unlock()
 		poke()
 	}
@@ -267,6 +362,20 @@ func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 func (co *Coordination) apply(st *groupState, typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 	c, key, del := co.c, string(kv.Key), typ == clientv3.EventTypeDelete
 	switch {
+	case strings.HasPrefix(key, c.agentsRoot()):
+		// A live agent's membership (one event when it joins or leaves,
+		// none while it runs): joiners go into running rollouts.
+		host := strings.TrimPrefix(key, c.agentsRoot())
+		if del {
+			delete(st.members, host)
+			return
+		}
+		ms := c.decodeMembers([]*mvccpb.KeyValue{kv})
+		if len(ms) == 1 && slices.Contains(ms[0].Groups, co.group) {
+			st.members[host] = true
+		} else {
+			delete(st.members, host)
+		}
 	case strings.HasPrefix(key, c.progressRoot()):
 		rest := strings.TrimPrefix(key, c.progressRoot())
 		host, id, ok := strings.Cut(rest, "/")
@@ -317,7 +426,7 @@ func (co *Coordination) apply(st *groupState, typ mvccpb.Event_EventType, kv *mv
 			delete(st.records, key)
 			return
 		}
-		st.records[key] = r
+		st.records[key], st.created[key] = r, kv.CreateRevision
 	default:
 		t, unit, ok := c.parseUnitKey(key)
 		if !ok || t.Group != co.group {

@@ -178,7 +178,7 @@ func TestWatchHalts(t *testing.T) {
 	last := resp.Header.Revision
 
 	r, _ := runWatch(t, c, "h1", []string{"web", "all"})
-	first := r.waitFor(t, "initial snapshot", 5*time.Second, func(reconcile.Snapshot) bool { return true })
+	first := r.waitFor(t, "initial snapshot", 5*time.Second, func(Snapshot) bool { return true })
 	want := []string{"groups/all:z.service=z1/h2", "groups/web:a.service=a1/h2", "groups/web:w.service=w1/h2"}
 	if got := haltsOf(first.Halts); !slices.Equal(got, want) {
 		t.Fatalf("initial halts = %v, want %v (the agent's groups only, sorted)", got, want)
@@ -193,7 +193,7 @@ func TestWatchHalts(t *testing.T) {
 	mustHalt(t, s, "groups/db", "d.service", "d2", "r")
 	mustHalt(t, s, "groups/web2", "w.service", "y", "r")
 	mustHalt(t, s, "groups/all", "b.service", "b1", "r")
-	got := r.waitFor(t, "new halt", 5*time.Second, func(s reconcile.Snapshot) bool { return len(s.Halts) == 4 })
+	got := r.waitFor(t, "new halt", 5*time.Second, func(s Snapshot) bool { return len(s.Halts) == 4 })
 	if k := len(r.all()) - n; k != 1 {
 		t.Errorf("%d callbacks for one relevant halt among irrelevant ones, want 1:%s", k, describe(r.all()[n:]))
 	}
@@ -208,13 +208,13 @@ func TestWatchHalts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got = r.waitFor(t, "halt deleted", 5*time.Second, func(s reconcile.Snapshot) bool { return len(s.Halts) == 3 })
+	got = r.waitFor(t, "halt deleted", 5*time.Second, func(s Snapshot) bool { return len(s.Halts) == 3 })
 	if got.Revision != del.Header.Revision {
 		t.Errorf("snapshot after the delete at revision %d, want %d", got.Revision, del.Header.Revision)
 	}
 	// New content for the group clears the unit's halt.
 	mustPut(t, c, Target{Group: "web"}, "w.service", "W2")
-	r.waitFor(t, "halt cleared by new content", 5*time.Second, func(s reconcile.Snapshot) bool {
+	r.waitFor(t, "halt cleared by new content", 5*time.Second, func(s Snapshot) bool {
 		return has(s, "group:web:w.service=W2") && len(s.Halts) == 2
 	})
 }

@@ -228,7 +228,7 @@ func TestWatchIgnoresHistory(t *testing.T) {
 	if _, err := c.Remove(ctxT(t), Target{Group: "all"}, []string{"g.service"}); err != nil {
 		t.Fatal(err)
 	}
-	r.waitFor(t, "a.service=A2 and g.service gone", 5*time.Second, func(s reconcile.Snapshot) bool {
+	r.waitFor(t, "a.service=A2 and g.service gone", 5*time.Second, func(s Snapshot) bool {
 		return has(s, "host:a.service=A2") && len(s.Entries) == 1
 	})
 	for i, s := range r.all() {

@@ -29,7 +29,8 @@ func TestAgentPermissionsMatchKeyLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := New(nil, prefix)
-		const u = "app.service"
+		const u, id = "app.service", "r20260102-030405-0a1b2c3d"
+		election := func(g string) string { return c.electionPrefix(g) + "/694d7f3a1b2c" } // as concurrency.Election names a candidate
 		reads := []string{
 			c.prefix + "/", // Dial's probe
 			c.hostUnits("h1") + u, c.hostUnits("h1") + u + ".d/x.conf",
@@ -38,12 +39,23 @@ func TestAgentPermissionsMatchKeyLayout(t *testing.T) {
 			c.lockDir("groups/web", u) + "h2", c.lockDir("groups/all", u) + "h3",
 			c.agentKey("h1"), c.hostStatus("h1") + u, c.factsKey("h1"),
 			c.hostStatus("h1") + reconcile.PassKey, c.memberKey("h1"),
+			// Rollouts: Watch reads the records and this host's own progress
+			// and admissions; the coordinator every host's progress and its
+			// group's admissions, summaries and election.
+			c.rolloutKey("web", id), c.rolloutKey("all", id), c.progressKey("h1", id),
+			c.admitKey("web", "h1", id), c.admitKey("all", "h1", id),
+			c.progressKey("h2", id), c.progressKey("h10", id), c.admitKey("web", "h2", id),
+			c.summaryKey("web", id), election("web"), election("all"),
 		}
 		writes := []string{
 			c.agentKey("h1"), c.hostStatus("h1") + u, c.factsKey("h1"),
 			c.hostStatus("h1") + reconcile.PassKey, c.memberKey("h1"),
 			c.haltKey("groups/web", u), c.haltKey("groups/all", "app@1.service"),
 			c.lockKey("groups/web", u, "h1"), c.lockKey("groups/all", u, "h1"),
+			// WriteProgress, PauseRollout; as coordinator Admit, End,
+			// WriteSummary, Campaign.
+			c.progressKey("h1", id), c.rolloutKey("web", id), c.admitKey("web", "h2", id),
+			c.summaryKey("all", id), election("web"),
 		}
 		for _, k := range reads {
 			if !covers(perms, k, false) {
@@ -63,6 +75,8 @@ func TestAgentPermissionsMatchKeyLayout(t *testing.T) {
 			c.memberKey("h2"), c.memberKey("h10"), c.membersRoot(),
 			c.groupUnits("db") + u, c.groupHalts("db") + u, c.lockKey("groups/db", u, "h1"),
 			c.lockKey("hosts/h2", u, "h1"),
+			c.rolloutKey("db", id), c.rolloutKey("web2", id), c.admitKey("db", "h1", id), c.admitKey("web2", "h1", id),
+			c.summaryKey("db", id), c.summaryKey("web2", id), election("db"), election("web2"),
 			c.prefix + "/other",
 		}
 		for _, k := range denied {
@@ -70,7 +84,9 @@ func TestAgentPermissionsMatchKeyLayout(t *testing.T) {
 				t.Errorf("prefix %q: the agent may read %s", prefix, k)
 			}
 		}
-		for _, k := range append(denied, c.groupUnits("web")+u, c.hostUnits("h1")+u, c.prefix+"/") {
+		// Another host's progress is read (by a coordinator), never written.
+		readOnly := []string{c.groupUnits("web") + u, c.hostUnits("h1") + u, c.prefix + "/", c.progressKey("h2", id), c.progressKey("h10", id)}
+		for _, k := range append(denied, readOnly...) {
 			if covers(perms, k, true) {
 				t.Errorf("prefix %q: the agent may write %s", prefix, k)
 			}

@@ -32,13 +32,13 @@ func ctxT(t *testing.T) context.Context {
 // snapRecorder collects Watch callbacks.
 type snapRecorder struct {
 	mu    sync.Mutex
-	snaps []reconcile.Snapshot
+	snaps []Snapshot
 	ch    chan struct{}
 }
 
 func newRecorder() *snapRecorder { return &snapRecorder{ch: make(chan struct{}, 1)} }
 
-func (r *snapRecorder) on(s reconcile.Snapshot) {
+func (r *snapRecorder) on(s Snapshot) {
 	r.mu.Lock()
 	r.snaps = append(r.snaps, s)
 	r.mu.Unlock()
@@ -48,14 +48,14 @@ func (r *snapRecorder) on(s reconcile.Snapshot) {
 	}
 }
 
-func (r *snapRecorder) all() []reconcile.Snapshot {
+func (r *snapRecorder) all() []Snapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.snaps)
 }
 
 // waitFor waits until the newest snapshot satisfies ok.
-func (r *snapRecorder) waitFor(t *testing.T, what string, timeout time.Duration, ok func(reconcile.Snapshot) bool) reconcile.Snapshot {
+func (r *snapRecorder) waitFor(t *testing.T, what string, timeout time.Duration, ok func(Snapshot) bool) Snapshot {
 	t.Helper()
 	deadline := time.After(timeout)
 	for {
@@ -70,7 +70,7 @@ func (r *snapRecorder) waitFor(t *testing.T, what string, timeout time.Duration,
 	}
 }
 
-func describe(snaps []reconcile.Snapshot) string {
+func describe(snaps []Snapshot) string {
 	out := ""
 	for _, s := range snaps {
 		out += fmt.Sprintf("\n  rev %d: %v", s.Revision, units(s))
@@ -79,7 +79,7 @@ func describe(snaps []reconcile.Snapshot) string {
 }
 
 // units renders a snapshot's entries as "scope/group/unit=value".
-func units(s reconcile.Snapshot) []string {
+func units(s Snapshot) []string {
 	var out []string
 	for _, e := range s.Entries {
 		k := e.Scope.String() + ":" + e.Unit
@@ -91,7 +91,7 @@ func units(s reconcile.Snapshot) []string {
 	return out
 }
 
-func has(s reconcile.Snapshot, want ...string) bool {
+func has(s Snapshot, want ...string) bool {
 	u := units(s)
 	for _, w := range want {
 		if !slices.Contains(u, w) {
@@ -148,7 +148,7 @@ func TestWatchSnapshots(t *testing.T) {
 	rev := mustPut(t, c, web, "a.service", "WA")
 
 	r, _ := runWatch(t, c, "h1", []string{"web", "all", "web"})
-	first := r.waitFor(t, "initial snapshot", 5*time.Second, func(reconcile.Snapshot) bool { return true })
+	first := r.waitFor(t, "initial snapshot", 5*time.Second, func(Snapshot) bool { return true })
 	want := []string{"host:a.service=A1", "group:web:a.service=WA", "group:web:w.service=W1", "group:web:w.service.d/10-x.conf=X"}
 	if got := units(first); !slices.Equal(got, want) {
 		t.Fatalf("initial snapshot = %v, want %v (sorted by scope, group, unit)", got, want)
@@ -170,7 +170,7 @@ func TestWatchSnapshots(t *testing.T) {
 	mustPut(t, c, Target{Host: "h10"}, "x.service", "nope")
 	// A relevant change after them: the next callback must be this one.
 	rev = mustPut(t, c, h1, "a.service", "A2")
-	s := r.waitFor(t, "update of a.service", 5*time.Second, func(s reconcile.Snapshot) bool { return has(s, "host:a.service=A2") })
+	s := r.waitFor(t, "update of a.service", 5*time.Second, func(s Snapshot) bool { return has(s, "host:a.service=A2") })
 	if got := len(r.all()); got != n+1 {
 		t.Errorf("callbacks after unrelated puts and one relevant put: %d, want %d:%s", got-n, 1, describe(r.all()[n:]))
 	}
@@ -185,7 +185,7 @@ func TestWatchSnapshots(t *testing.T) {
 	if _, err := c.Remove(ctxT(t), web, []string{"w.service.d/10-x.conf"}); err != nil {
 		t.Fatal(err)
 	}
-	r.waitFor(t, "drop-in removal", 5*time.Second, func(s reconcile.Snapshot) bool {
+	r.waitFor(t, "drop-in removal", 5*time.Second, func(s Snapshot) bool {
 		return len(s.Entries) == 3 && !slices.Contains(units(s), "group:web:w.service.d/10-x.conf=X")
 	})
 
@@ -198,7 +198,7 @@ func TestWatchSnapshots(t *testing.T) {
 	).Commit(); err != nil {
 		t.Fatal(err)
 	}
-	r.waitFor(t, "cross-prefix txn", 5*time.Second, func(s reconcile.Snapshot) bool {
+	r.waitFor(t, "cross-prefix txn", 5*time.Second, func(s Snapshot) bool {
 		return has(s, "host:x.service=X", "group:all:x.service=GX")
 	})
 	time.Sleep(50 * time.Millisecond)
@@ -215,7 +215,7 @@ func TestWatchSnapshots(t *testing.T) {
 	if _, err := c.Put(ctxT(t), Target{Group: "all"}, big); err != nil {
 		t.Fatal(err)
 	}
-	r.waitFor(t, "50 new units", 5*time.Second, func(s reconcile.Snapshot) bool { return len(s.Entries) == 55 })
+	r.waitFor(t, "50 new units", 5*time.Second, func(s Snapshot) bool { return len(s.Entries) == 55 })
 	time.Sleep(50 * time.Millisecond)
 	if got := len(r.all()) - n; got != 1 {
 		t.Errorf("a 50-unit transaction produced %d callbacks, want 1:%s", got, describe(r.all()[n:]))
@@ -242,7 +242,7 @@ func TestWatchResyncsAfterCompaction(t *testing.T) {
 		})
 	}
 	r, _ := runWatch(t, c, "h1", nil)
-	r.waitFor(t, "state after compaction", 5*time.Second, func(s reconcile.Snapshot) bool {
+	r.waitFor(t, "state after compaction", 5*time.Second, func(s Snapshot) bool {
 		return has(s, "host:a.service=A2", "host:b.service=B")
 	})
 	for i, s := range r.all() {
@@ -252,7 +252,7 @@ func TestWatchResyncsAfterCompaction(t *testing.T) {
 	}
 	// And the re-established watch keeps working.
 	mustPut(t, c, h1, "c.service", "C")
-	r.waitFor(t, "c.service", 5*time.Second, func(s reconcile.Snapshot) bool { return has(s, "host:c.service=C") })
+	r.waitFor(t, "c.service", 5*time.Second, func(s Snapshot) bool { return has(s, "host:c.service=C") })
 }
 
 func TestWatchFromCompactedRevision(t *testing.T) {
@@ -265,7 +265,7 @@ func TestWatchFromCompactedRevision(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &unitWatch{c: c, prefixes: []string{c.hostUnits("h1")}}
-	err := w.watch(ctxT(t), newUnitState(), 1, func(reconcile.Snapshot) { t.Error("snapshot from a compacted watch") })
+	err := w.watch(ctxT(t), newUnitState(), 1, func(Snapshot) { t.Error("snapshot from a compacted watch") })
 	if !errors.Is(err, rpctypes.ErrCompacted) {
 		t.Fatalf("watch from a compacted revision: %v, want ErrCompacted", err)
 	}
@@ -324,7 +324,7 @@ func TestWatchSurvivesEtcdRestart(t *testing.T) {
 	c := NewTestClient(t, e.Endpoint())
 	mustPut(t, c, Target{Host: "h1"}, "a.service", "A")
 	r, stop := runWatch(t, c, "h1", []string{"web"})
-	r.waitFor(t, "initial snapshot", 5*time.Second, func(s reconcile.Snapshot) bool { return has(s, "host:a.service=A") })
+	r.waitFor(t, "initial snapshot", 5*time.Second, func(s Snapshot) bool { return has(s, "host:a.service=A") })
 
 	n := len(r.all())
 	start := time.Now()
@@ -343,7 +343,7 @@ func TestWatchSurvivesEtcdRestart(t *testing.T) {
 	t.Cleanup(closeEtcd)
 	start = time.Now()
 	mustPut(t, c, Target{Group: "web"}, "w.service", "W")
-	r.waitFor(t, "state after restart", 15*time.Second, func(s reconcile.Snapshot) bool {
+	r.waitFor(t, "state after restart", 15*time.Second, func(s Snapshot) bool {
 		return has(s, "host:a.service=A", "group:web:w.service=W")
 	})
 	t.Logf("recovered %s after restart", time.Since(start).Round(time.Millisecond))
@@ -368,7 +368,7 @@ func TestWatchSettlesOnProgressNotify(t *testing.T) {
 	_, c := newTest(t)
 	c.settleDelay = time.Hour
 	r, _ := runWatch(t, c, "h1", []string{"web", "all"})
-	r.waitFor(t, "initial snapshot", 5*time.Second, func(reconcile.Snapshot) bool { return true })
+	r.waitFor(t, "initial snapshot", 5*time.Second, func(Snapshot) bool { return true })
 	// etcd answers a progress request only once every watcher of the
 	// stream has caught up: the watchers are created one after another
 	// after the snapshot, and one created behind the store's revision
@@ -383,11 +383,11 @@ func TestWatchSettlesOnProgressNotify(t *testing.T) {
 	).Commit(); err != nil {
 		t.Fatal(err)
 	}
-	r.waitFor(t, "three-prefix txn", 5*time.Second, func(s reconcile.Snapshot) bool {
+	r.waitFor(t, "three-prefix txn", 5*time.Second, func(s Snapshot) bool {
 		return has(s, "host:x.service=X", "group:web:y.service=Y", "group:all:z.service=Z")
 	})
 	mustPut(t, c, Target{Group: "web"}, "y.service", "Y2")
-	r.waitFor(t, "one-prefix put", 5*time.Second, func(s reconcile.Snapshot) bool { return has(s, "group:web:y.service=Y2") })
+	r.waitFor(t, "one-prefix put", 5*time.Second, func(s Snapshot) bool { return has(s, "group:web:y.service=Y2") })
 	if got := len(r.all()) - n; got != 2 {
 		t.Errorf("two transactions produced %d callbacks, want 2:%s", got, describe(r.all()[n:]))
 	}

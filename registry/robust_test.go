@@ -162,7 +162,7 @@ func TestReadersSkipGarbage(t *testing.T) {
 	// The agent side: Watch delivers snapshots despite a garbage halt.
 	mustPut(t, c, Target{Group: "web"}, "a.service", "[Service]\nExecStart=/bin/true\n")
 	r, _ := runWatch(t, c, "h1", []string{"web"})
-	r.waitFor(t, "a.service despite the garbage halt", 5*time.Second, func(s reconcile.Snapshot) bool {
+	r.waitFor(t, "a.service despite the garbage halt", 5*time.Second, func(s Snapshot) bool {
 		return has(s, "group:web:a.service=[Service]\nExecStart=/bin/true\n") && len(s.Halts) == 0
 	})
 }

@@ -57,7 +57,7 @@ func TestSignedWrites(t *testing.T) {
 	if !ok || s1.Signature != "SIG("+string(want.Message())+")" || s1.Seq != want.Seq || s1.Key != want.Key || s1.Hash != want.Hash || s1.Signer != "SHA256:test" || s1.Removed {
 		t.Fatalf("record %+v, ok %v", s1, ok)
 	}
-	snap := r.waitFor(t, "the put", 10*time.Second, func(s reconcile.Snapshot) bool { return s.Revision >= rev })
+	snap := r.waitFor(t, "the put", 10*time.Second, func(s Snapshot) bool { return s.Revision >= rev })
 	if len(snap.Signatures) != 1 || snap.Signatures[0].Unit != "a.service" || snap.Signatures[0].Scope != reconcile.ScopeHost || snap.Signatures[0].ModRevision != rev {
 		t.Fatalf("snapshot at %d: signatures %+v", rev, snap.Signatures)
 	}
@@ -81,7 +81,7 @@ func TestSignedWrites(t *testing.T) {
 	if !ok || !s4.Removed || s4.Hash != "" || !strings.Contains(s4.Signature, "content removed\n") || s4.Seq <= s3.Seq {
 		t.Errorf("removal record %+v, ok %v", s4, ok)
 	}
-	snap = r.waitFor(t, "the removal", 10*time.Second, func(s reconcile.Snapshot) bool { return s.Revision >= rmRev })
+	snap = r.waitFor(t, "the removal", 10*time.Second, func(s Snapshot) bool { return s.Revision >= rmRev })
 	if len(snap.Entries) != 0 || len(snap.Signatures) != 1 || snap.Signatures[0].ModRevision != rmRev {
 		t.Fatalf("snapshot after the removal: %+v", snap)
 	}
@@ -98,7 +98,7 @@ func TestSignedWrites(t *testing.T) {
 	if s, ok := sigOf(t, c, web, "b.service"); !ok || s.Signature != "" || s.Seq != sb.Seq || s.Hash != "" {
 		t.Errorf("after an unsigned put the record is %+v (ok %v): want no signature, sequence %d", s, ok, sb.Seq)
 	}
-	snap = r.waitFor(t, "the unsigned put", 10*time.Second, func(s reconcile.Snapshot) bool { return s.Revision >= rev })
+	snap = r.waitFor(t, "the unsigned put", 10*time.Second, func(s Snapshot) bool { return s.Revision >= rev })
 	if len(snap.Signatures) != 2 {
 		t.Errorf("signatures after the unsigned put: %+v", snap.Signatures)
 	}

@@ -168,7 +168,7 @@ func TestUnitsRoundTrip(t *testing.T) {
 		"list bad":       func() error { _, err := c.List(ctx, &Target{Group: "a/b"}); return err }(),
 		"get bad":        func() error { _, err := c.Get(ctx, Target{Host: "h/1"}, "a.service"); return err }(),
 		"statuses bad":   func() error { _, err := c.Statuses(ctx, ""); return err }(),
-		"watch bad":      c.Watch(ctx, "h1", []string{"x y"}, func(reconcile.Snapshot) {}),
+		"watch bad":      c.Watch(ctx, "h1", []string{"x y"}, func(Snapshot) {}),
 	} {
 		if !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)

@@ -17,7 +17,7 @@ import (
 func TestUnitStateKeepsSnapshotOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	s := newUnitState()
-	var held []reconcile.Snapshot
+	var held []Snapshot
 	var want [][]reconcile.Entry
 	for i := range 3000 {
 		scope, group := reconcile.ScopeHost, ""

@@ -31,6 +31,8 @@ type Term interface {
 	Read(fn func(GroupState))
 	Admit(ctx context.Context, r *Record, hosts []string, a Admission) error
 	End(ctx context.Context, r *Record, e End) (bool, error)
+	// Join adds hosts to r's last wave.
+	Join(ctx context.Context, r *Record, hosts []string) (bool, error)
 	WriteSummary(ctx context.Context, s Summary) error
 }
 
@@ -156,7 +158,7 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 			if _, ok := t.written[r.ID]; !ok && g.Summaries[r.ID] != nil {
 				t.written[r.ID] = writtenSummary{s: g.Summaries[r.ID]} // a former term's
 			}
-			d := Decide(r, GroupView{Progress: g.Progress[r.ID], Admitted: g.Admitted[r.ID], Entries: g.Entries}, term.Host(), now)
+			d := Decide(r, GroupView{Progress: g.Progress[r.ID], Admitted: g.Admitted[r.ID], Entries: g.Entries, Members: g.Members}, term.Host(), now)
 			todo = append(todo, decided{r, d})
 		}
 	})
@@ -168,6 +170,17 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 	for _, x := range todo {
 		r, d := x.r, x.d
 		log := c.log.With("rollout", r.ID)
+		if len(d.Join) > 0 {
+			ok, err := term.Join(ctx, r, d.Join)
+			switch {
+			case err != nil:
+				log.Warn("rollout "+r.ID+": could not add the hosts that joined the group; trying again", "err", err)
+				soonest(now.Add(jittered(time.Second)))
+			case ok:
+				log.Info("rollout "+r.ID+": "+NameHosts(d.Join, len(d.Join))+" joined the group since it started: added to its last wave", "hosts", len(d.Join))
+			}
+			continue // decided again on the record that says so
+		}
 		if len(d.Admit) > 0 {
 			a := Admission{Wave: d.Summary.Phase.Wave, At: now, By: term.Host()}
 			if err := term.Admit(ctx, r, d.Admit, a); err != nil {

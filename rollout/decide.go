@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -130,6 +131,9 @@ type Decision struct {
 	// Due is when to look again for time alone (the progress deadline);
 	// zero: not before news.
 	Due time.Time
+	// Join are live agents of the group that are not among the rollout's
+	// hosts (they joined since it started): they go into its last wave.
+	Join []string
 }
 
 // GroupView is what a coordinator knows of one rollout: every host's
@@ -138,6 +142,8 @@ type GroupView struct {
 	Progress map[string]*Progress
 	Admitted map[string]bool
 	Entries  []reconcile.Entry
+	// Members are the group's live agents (nil: not known).
+	Members map[string]bool
 }
 
 // Decide is the coordinator's one decision about r at now. Pure. It ends
@@ -161,7 +167,7 @@ func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision 
 	switch {
 	case end != nil:
 		ph = Phase{State: end.State, Wave: min(w, len(r.WaveEnds)-1), Reason: end.Reason}
-		offenders = r.failed(g.Progress)
+		offenders, _ = r.failed(g.Progress)
 	default:
 		ph, offenders, d.Due = r.phase(g, w, now)
 		if ph.State.Ended() {
@@ -171,6 +177,9 @@ func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision 
 	if ph.State == Running {
 		d.Admit = r.admit(g, w)
 	}
+	if end == nil && d.End == nil {
+		d.Join = r.joiners(g.Members)
+	}
 	d.Summary = r.summarize(g, ph, offenders, d.Admit, coordinator, now)
 	return d
 }
@@ -178,23 +187,34 @@ func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision 
 // phase is where a rollout with no end written stands, the hosts that
 // hold it up, and when its progress deadline falls.
 func (r *Record) phase(g GroupView, w int, now time.Time) (Phase, []Offender, time.Time) {
-	if failed := r.failed(g.Progress); len(failed) > 0 {
+	if failed, n := r.failed(g.Progress); n > 0 {
 		f := failed[0]
 		reason := fmt.Sprintf("%s failed the change: %s", f.Host, f.Reason)
-		if len(failed) > 1 {
-			reason += fmt.Sprintf(" (and %d more %s)", len(failed)-1, plural(len(failed)-1, "host", "hosts"))
+		if n > 1 {
+			reason += fmt.Sprintf(" (and %d more %s)", n-1, plural(n-1, "host", "hosts"))
 		}
 		return Phase{State: Failed, Wave: f.Wave, Reason: reason}, failed, time.Time{}
 	}
 	if w == len(r.WaveEnds) {
 		return Phase{State: Done, Wave: w - 1}, nil, time.Time{}
 	}
+	// Held on purpose (a pause, the canary's promote, a gate): the
+	// progress deadline does not run, as the time nobody may move does
+	// not count against it.
+	switch {
+	case r.Paused:
+		return Phase{State: Paused, Wave: w, Reason: r.PauseReason}, nil, time.Time{}
+	case w > 0 && r.Strategy.PauseAfterCanary && !r.Promoted:
+		return Phase{State: WaitingPromote, Wave: w, Reason: "the canary is healthy: `agentd rollout promote " + r.ID + "` sends the change on"}, nil, time.Time{}
+	case w > 0 && r.Strategy.GateCmd != "" && r.Gated < w:
+		return Phase{State: WaitingGate, Wave: w, Reason: "waiting for the gate command before wave " + fmt.Sprint(w+1)}, nil, time.Time{}
+	}
 	var due time.Time
-	if d := r.Strategy.ProgressDeadline; d > 0 && !r.Paused {
+	if d := r.Strategy.ProgressDeadline; d > 0 {
 		last := r.lastMoved(latestHealthy(g.Progress))
 		due = last.Add(d + time.Millisecond)
 		if now.Sub(last) > d {
-			stuck := r.stuck(g, now)
+			stuck, n := r.stuck(g, now)
 			reason := fmt.Sprintf("no host became healthy for %s (--progress-deadline), since %s", d, last.UTC().Format(time.DateTime))
 			if len(stuck) > 0 {
 				parts := make([]string, len(stuck))
@@ -202,19 +222,33 @@ func (r *Record) phase(g GroupView, w int, now time.Time) (Phase, []Offender, ti
 					parts[i] = o.Host + ": " + o.Reason
 				}
 				reason += "; holding it up: " + strings.Join(parts, "; ")
+				if n > len(stuck) {
+					reason += fmt.Sprintf("; and %d more", n-len(stuck))
+				}
 			}
 			return Phase{State: Failed, Wave: w, Reason: reason}, stuck, time.Time{}
 		}
 	}
-	switch {
-	case r.Paused:
-		return Phase{State: Paused, Wave: w, Reason: r.PauseReason}, nil, time.Time{}
-	case w > 0 && r.Strategy.PauseAfterCanary && !r.Promoted:
-		return Phase{State: WaitingPromote, Wave: w, Reason: "the canary is healthy: `agentd rollout promote " + r.ID + "` sends the change on"}, nil, due
-	case w > 0 && r.Strategy.GateCmd != "" && r.Gated < w:
-		return Phase{State: WaitingGate, Wave: w, Reason: "waiting for the gate command before wave " + fmt.Sprint(w+1)}, nil, due
-	}
 	return Phase{State: Running, Wave: w}, nil, due
+}
+
+// joiners are the members not among r's hosts, sorted.
+func (r *Record) joiners(members map[string]bool) []string {
+	if len(members) == 0 {
+		return nil
+	}
+	in := make(map[string]bool, len(r.Hosts))
+	for _, h := range r.Hosts {
+		in[h] = true
+	}
+	var out []string
+	for h := range members {
+		if !in[h] {
+			out = append(out, h)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // openWave is the first wave with a host not done (len(WaveEnds) when
@@ -228,28 +262,33 @@ func (r *Record) openWave(progress map[string]*Progress) int {
 	return len(r.WaveEnds)
 }
 
-// failed are the hosts that failed the change, in rollout order (at most
-// SampleSize).
-func (r *Record) failed(progress map[string]*Progress) []Offender {
+// failed are the first SampleSize hosts that failed the change, in
+// rollout order, and how many failed.
+func (r *Record) failed(progress map[string]*Progress) ([]Offender, int) {
 	var out []Offender
+	n := 0
 	for i, h := range r.Hosts {
-		if p := progress[h]; p != nil && p.State == HostFailed && len(out) < SampleSize {
-			out = append(out, Offender{Host: h, Wave: r.waveOf(i), State: p.State, Since: p.Since, Reason: p.Reason})
+		if p := progress[h]; p != nil && p.State == HostFailed {
+			if n++; len(out) < SampleSize {
+				out = append(out, Offender{Host: h, Wave: r.waveOf(i), State: p.State, Since: p.Since, Reason: p.Reason})
+			}
 		}
 	}
-	return out
+	return out, n
 }
 
-// stuck are the admitted hosts not healthy (at most SampleSize), each
-// with the state its agent last reported and for how long.
-func (r *Record) stuck(g GroupView, now time.Time) []Offender {
+// stuck are the first SampleSize admitted hosts not healthy, each with
+// the state its agent last reported and for how long, and how many there
+// are.
+func (r *Record) stuck(g GroupView, now time.Time) ([]Offender, int) {
 	var out []Offender
+	n := 0
 	for i, h := range r.Hosts {
-		if len(out) == SampleSize {
-			break
-		}
 		p := g.Progress[h]
 		if !g.Admitted[h] || p.StateOf() == HostHealthy {
+			continue
+		}
+		if n++; len(out) == SampleSize {
 			continue
 		}
 		o := Offender{Host: h, Wave: r.waveOf(i), State: p.StateOf()}
@@ -264,7 +303,7 @@ func (r *Record) stuck(g GroupView, now time.Time) []Offender {
 		}
 		out = append(out, o)
 	}
-	return out
+	return out, n
 }
 
 func latestHealthy(progress map[string]*Progress) time.Time {
@@ -342,5 +381,7 @@ type GroupState struct {
 	Admitted  map[string]map[string]bool
 	Summaries map[string]*Summary
 	Entries   []reconcile.Entry
-	Revision  int64
+	// Members are the group's live agents.
+	Members  map[string]bool
+	Revision int64
 }

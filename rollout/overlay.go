@@ -14,7 +14,11 @@ import (
 // finish (After: aborted, failed, or superseded while running), what that
 // one gives host, and so on back. So a host reverted from an aborted
 // change, or not yet in it, keeps what it runs when the next rollout
-// starts. Entries no rollout touches are shared. mine is host's own
+// starts. A host that is not among a governing rollout's hosts (it
+// joined the group since the start) keeps what it ran before too: it takes
+// the change in the last wave, once the coordinator adds it, or when the
+// rollout is done; after a failed or aborted one it runs the last good
+// content. Entries no rollout touches are shared. mine is host's own
 // progress, by rollout ID: nothing else is needed, so a host never reads
 // another host's progress.
 func Overlay(entries []reconcile.Entry, host string, records []*Record, mine map[string]*Progress) []reconcile.Entry {
@@ -24,7 +28,7 @@ func Overlay(entries []reconcile.Entry, host string, records []*Record, mine map
 	}
 	var out []reconcile.Entry
 	for _, r := range records {
-		if !r.Governs(entries) || r.Wave(host) < 0 || mine[r.ID].Took() {
+		if !r.Governs(entries) || mine[r.ID].Took() {
 			continue
 		}
 		if out == nil {
@@ -36,7 +40,7 @@ func Overlay(entries []reconcile.Entry, host string, records []*Record, mine map
 				ru := cur.Units[key]
 				from, rev = ru.From, ru.FromRevision
 				next := byID[cur.After]
-				if next == nil || (next.End != nil && next.End.State == Done) || next.Wave(host) < 0 {
+				if next == nil || (next.End != nil && next.End.State == Done) {
 					return from, rev
 				}
 				if _, ok := next.Units[key]; !ok {

@@ -179,8 +179,11 @@ type Record struct {
 	Strategy Strategy        `json:"strategy"`
 	// Hosts are the group's members when the rollout started, in the order
 	// they take it; WaveEnds cuts them into waves.
-	Hosts     []string  `json:"hosts"`
-	WaveEnds  []int     `json:"waveEnds"`
+	Hosts    []string `json:"hosts"`
+	WaveEnds []int    `json:"waveEnds"`
+	// Joined are the hosts the coordinator added to the last wave because
+	// their agents joined the group after the start (also in Hosts).
+	Joined    []string  `json:"joined,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	By        string    `json:"by,omitempty"`
 	Reason    string    `json:"reason,omitempty"`

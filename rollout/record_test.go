@@ -1,11 +1,60 @@
 package rollout
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/agentd/agentd/reconcile"
 )
+
+// Contents of a.service before and after the fixture's change.
+const (
+	oldContent = "[Service]\nExecStart=/bin/old\n"
+	newContent = "[Service]\nExecStart=/bin/new\n"
+)
+
+// t0 is when the fixture's rollout was created.
+var t0 = time.Unix(1000, 0)
+
+// pct is n% of the hosts.
+func pct(n int) Count { return Count{N: n, Percent: true} }
+
+// hostNames are h1..hn.
+func hostNames(n int) []string {
+	hosts := make([]string, n)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("h%d", i+1)
+	}
+	return hosts
+}
+
+// fixture is a rollout r1 of a.service in group web from oldContent to
+// newContent on hosts h1..hn, staged by s (MaxRestarts off unless s sets
+// it), and the group's keys as the rollout's put left them.
+func fixture(s Strategy, n int) (*Record, []reconcile.Entry) {
+	old := oldContent
+	next := []byte(newContent)
+	if s.MaxRestarts == 0 {
+		s.MaxRestarts = -1
+	}
+	hosts := hostNames(n)
+	r := &Record{
+		ID: "r1", Group: "web", Hosts: hosts, Strategy: s, WaveEnds: s.WaveEnds(len(hosts)),
+		Units:     map[string]Unit{"a.service": {From: &old, FromRevision: 3, ToHash: reconcile.Hash(next)}},
+		Revision:  9,
+		CreatedAt: t0,
+	}
+	return r, []reconcile.Entry{{Scope: reconcile.ScopeGroup, Group: "web", Unit: "a.service", Value: next, ModRevision: 9}}
+}
+
+// overwritten are the fixture's keys written again since, without a
+// rollout.
+func overwritten() []reconcile.Entry {
+	return []reconcile.Entry{{Scope: reconcile.ScopeGroup, Group: "web", Unit: "a.service", Value: []byte("[Service]\nExecStart=/bin/other\n"), ModRevision: 12}}
+}
 
 func TestParseCount(t *testing.T) {
 	for _, tc := range []struct {
@@ -14,6 +63,7 @@ func TestParseCount(t *testing.T) {
 		err  string
 	}{
 		{"1", Count{N: 1}, ""},
+		{" 3 ", Count{N: 3}, ""},
 		{"10%", Count{N: 10, Percent: true}, ""},
 		{"100%", Count{N: 100, Percent: true}, ""},
 		{"0", Count{}, "at least 1"},
@@ -25,7 +75,7 @@ func TestParseCount(t *testing.T) {
 	} {
 		got, err := ParseCount("--canary", tc.in)
 		if tc.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.err) {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "--canary") {
 				t.Errorf("ParseCount(%q) = %v, %v; want error with %q", tc.in, got, err, tc.err)
 			}
 			continue
@@ -36,8 +86,26 @@ func TestParseCount(t *testing.T) {
 	}
 }
 
+func TestCountOf(t *testing.T) {
+	for _, tc := range []struct {
+		c     Count
+		total int
+		want  int
+	}{
+		{Count{N: 3}, 10, 3},
+		{Count{N: 30}, 10, 10},
+		{pct(10), 5, 1}, // rounds up, never 0
+		{pct(50), 5, 3},
+		{pct(100), 7, 7},
+		{pct(10), 1000, 100},
+	} {
+		if got := tc.c.Of(tc.total); got != tc.want {
+			t.Errorf("%v.Of(%d) = %d, want %d", tc.c, tc.total, got, tc.want)
+		}
+	}
+}
+
 func TestWaveEnds(t *testing.T) {
-	pct := func(n int) Count { return Count{N: n, Percent: true} }
 	for _, tc := range []struct {
 		s     Strategy
 		total int
@@ -57,16 +125,18 @@ func TestWaveEnds(t *testing.T) {
 }
 
 func TestStrategyValidate(t *testing.T) {
-	pct := func(n int) Count { return Count{N: n, Percent: true} }
 	for _, tc := range []struct {
 		s   Strategy
 		err string
 	}{
 		{Strategy{Waves: []Count{pct(50), pct(10)}, MaxRestarts: -1}, "each must be larger"},
 		{Strategy{Soak: -time.Second, MaxRestarts: -1}, "--soak"},
+		{Strategy{ProgressDeadline: -time.Second, MaxRestarts: -1}, "--progress-deadline"},
 		{Strategy{Soak: 10 * time.Second, ProgressDeadline: 5 * time.Second, MaxRestarts: -1}, "not longer than --soak"},
 		{Strategy{PauseAfterCanary: true, MaxRestarts: -1}, "needs --canary"},
+		{Strategy{MaxRestarts: -2}, "--max-restarts"},
 		{Strategy{Canary: Count{N: 1}, Waves: []Count{{N: 2}, pct(50)}, MaxRestarts: -1}, ""},
+		{Strategy{Canary: Count{N: 1}, PauseAfterCanary: true, Soak: time.Second, ProgressDeadline: time.Minute}, ""},
 	} {
 		err := tc.s.Validate()
 		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
@@ -75,222 +145,170 @@ func TestStrategyValidate(t *testing.T) {
 	}
 }
 
-// rolloutFixture is a rollout of a.service from old to new content on
-// hosts h1..h5 in waves 1, 3, 5.
-func rolloutFixture(s Strategy) (*Rollout, []Entry) {
-	old := "[Service]\nExecStart=/bin/old\n"
-	next := []byte("[Service]\nExecStart=/bin/new\n")
-	s.MaxRestarts = max(s.MaxRestarts, -1)
-	hosts := []string{"h1", "h2", "h3", "h4", "h5"}
-	r := &Rollout{
-		ID: "r1", Group: "web", Hosts: hosts, Strategy: s, WaveEnds: s.WaveEnds(len(hosts)),
-		Units:     map[string]RolloutUnit{"a.service": {From: &old, FromRevision: 3, ToHash: Hash(next)}},
-		CreatedAt: time.Unix(1000, 0),
-	}
-	return r, []Entry{{Scope: ScopeGroup, Group: "web", Unit: "a.service", Value: next, ModRevision: 9}}
-}
-
-func healthyStatus(content []byte) map[string]Status {
-	h := Hash(content)
-	return map[string]Status{"a.service": {Unit: "a.service", Hash: h, DesiredHash: h, ActiveState: "active", SubState: "running", Health: "healthy"}}
-}
-
-func TestRolloutWavesOpenInTurn(t *testing.T) {
-	r, entries := rolloutFixture(Strategy{Waves: []Count{{N: 1}, {N: 50, Percent: true}}, Soak: 3 * time.Second})
+func TestRecordWaves(t *testing.T) {
+	r, _ := fixture(Strategy{Canary: Count{N: 1}, Waves: []Count{pct(50)}}, 5)
 	if !slices.Equal(r.WaveEnds, []int{1, 3, 5}) {
-		t.Fatalf("waves %v", r.WaveEnds)
+		t.Fatalf("wave ends %v", r.WaveEnds)
 	}
-	now := time.Unix(2000, 0)
-	prog := map[string]*HostProgress{}
-	// Only the first wave's host takes it.
-	for _, h := range r.Hosts {
-		w := stepOf(r, h, prog, entries, nil, now)
-		if took := w.Progress != nil; took != (h == "h1") {
-			t.Fatalf("%s: step %+v", h, w)
+	for host, want := range map[string]int{"h1": 0, "h2": 1, "h3": 1, "h4": 2, "h5": 2, "h9": -1} {
+		if got := r.Wave(host); got != want {
+			t.Errorf("Wave(%s) = %d, want %d", host, got, want)
 		}
 	}
-	prog["h1"] = &HostProgress{State: HostApplying, Since: now}
-	// Running the new version healthy: soaking, then healthy after 3 s.
-	w := stepOf(r, "h1", prog, entries, healthyStatus(entries[0].Value), now)
-	if w.Progress == nil || w.Progress.State != HostSoaking {
-		t.Fatalf("h1 after healthy: %+v", w)
-	}
-	prog["h1"] = w.Progress
-	if w := stepOf(r, "h1", prog, entries, healthyStatus(entries[0].Value), now.Add(2*time.Second)); w.Progress != nil {
-		t.Fatalf("h1 done before its soak: %+v", w.Progress)
-	}
-	w = stepOf(r, "h1", prog, entries, healthyStatus(entries[0].Value), now.Add(3*time.Second))
-	if w.Progress == nil || w.Progress.State != HostHealthy {
-		t.Fatalf("h1 after its soak: %+v", w)
-	}
-	prog["h1"] = w.Progress
-	if ph := r.Phase(prog, now.Add(3*time.Second)); ph.Wave != 1 || ph.State != RolloutRunning {
-		t.Fatalf("phase %+v", ph)
-	}
-	for _, h := range r.Hosts[1:] {
-		w := stepOf(r, h, prog, entries, nil, now.Add(3*time.Second))
-		if took := w.Progress != nil; took != (h == "h2" || h == "h3") {
-			t.Fatalf("%s in wave 2: %+v", h, w)
+	for w, want := range [][]string{{"h1"}, {"h2", "h3"}, {"h4", "h5"}} {
+		if got := r.WaveHosts(w); !slices.Equal(got, want) {
+			t.Errorf("WaveHosts(%d) = %v, want %v", w, got, want)
 		}
-	}
-	// Paused: nobody new takes it.
-	r.Paused = true
-	if w := stepOf(r, "h2", prog, entries, nil, now.Add(3*time.Second)); w.Progress != nil {
-		t.Fatalf("h2 took a paused rollout: %+v", w)
-	}
-	r.Paused = false
-	for _, h := range r.Hosts[1:] {
-		prog[h] = &HostProgress{State: HostHealthy, HealthyAt: now}
-	}
-	ph := r.Phase(prog, now)
-	if ph.State != RolloutDone || ph.End == nil {
-		t.Fatalf("every host healthy: %+v", ph)
-	}
-	if w := stepOf(r, "h4", prog, entries, nil, now); w.End == nil || w.End.State != RolloutDone {
-		t.Fatalf("the end is not written: %+v", w)
 	}
 }
 
-func TestRolloutFailedCanaryIsReverted(t *testing.T) {
-	r, entries := rolloutFixture(Strategy{Canary: Count{N: 1}, AutoRevert: true})
-	now := time.Unix(2000, 0)
-	prog := map[string]*HostProgress{"h1": {State: HostApplying, Since: now}}
-	failed := map[string]Status{"a.service": {Unit: "a.service", Hash: Hash(entries[0].Value), DesiredHash: Hash(entries[0].Value), ActiveState: "failed", Action: ActionRolledBack, Result: "failed", Error: "exited 1"}}
-	w := stepOf(r, "h1", prog, entries, failed, now)
-	if w.Progress == nil || w.Progress.State != HostFailed {
-		t.Fatalf("canary: %+v", w)
-	}
-	prog["h1"] = w.Progress
-	w = stepOf(r, "h2", prog, entries, nil, now)
-	if w.Progress != nil || w.End == nil || w.End.State != RolloutFailed || !strings.Contains(w.End.Reason, "h1 failed") {
-		t.Fatalf("h2 after the canary failed: %+v %+v", w.Progress, w.End)
-	}
-	r.End = w.End
-	w = stepOf(r, "h1", prog, entries, failed, now)
-	if w.Progress == nil || w.Progress.State != HostReverting {
-		t.Fatalf("canary after the failure: %+v", w)
-	}
-	prog["h1"] = w.Progress
-	// Reverting: the host gets the old content back.
-	got := Overlay(entries, "h1", []*Rollout{r}, map[string]map[string]*HostProgress{"r1": prog})
-	if string(got[0].Value) != *r.Units["a.service"].From || got[0].ModRevision != 3 {
-		t.Fatalf("overlay for a reverting host: %q", got[0].Value)
-	}
-	w = stepOf(r, "h1", prog, entries, healthyStatus([]byte(*r.Units["a.service"].From)), now)
-	if w.Progress == nil || w.Progress.State != HostReverted {
-		t.Fatalf("canary back on the old version: %+v", w)
+func TestRecordReverts(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		revert bool
+		abort  *Abort
+		end    State
+		want   bool
+	}{
+		{name: "running", revert: true},
+		{name: "failed with auto-revert", revert: true, end: Failed, want: true},
+		{name: "failed without auto-revert", end: Failed},
+		{name: "done with auto-revert", revert: true, end: Done},
+		{name: "superseded with auto-revert", revert: true, end: Superseded},
+		{name: "aborted with revert", abort: &Abort{Revert: true}, end: Aborted, want: true},
+		{name: "aborted without revert, auto-revert on", revert: true, abort: &Abort{}, end: Aborted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _ := fixture(Strategy{Canary: Count{N: 1}, AutoRevert: tc.revert}, 5)
+			r.Abort = tc.abort
+			if tc.end != "" {
+				r.End = &End{State: tc.end}
+			}
+			if got := r.Reverts(); got != tc.want {
+				t.Errorf("Reverts() = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
 
-func TestRolloutOverlay(t *testing.T) {
-	r, entries := rolloutFixture(Strategy{Canary: Count{N: 1}})
-	prog := map[string]map[string]*HostProgress{"r1": {"h1": {State: HostApplying}}}
-	if got := Overlay(entries, "h1", []*Rollout{r}, prog); string(got[0].Value) != string(entries[0].Value) {
-		t.Errorf("h1 took the change but runs %q", got[0].Value)
+func TestRecordGoverns(t *testing.T) {
+	r, entries := fixture(Strategy{Canary: Count{N: 1}}, 5)
+	if r.Overwritten(entries) || !r.Governs(entries) {
+		t.Errorf("the rollout's own keys: overwritten %v, governs %v", r.Overwritten(entries), r.Governs(entries))
 	}
-	if got := Overlay(entries, "h2", []*Rollout{r}, prog); string(got[0].Value) != *r.Units["a.service"].From {
-		t.Errorf("h2 did not take the change but runs %q", got[0].Value)
+	if !r.Overwritten(overwritten()) || r.Governs(overwritten()) {
+		t.Error("a later write does not supersede the rollout")
 	}
-	if got := Overlay(entries, "h9", []*Rollout{r}, prog); string(got[0].Value) != string(entries[0].Value) {
-		t.Errorf("a host that joined after the start runs %q, want the new content", got[0].Value)
+	if !r.Overwritten(nil) {
+		t.Error("a removed key does not supersede the rollout")
+	}
+	// Another group's key of the same name is not the rollout's.
+	other := append(slices.Clone(entries), reconcile.Entry{Scope: reconcile.ScopeGroup, Group: "db", Unit: "a.service", Value: []byte("x")})
+	if r.Overwritten(other) {
+		t.Error("another group's key supersedes the rollout")
+	}
+	r.End = &End{State: Done}
+	if r.Governs(entries) {
+		t.Error("a done rollout still governs its keys")
+	}
+	r.End = &End{State: Aborted}
+	if !r.Governs(entries) {
+		t.Error("an aborted rollout no longer governs its keys")
+	}
+}
+
+func TestOverlay(t *testing.T) {
+	r, entries := fixture(Strategy{Canary: Count{N: 1}}, 5)
+	mine := func(s HostState) map[string]*Progress { return map[string]*Progress{"r1": {State: s}} }
+	for _, tc := range []struct {
+		host string
+		mine map[string]*Progress
+		want string
+	}{
+		{"h1", mine(HostApplying), newContent},
+		{"h1", mine(HostSoaking), newContent},
+		{"h1", mine(HostHealthy), newContent},
+		{"h1", mine(HostFailed), newContent},
+		{"h1", mine(HostReverting), oldContent},
+		{"h1", mine(HostReverted), oldContent},
+		{"h2", nil, oldContent},
+		{"h9", nil, oldContent}, // joined after the start: keeps the previous content until the coordinator adds it, or the rollout is done
+	} {
+		got := Overlay(entries, tc.host, []*Record{r}, tc.mine)
+		if len(got) != 1 || string(got[0].Value) != tc.want {
+			t.Errorf("%s with %v runs %+v, want %q", tc.host, tc.mine["r1"].StateOf(), got, tc.want)
+			continue
+		}
+		if tc.want == oldContent && got[0].ModRevision != 3 {
+			t.Errorf("%s runs the previous content at revision %d, want 3", tc.host, got[0].ModRevision)
+		}
+	}
+	if string(entries[0].Value) != newContent {
+		t.Fatalf("Overlay changed its input: %q", entries[0].Value)
 	}
 	// A put over the rollout's write supersedes it.
-	other := []Entry{{Scope: ScopeGroup, Group: "web", Unit: "a.service", Value: []byte("[Service]\nExecStart=/bin/other\n")}}
-	if got := Overlay(other, "h2", []*Rollout{r}, prog); string(got[0].Value) != string(other[0].Value) {
+	other := overwritten()
+	if got := Overlay(other, "h2", []*Record{r}, nil); string(got[0].Value) != string(other[0].Value) {
 		t.Errorf("superseded rollout still overlays: %q", got[0].Value)
 	}
 	// A new unit: hosts that did not take it do not have it.
-	r.Units["b.service"] = RolloutUnit{ToHash: Hash([]byte("b"))}
-	withB := append(slices.Clone(entries), Entry{Scope: ScopeGroup, Group: "web", Unit: "b.service", Value: []byte("b")})
-	if got := Overlay(withB, "h2", []*Rollout{r}, prog); len(got) != 1 || got[0].Unit != "a.service" {
+	r.Units["b.service"] = Unit{ToHash: reconcile.Hash([]byte("b"))}
+	withB := append(slices.Clone(entries), reconcile.Entry{Scope: reconcile.ScopeGroup, Group: "web", Unit: "b.service", Value: []byte("b")})
+	if got := Overlay(withB, "h2", []*Record{r}, nil); len(got) != 1 || got[0].Unit != "a.service" {
 		t.Errorf("h2 sees %v", got)
 	}
-	r.End = &RolloutEnd{State: RolloutDone}
-	if got := Overlay(withB, "h2", []*Rollout{r}, prog); len(got) != 2 {
+	// A removed unit: hosts that did not take the removal keep it.
+	r2, _ := fixture(Strategy{Canary: Count{N: 1}}, 5)
+	old := oldContent
+	r2.Units = map[string]Unit{"a.service": {From: &old, FromRevision: 3}}
+	if got := Overlay(nil, "h2", []*Record{r2}, nil); len(got) != 1 || string(got[0].Value) != oldContent {
+		t.Errorf("h2 lost a unit whose removal it did not take: %v", got)
+	}
+	r.End = &End{State: Done}
+	if got := Overlay(withB, "h2", []*Record{r}, nil); len(got) != 2 {
 		t.Errorf("a done rollout still overlays: %v", got)
 	}
-}
-
-func TestRolloutMaxUnavailableAndDeadline(t *testing.T) {
-	r, entries := rolloutFixture(Strategy{MaxUnavailable: Count{N: 2}, ProgressDeadline: time.Minute})
-	now := time.Unix(1030, 0)
-	prog := map[string]*HostProgress{"h1": {State: HostApplying}, "h2": {State: HostSoaking}}
-	if w := stepOf(r, "h3", prog, entries, nil, now); w.Progress != nil {
-		t.Fatalf("third host taken with MaxUnavailable 2: %+v", w)
-	}
-	prog["h2"].State = HostHealthy
-	if w := stepOf(r, "h3", prog, entries, nil, now); w.Progress == nil {
-		t.Fatal("h3 waits with a slot free")
-	}
-	ph := r.Phase(prog, time.Unix(1000+61, 0))
-	if ph.State != RolloutFailed || !strings.Contains(ph.Reason, "progress-deadline") {
-		t.Fatalf("after the deadline: %+v", ph)
-	}
-	r.Paused = true
-	if ph := r.Phase(prog, time.Unix(1000+61, 0)); ph.State != RolloutPaused {
-		t.Fatalf("a paused rollout ran out its deadline: %+v", ph)
-	}
-}
-
-func TestRolloutPauseAfterCanaryAndMaxRestarts(t *testing.T) {
-	r, entries := rolloutFixture(Strategy{Canary: Count{N: 1}, PauseAfterCanary: true, MaxRestarts: 2})
-	now := time.Unix(2000, 0)
-	prog := map[string]*HostProgress{"h1": {State: HostHealthy}}
-	if ph := r.Phase(prog, now); ph.State != RolloutWaitingPromote {
-		t.Fatalf("after the canary: %+v", ph)
-	}
-	if w := stepOf(r, "h2", prog, entries, nil, now); w.Progress != nil {
-		t.Fatalf("h2 took it before promote: %+v", w)
-	}
-	r.Promoted = true
-	if w := stepOf(r, "h2", prog, entries, nil, now); w.Progress == nil {
-		t.Fatal("h2 waits after promote")
-	}
-	prog["h2"] = &HostProgress{State: HostApplying, Restarts: map[string]uint32{"a.service": 1}}
-	st := map[string]Status{"a.service": {Unit: "a.service", Hash: Hash(entries[0].Value), DesiredHash: Hash(entries[0].Value), ActiveState: "activating", NRestarts: 4}}
-	if w := stepOf(r, "h2", prog, entries, st, now); !strings.Contains(w.Pause, "restarted 3 times") {
-		t.Fatalf("crash loop: %+v", w)
-	}
-}
-
-// stepOf is RolloutStep with what the host runs under r alone.
-func stepOf(r *Rollout, host string, prog map[string]*HostProgress, entries []Entry, st map[string]Status, now time.Time) RolloutWrite {
-	runs := Overlay(entries, host, []*Rollout{r}, map[string]map[string]*HostProgress{r.ID: prog})
-	return RolloutStep(r, host, prog, entries, runs, st, now)
 }
 
 // A rollout that follows an aborted one: the hosts it has not reached keep
 // what they run (the version before the aborted change, or the aborted
 // change where they kept it), not what the keys held when it started.
-func TestRolloutOverlayFollowsAnAbortedOne(t *testing.T) {
-	a, entries := rolloutFixture(Strategy{Canary: Count{N: 1}})
+func TestOverlayFollowsAnAbortedOne(t *testing.T) {
+	a, entries := fixture(Strategy{Canary: Count{N: 1}}, 5)
 	v1 := *a.Units["a.service"].From
 	v2 := string(entries[0].Value)
-	a.End = &RolloutEnd{State: RolloutAborted}
+	a.Abort = &Abort{}
+	a.End = &End{State: Aborted}
 	v3 := []byte("[Service]\nExecStart=/bin/v3\n")
-	b := &Rollout{ID: "r2", Group: "web", Hosts: a.Hosts, WaveEnds: []int{1, 5}, After: a.ID,
-		Units: map[string]RolloutUnit{"a.service": {From: &v2, FromRevision: 9, ToHash: Hash(v3)}}}
-	now := []Entry{{Scope: ScopeGroup, Group: "web", Unit: "a.service", Value: v3, ModRevision: 12}}
-	prog := map[string]map[string]*HostProgress{
-		"r1": {"h1": {State: HostReverted}, "h2": {State: HostHealthy}},
-		"r2": {"h3": {State: HostApplying}},
+	b := &Record{ID: "r2", Group: "web", Hosts: a.Hosts, WaveEnds: []int{1, 5}, After: a.ID,
+		Units: map[string]Unit{"a.service": {From: &v2, FromRevision: 9, ToHash: reconcile.Hash(v3)}}}
+	now := []reconcile.Entry{{Scope: reconcile.ScopeGroup, Group: "web", Unit: "a.service", Value: v3, ModRevision: 12}}
+	mine := map[string]map[string]*Progress{
+		"h1": {"r1": {State: HostReverted}},
+		"h2": {"r1": {State: HostHealthy}},
+		"h3": {"r2": {State: HostApplying}},
 	}
-	for host, want := range map[string]string{"h1": v1, "h2": v2, "h3": string(v3), "h4": v1, "h9": string(v3)} {
-		got := Overlay(now, host, []*Rollout{a, b}, prog)
+	for host, want := range map[string]string{"h1": v1, "h2": v2, "h3": string(v3), "h4": v1, "h9": v1} { // h9 joined since: the last good content
+		got := Overlay(now, host, []*Record{a, b}, mine[host])
 		if string(got[0].Value) != want {
 			t.Errorf("%s runs %q, want %q", host, got[0].Value, want)
 		}
+	}
+	// Had the first one ended done, every host would have had its change.
+	a.Abort, a.End = nil, &End{State: Done}
+	if got := Overlay(now, "h4", []*Record{a, b}, nil); string(got[0].Value) != v2 {
+		t.Errorf("after a done rollout h4 runs %q, want %q", got[0].Value, v2)
 	}
 }
 
 // A group key written after the rollouts are known complete is held at
 // what the host ran: its rollout's record may not have arrived yet.
 func TestHoldUnconfirmed(t *testing.T) {
-	prev := []Entry{{Scope: ScopeGroup, Group: "web", Unit: "a.service", Value: []byte("v1"), ModRevision: 5}}
-	now := []Entry{
-		{Scope: ScopeGroup, Group: "web", Unit: "a.service", Value: []byte("v2"), ModRevision: 9},
-		{Scope: ScopeGroup, Group: "web", Unit: "b.service", Value: []byte("b"), ModRevision: 9},
-		{Scope: ScopeHost, Unit: "c.service", Value: []byte("c"), ModRevision: 9},
+	prev := []reconcile.Entry{{Scope: reconcile.ScopeGroup, Group: "web", Unit: "a.service", Value: []byte("v1"), ModRevision: 5}}
+	now := []reconcile.Entry{
+		{Scope: reconcile.ScopeGroup, Group: "web", Unit: "a.service", Value: []byte("v2"), ModRevision: 9},
+		{Scope: reconcile.ScopeGroup, Group: "web", Unit: "b.service", Value: []byte("b"), ModRevision: 9},
+		{Scope: reconcile.ScopeHost, Unit: "c.service", Value: []byte("c"), ModRevision: 9},
 	}
 	got, held := HoldUnconfirmed(now, prev, 8)
 	if !held || len(got) != 2 || got[0].Unit != "c.service" || string(got[1].Value) != "v1" {
@@ -301,5 +319,126 @@ func TestHoldUnconfirmed(t *testing.T) {
 	}
 	if got, held := HoldUnconfirmed(now, prev, 0); held || len(got) != 3 {
 		t.Fatalf("unknown: held %v, %+v", held, got)
+	}
+}
+
+func TestNameHosts(t *testing.T) {
+	for _, tc := range []struct {
+		names []string
+		total int
+		want  string
+	}{
+		{nil, 0, ""},
+		{[]string{"h1"}, 1, "h1"},
+		{[]string{"h1", "h2", "h3"}, 3, "h1, h2, h3"},
+		{[]string{"h1", "h2"}, 5, "h1, h2 and 3 more"},
+		{hostNames(12), 1000, strings.Join(hostNames(SampleSize), ", ") + " and 990 more"},
+	} {
+		if got := NameHosts(tc.names, tc.total); got != tc.want {
+			t.Errorf("NameHosts(%v, %d) = %q, want %q", tc.names, tc.total, got, tc.want)
+		}
+	}
+}
+
+func TestSummaryNamed(t *testing.T) {
+	s := &Summary{
+		Counts: map[HostState]int{HostHealthy: 3, HostApplying: 12, HostFailed: 1},
+		Hosts: map[HostState][]string{
+			HostHealthy:  {"h1", "h2", "h3"},
+			HostApplying: hostNames(SampleSize + 3)[3:], // h4..h13 of 12
+			HostFailed:   {"h20"},
+		},
+	}
+	for _, tc := range []struct {
+		states []HostState
+		want   string
+	}{
+		{[]HostState{HostHealthy}, "h1, h2, h3"},
+		{[]HostState{HostFailed}, "h20"},
+		{[]HostState{HostSoaking}, ""},
+		{[]HostState{HostApplying}, strings.Join(hostNames(SampleSize + 3)[3:], ", ") + " and 2 more"},
+		{[]HostState{HostFailed, HostHealthy}, "h20, h1, h2, h3"},
+		{[]HostState{HostHealthy, HostApplying}, strings.Join(hostNames(SampleSize), ", ") + " and 5 more"},
+	} {
+		if got := s.Named(tc.states...); got != tc.want {
+			t.Errorf("Named(%v) = %q, want %q", tc.states, got, tc.want)
+		}
+	}
+	var none *Summary
+	if got := none.Named(HostHealthy); got != "" {
+		t.Errorf("a nil summary names %q", got)
+	}
+	if got := s.Holding(); got != 16 {
+		t.Errorf("Holding() = %d, want 16", got)
+	}
+	if got := s.HoldingHosts(); len(got) != SampleSize || got[0] != "h4" {
+		t.Errorf("HoldingHosts() = %v", got)
+	}
+}
+
+func TestViewPhase(t *testing.T) {
+	running := &Summary{Phase: Phase{State: Running, Wave: 1}}
+	for _, tc := range []struct {
+		name    string
+		edit    func(r *Record)
+		summary *Summary
+		entries []reconcile.Entry // nil: the rollout's own
+		want    State
+		reason  string
+		wave    int
+	}{
+		{name: "no summary yet: starting", want: Starting, reason: "no coordinator"},
+		{name: "running, by the summary", summary: running, want: Running, wave: 1},
+		{name: "waiting for promote, by the summary", summary: &Summary{Phase: Phase{State: WaitingPromote, Wave: 1, Reason: "promote"}}, want: WaitingPromote, reason: "promote", wave: 1},
+		{name: "paused in the record before the summary says so", edit: func(r *Record) { r.Paused, r.PauseReason = true, "by ops" }, summary: running, want: Paused, reason: "by ops", wave: 1},
+		{name: "paused, no summary yet", edit: func(r *Record) { r.Paused = true }, want: Paused},
+		{name: "resumed since the summary said paused", summary: &Summary{Phase: Phase{State: Paused, Wave: 1}}, want: Running, wave: 1},
+		{name: "ended: the end written", edit: func(r *Record) { r.End = &End{State: Failed, Reason: "h2 failed"} }, summary: running, want: Failed, reason: "h2 failed", wave: 1},
+		{name: "ended beats paused", edit: func(r *Record) { r.Paused, r.End = true, &End{State: Aborted} }, want: Aborted},
+		{name: "overwritten: superseded before any end is written", summary: running, entries: overwritten(), want: Superseded, reason: "written again", wave: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, entries := fixture(Strategy{Canary: Count{N: 1}}, 5)
+			if tc.edit != nil {
+				tc.edit(r)
+			}
+			if tc.entries != nil {
+				entries = tc.entries
+			}
+			ph := View{Record: r, Summary: tc.summary, Entries: entries}.Phase()
+			if ph.State != tc.want || ph.Wave != tc.wave || !strings.Contains(ph.Reason, tc.reason) {
+				t.Errorf("Phase() = %+v, want %s in wave %d with %q", ph, tc.want, tc.wave, tc.reason)
+			}
+		})
+	}
+}
+
+func TestViewSettled(t *testing.T) {
+	end := t0.Add(time.Minute)
+	holding := func(n int, at time.Time, st State) *Summary {
+		return &Summary{Phase: Phase{State: st}, Counts: map[HostState]int{HostReverting: n, HostReverted: 1}, At: at}
+	}
+	for _, tc := range []struct {
+		name    string
+		revert  bool
+		end     *End
+		summary *Summary
+		want    bool
+	}{
+		{name: "running", summary: &Summary{Phase: Phase{State: Running}}},
+		{name: "done", end: &End{State: Done, At: end}, want: true},
+		{name: "failed, no revert", end: &End{State: Failed, At: end}, want: true},
+		{name: "failed, reverting, no summary since", revert: true, end: &End{State: Failed, At: end}},
+		{name: "failed, reverting, summary from before the end", revert: true, end: &End{State: Failed, At: end}, summary: holding(0, end.Add(-time.Second), Running)},
+		{name: "failed, reverting, a host still holds it", revert: true, end: &End{State: Failed, At: end}, summary: holding(1, end.Add(time.Second), Failed)},
+		{name: "failed, reverted everywhere", revert: true, end: &End{State: Failed, At: end}, summary: holding(0, end.Add(time.Second), Failed), want: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, entries := fixture(Strategy{Canary: Count{N: 1}, AutoRevert: tc.revert}, 5)
+			r.End = tc.end
+			if got := (View{Record: r, Summary: tc.summary, Entries: entries}).Settled(); got != tc.want {
+				t.Errorf("Settled() = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

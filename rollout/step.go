@@ -61,7 +61,7 @@ func Step(r *Record, in HostInput, now time.Time) Write {
 	st := mine.StateOf()
 	switch {
 	case r.Reverts() && mine.Took():
-		set(HostReverting, "the rollout "+string(r.End.State)+": going back to the previous version")
+		set(HostReverting, "the rollout "+r.endWord()+": going back to the previous version")
 	case st == HostReverting:
 		if done, _ := r.judge(in.Statuses, in.Runs, true); done {
 			set(HostReverted, "")
@@ -91,6 +91,15 @@ func Step(r *Record, in HostInput, now time.Time) Write {
 		}
 	}
 	return out
+}
+
+// endWord is how the rollout ended, in a word ("aborted" for an abort
+// whose end is not written yet).
+func (r *Record) endWord() string {
+	if r.End != nil {
+		return string(r.End.State)
+	}
+	return string(Aborted)
 }
 
 // SoakDue is when a host soaking r counts as done for time alone (zero:

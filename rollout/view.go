@@ -58,7 +58,7 @@ func (v View) Settled() bool {
 	}
 	if v.Record.Reverts() {
 		s := v.Summary
-		return s != nil && s.At.After(v.Record.End.At.Add(-time.Millisecond)) && s.Phase.State.Ended() && s.Holding() == 0
+		return s != nil && s.Phase.State.Ended() && s.Holding() == 0
 	}
 	return true
 }

@@ -38,13 +38,14 @@ func newStatusCmd() *cobra.Command {
 		Short: "Show every unit's state as the running agent sees it",
 		Long: `Show every unit's state as the running agent sees it: a table of its units,
 then each unit's last health probe result, then one line per rollout of the
-host's groups that runs (see "agentd rollout"): its units, its wave, where
-this host stands in it and for how long, and how many of its hosts are
-healthy, e.g.
+host's groups that runs (see "agentd rollout"): its units, its state (running,
+paused, or how it ended), where this host stands in it and for how long, and
+this host's wave, e.g.
 
-  web.service: rollout r20251204-101500-1a2b3c4d wave 2 of 3, this host soaking (12 s of 30 s), 1/5 hosts healthy
+  web.service: rollout r20251204-101500-1a2b3c4d running, this host soaking (12 s of 30 s) in wave 2 of 3 (5 hosts)
 
-"agentd rollout status ID" shows the whole rollout.`,
+An agent sees only its own progress: "agentd rollout status ID" shows the
+whole rollout (its open wave, how many hosts are healthy).`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := control.NewClient(resolveSocket(sock, user)).Status(cmd.Context())
@@ -175,25 +176,27 @@ func newDiffCmd() *cobra.Command {
 }
 
 // rolloutLine is one running rollout as `agentd status` shows it: its
-// units, where it stands, where this host stands, and why when it waits
-// or failed, e.g.
+// units, its state, where this host stands and in which wave, and why
+// when it waits or failed, e.g.
 //
-//	web.service: rollout r… running, this host soaking (12 s of 30 s), in wave 2 of 3 of 5 hosts
+//	web.service: rollout r… running, this host soaking (12 s of 30 s) in wave 2 of 3 (5 hosts)
 //
 // An agent sees only its own progress: `agentd rollout status` counts the
-// others.
+// others (the open wave, how many are healthy).
 func rolloutLine(ri control.RolloutInfo, now time.Time) string {
-	at := string(ri.State)
 	var host string
 	switch ri.HostState {
 	case "":
-		host = "this host not in it (it joined the group since)"
+		host = fmt.Sprintf("this host not one of its %d %s (it joined the group since)", ri.Hosts, plural(ri.Hosts, "host", "hosts"))
 	case rollout.HostPending:
-		host = fmt.Sprintf("this host pending (wave %d)", ri.HostWave)
+		host = "this host pending"
 	case rollout.HostSoaking:
 		host = fmt.Sprintf("this host soaking (%s of %s)", ago(now.Sub(ri.HostSince)), ago(ri.Soak))
 	default:
 		host = fmt.Sprintf("this host %s (%s)", ri.HostState, ago(now.Sub(ri.HostSince)))
+	}
+	if ri.HostWave > 0 {
+		host += fmt.Sprintf(" in wave %d of %d (%d %s)", ri.HostWave, ri.Waves, ri.Hosts, plural(ri.Hosts, "host", "hosts"))
 	}
 	var why []string
 	if ri.Reason != "" {
@@ -202,7 +205,7 @@ func rolloutLine(ri control.RolloutInfo, now time.Time) string {
 	if ri.HostReason != "" && ri.HostState == rollout.HostFailed {
 		why = append(why, "this host: "+ri.HostReason)
 	}
-	line := fmt.Sprintf("%s: rollout %s %s, %s, in wave %d of %d of %d hosts", strings.Join(ri.Units, ", "), ri.ID, at, host, max(ri.HostWave, 1), ri.Waves, ri.Hosts)
+	line := fmt.Sprintf("%s: rollout %s %s, %s", strings.Join(ri.Units, ", "), ri.ID, ri.State, host)
 	if len(why) > 0 {
 		line += " — " + strings.Join(why, "; ")
 	}

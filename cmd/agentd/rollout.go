@@ -18,8 +18,8 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/rollout"
 )
 
 // Rollouts from the CLI: the strategy flags of `unit put`, `unit rm` and
@@ -241,9 +241,10 @@ type rolloutFollow struct {
 
 func (f *rolloutFollow) run(ctx context.Context) (rollout.View, rollout.Phase, error) {
 	var (
-		v       rollout.View
-		ph      rollout.Phase
-		readErr error
+		v         rollout.View
+		ph        rollout.Phase
+		readErr   error
+		settledAt time.Time
 	)
 	for {
 		nv, err := f.reg.Rollout(ctx, f.id, false)
@@ -259,11 +260,24 @@ func (f *rolloutFollow) run(ctx context.Context) (rollout.View, rollout.Phase, e
 			v = nv
 			now := time.Now()
 			ph = v.Phase()
-			f.show(v, ph, now)
-			if v.Settled() {
+			// An end the coordinator wrote is followed by the summary of
+			// the end (the final counts), at most SummaryEvery later: wait
+			// for it a moment, so the last line does not show the counts
+			// from before the end.
+			settled := v.Settled()
+			if settled && settledAt.IsZero() {
+				settledAt = now
+			}
+			final := settled && ((v.Summary != nil && v.Summary.Phase.State.Ended()) || now.Sub(settledAt) >= 4*rollout.SummaryEvery)
+			if !settled || final {
+				f.show(v, ph, now)
+			}
+			if final {
 				return v, ph, nil
 			}
-			if f.gate && ph.State == rollout.WaitingGate {
+			// The summary says waiting-gate until the coordinator looks
+			// again: a gate that passed is not run again.
+			if f.gate && ph.State == rollout.WaitingGate && v.Record.Gated < ph.Wave {
 				if err := f.runGate(ctx, v, ph.Wave); err != nil {
 					return v, ph, err
 				}
@@ -695,7 +709,9 @@ func printRolloutStatus(out io.Writer, v rollout.View, ph rollout.Phase, which h
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-	} else if which == "" && len(r.Hosts) > 0 {
+	} else if which != "" {
+		fmt.Fprintf(&b, "--hosts %s: no host\n", which)
+	} else if len(r.Hosts) > 0 {
 		fmt.Fprintf(&b, "(each host: agentd rollout status %s --hosts all|failed|pending)\n", r.ID)
 	}
 	_, err := b.WriteTo(out)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/agentd/agentd/control"
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/rollout"
 )
 
@@ -24,17 +25,17 @@ func sessionHostPort(rep *sessionReporter) func() rollout.HostPort {
 }
 
 // sessionElector campaigns through the session once joined.
-type sessionElector struct{ rep *sessionReporter }
+type sessionElector struct{ current func() *registry.Session }
 
 func (e sessionElector) elector() rollout.Elector {
-	if e.rep.current() == nil {
+	if e.current() == nil {
 		return nil
 	}
 	return e
 }
 
 func (e sessionElector) Campaign(ctx context.Context, group string) (rollout.Term, error) {
-	s := e.rep.current()
+	s := e.current()
 	if s == nil {
 		return nil, errNotJoined
 	}

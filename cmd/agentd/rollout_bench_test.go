@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/agentd/agentd/reconcile"
-	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/rollout"
 )
 
 // BenchmarkRolloutScale (issue 25): a rollout across N simulated agents in
@@ -107,6 +106,8 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 		a.sd.reset()
 	}
 	req1 := etcdRequests(etcd)
+	ev1 := fleet.events.Load()
+	cpu1 := scaleSelfCPU()
 	t1 := time.Now()
 	if _, err := reg.Put(ctx, target, map[string][]byte{scaleUnitName: scaleUnit(2)}, registry.WithRollout(r, false)); err != nil {
 		b.Fatal(err)
@@ -123,11 +124,16 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 		time.Sleep(100 * time.Millisecond)
 	}
 	total := time.Since(t1)
+	cpu := scaleSelfCPU() - cpu1
 	if v.Record.End.State != rollout.Done {
 		b.Fatalf("rollout ended %+v", v.Record.End)
 	}
 	time.Sleep(time.Second)
 	rollReq := etcdRequests(etcd) - req1
+	events := fleet.events.Load() - ev1
+	if v, err = reg.Rollout(ctx, r.ID, true); err != nil {
+		b.Fatal(err)
+	}
 
 	var per []string
 	prev := v.Record.CreatedAt
@@ -181,9 +187,11 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 	breakdown := fmt.Sprintf("wave gap (last host of a wave healthy → first host of the next restarted) p50 %v p99 %v", pct(firstOfWave, .5), pct(firstOfWave, .99)) +
 		fmt.Sprintf("; wave before done → host restarted p50 %v p99 %v; restarted → recorded healthy p50 %v p99 %v",
 			pct(toJob, .5), pct(toJob, .99), pct(toHealthy, .5), pct(toHealthy, .99))
-	return breakdown + "\n" + fmt.Sprintf("agents=%d soak=%v: plain put to all %v, %.1f etcd requests per host; rollout in %d waves %v (%.1f etcd requests per host); per wave beyond the soak, ms: %s (worst %v); agent warnings %d\n",
+	return breakdown + "\n" + fmt.Sprintf("agents=%d soak=%v: plain put to all %v, %.1f etcd requests per host; rollout in %d waves %v (%.2f× the plain put; %.1f etcd requests per host; "+
+		"%.1f snapshots (watch event batches) per agent over the rollout; test process CPU %v, %.2f ms per agent); per wave beyond the soak, ms: %s (worst %v); agent warnings %d\n",
 		n, soak, plain.Round(time.Millisecond), float64(plainReq)/float64(n), len(v.Record.WaveEnds), total.Round(time.Millisecond),
-		float64(rollReq)/float64(n), strings.Join(per, " "), worst.Round(time.Millisecond), warn)
+		float64(total)/float64(plain), float64(rollReq)/float64(n), float64(events)/float64(n), cpu.Round(time.Millisecond),
+		float64(cpu.Microseconds())/1000/float64(n), strings.Join(per, " "), worst.Round(time.Millisecond), warn)
 }
 
 // fleetRuns says every agent's fake systemd started the unit at least

@@ -5,16 +5,16 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/agentd/agentd/internal/systemdtest"
-	"github.com/agentd/agentd/reconcile"
-	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
+	"github.com/agentd/agentd/rollout"
 )
 
 // Issue 25: rollouts on real systemd, five hosts, one etcd. What the hosts
@@ -49,9 +49,9 @@ func (f *fleet) waitRollout(id string, within time.Duration, what string, ok fun
 	f.t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		v, err := f.reg.Rollout(context.Background(), id)
+		v, err := f.reg.Rollout(context.Background(), id, true)
 		if err == nil {
-			if ph := v.Phase(time.Now()); ok(v, ph) {
+			if ph := v.Phase(); ok(v, ph) {
 				return v
 			}
 		}
@@ -141,20 +141,27 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 	}()
 	var id string
 	eventually(t, "the rollout is recorded", func() bool {
-		vs, err := f.reg.Rollouts(context.Background(), "web")
+		vs, err := f.reg.Rollouts(context.Background(), "web", false)
 		if err == nil && len(vs) > 0 {
-			id = vs[0].Rollout.ID
+			id = vs[0].Record.ID
 		}
 		return id != ""
 	})
 	f.waitRollout(id, 30*time.Second, "taken by h1", func(v rollout.View, ph rollout.Phase) bool { return v.Progress["h1"].Took() })
 	kill()
-	t.Logf("the CLI, killed once h1 took the change, said:\n%s", <-cliDone)
-	v0, err := f.reg.Rollout(context.Background(), id)
+	said := <-cliDone
+	t.Logf("the CLI, killed once h1 took the change, said:\n%s", said)
+	// put --wait says the rollout in lines of counters, never a line per
+	// host (only per offender: none here).
+	if !regexp.MustCompile(`(?m)^rollout `+id+`: (starting|running), wave 1 of 3.* · (\d+ healthy( · \d+ [a-z]+)*|5 hosts, no count yet)$`).MatchString(said) ||
+		regexp.MustCompile(`(?m)^h\d \(wave`).MatchString(said) {
+		t.Errorf("put --wait: want lines of counters and no line per host:\n%s", said)
+	}
+	v0, err := f.reg.Rollout(context.Background(), id, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := v0.Rollout
+	r := v0.Record
 	if !slices.Equal(r.WaveEnds, []int{1, 3, 5}) {
 		t.Fatalf("waves %v", r.WaveEnds)
 	}
@@ -185,8 +192,9 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if out, code := e.cli("rollout", "status", r.ID, "--watch"); code != 0 || !strings.Contains(out, "done") {
-		t.Fatalf("rollout status --watch: exit %d, want 0 and done\n%s", code, out)
+	if out, code := e.cli("rollout", "status", r.ID, "--watch"); code != 0 || !strings.Contains(out, "phase:    done, wave 3 of 3") ||
+		!strings.Contains(out, "[####################] 100% 5 healthy\n") {
+		t.Fatalf("rollout status --watch: exit %d, want 0, done and 5 healthy\n%s", code, out)
 	}
 	v := f.waitRollout(r.ID, 10*time.Second, "done", func(v rollout.View, ph rollout.Phase) bool { return v.Record.End != nil })
 	if v.Record.End.State != rollout.Done {
@@ -194,22 +202,41 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 	}
 	f.waitRolledOut(next, 30*time.Second)
 
-	// By systemd's clock: each wave's first stop comes after the soak of
-	// every host of the wave before (its start + HealthySec + soak).
-	starts, stops := map[string]float64{}, map[string]float64{}
-	for _, ev := range f.readEvents() {
+	_, stops := checkWaveOrder(t, r, f.readEvents(), 0.5, soak)
+	// Waves 2→3 include the pause; only 1→2 is shown.
+	t.Logf("wave gap: wave 1's last host healthy → wave 2's first stop: %v", waveGap(v, stops, 1).Round(time.Millisecond))
+}
+
+func clearEvents(f *fleet) { os.Remove(f.events) }
+
+// checkWaveOrder checks by systemd's clock (the units' own start and stop
+// hooks, events) that each wave's first stop comes after the soak of
+// every host of the wave before (its start + healthySec + soak), and that
+// each host restarted exactly once: one stop and one start each, so no
+// host ran the change twice or before its wave. It returns each host's
+// start and stop.
+func checkWaveOrder(t *testing.T, r *rollout.Record, evs []event, healthySec float64, soak time.Duration) (starts, stops map[string]float64) {
+	t.Helper()
+	starts, stops = map[string]float64{}, map[string]float64{}
+	nStarts, nStops := map[string]int{}, map[string]int{}
+	for _, ev := range evs {
 		if ev.stop {
-			if _, ok := stops[ev.host]; !ok {
-				stops[ev.host] = ev.at
-			}
+			stops[ev.host] = ev.at
+			nStops[ev.host]++
 		} else {
 			starts[ev.host] = ev.at
+			nStarts[ev.host]++
+		}
+	}
+	for _, h := range r.Hosts {
+		if nStarts[h] != 1 || nStops[h] != 1 {
+			t.Errorf("%s: %d stops and %d starts of app.service during the rollout, want 1 each", h, nStops[h], nStarts[h])
 		}
 	}
 	for w := 1; w < len(r.WaveEnds); w++ {
 		var prevDone float64
 		for _, h := range r.WaveHosts(w - 1) {
-			prevDone = max(prevDone, starts[h]+0.5+soak.Seconds())
+			prevDone = max(prevDone, starts[h]+healthySec+soak.Seconds())
 		}
 		for _, h := range r.WaveHosts(w) {
 			if stops[h] == 0 {
@@ -221,24 +248,27 @@ func TestRolloutWavesSoakAndPause(t *testing.T) {
 			t.Logf("wave %d: %s stopped %.3fs after wave %d soaked", w+1, h, stops[h]-prevDone, w)
 		}
 	}
-	// The gap the agents add between waves: from the last host of a wave
-	// recorded healthy (its soak over) to the first stop of the next wave
-	// (systemd's clock). Waves 2→3 include the pause; only 1→2 is shown.
+	return starts, stops
+}
+
+// waveGap is the gap the agents add between waves w-1 and w: from the
+// last host of wave w-1 recorded healthy (its soak over) to the first
+// stop of wave w (systemd's clock).
+func waveGap(v rollout.View, stops map[string]float64, w int) time.Duration {
 	var lastHealthy time.Time
-	for _, h := range r.WaveHosts(0) {
+	for _, h := range v.Record.WaveHosts(w - 1) {
 		if p := v.Progress[h]; p != nil && p.HealthyAt.After(lastHealthy) {
 			lastHealthy = p.HealthyAt
 		}
 	}
-	first := stops["h2"]
-	if s := stops["h3"]; s < first {
-		first = s
+	first := 0.0
+	for _, h := range v.Record.WaveHosts(w) {
+		if first == 0 || stops[h] < first {
+			first = stops[h]
+		}
 	}
-	gap := time.Duration(first*1e9) - time.Duration(lastHealthy.UnixNano())
-	t.Logf("wave gap: wave 1's last host healthy → wave 2's first stop: %v", gap.Round(time.Millisecond))
+	return time.Duration(first*1e9) - time.Duration(lastHealthy.UnixNano())
 }
-
-func clearEvents(f *fleet) { os.Remove(f.events) }
 
 // An agent SIGKILLed while its host soaks a rollout's change resumes the
 // soak when it starts again: the unit is not restarted (same MainPID),

@@ -9,9 +9,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/control"
-	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/rollout"
-	"github.com/agentd/agentd/registry"
 )
 
 // `unit rm --group web --canary 1 --soak` on real agents: the canary
@@ -52,11 +50,13 @@ func TestRolloutRmOnAgentsAndStatus(t *testing.T) {
 		}
 		return out
 	}
+	// An agent sees its own progress only: its line says where this host
+	// stands and in which wave, not how many hosts are healthy.
 	lineRe := func(host string) *regexp.Regexp {
 		if host == "h1" {
-			return regexp.MustCompile(`(?m)^app\.service: rollout ` + id + ` wave 1 of 2, this host soaking \(\d+ s of 30 s\), 0/2 hosts healthy$`)
+			return regexp.MustCompile(`(?m)^app\.service: rollout ` + id + ` running, this host soaking \(\d+ s of 30 s\) in wave 1 of 2 \(2 hosts\)$`)
 		}
-		return regexp.MustCompile(`(?m)^app\.service: rollout ` + id + ` wave 1 of 2, this host pending \(wave 2\), 0/2 hosts healthy$`)
+		return regexp.MustCompile(`(?m)^app\.service: rollout ` + id + ` running, this host pending in wave 2 of 2 \(2 hosts\)$`)
 	}
 	for _, e := range f.hosts {
 		re := lineRe(e.host)
@@ -66,6 +66,28 @@ func TestRolloutRmOnAgentsAndStatus(t *testing.T) {
 	if err := json.Unmarshal([]byte(status(h2, "--json")), &st); err != nil || len(st.Rollouts) != 1 || st.Rollouts[0].ID != id ||
 		st.Rollouts[0].HostState != rollout.HostPending || st.Rollouts[0].HostWave != 2 || !slices.Equal(st.Rollouts[0].Units, []string{"app.service"}) {
 		t.Errorf("status --json rollouts: %+v (%v)", st.Rollouts, err)
+	}
+	// `rollout status` counts the hosts from the coordinator's summary in
+	// one line, and lists them one by one only with --hosts.
+	rolloutStatus := func(args ...string) string {
+		t.Helper()
+		out, code := h1.cli(append([]string{"rollout", "status", id}, args...)...)
+		if code != 0 {
+			t.Fatalf("rollout status %s: exit %d", strings.Join(args, " "), code)
+		}
+		return out
+	}
+	var rs string
+	eventually(t, "rollout status counting h1 soaking and h2 waiting", func() bool {
+		rs = rolloutStatus()
+		return strings.Contains(rs, "0 healthy · 1 soaking · 1 waiting")
+	})
+	if strings.Contains(rs, "HOST") || !strings.Contains(rs, "--hosts all|failed|pending") {
+		t.Errorf("rollout status without --hosts lists the hosts, or does not say how to:\n%s", rs)
+	}
+	rs = rolloutStatus("--hosts", "all")
+	if !regexp.MustCompile(`(?m)^h1\s+1\s+soaking\s`).MatchString(rs) || !regexp.MustCompile(`(?m)^h2\s+2\s+pending\s`).MatchString(rs) {
+		t.Errorf("rollout status --hosts all: want h1 soaking in wave 1 and h2 pending in wave 2:\n%s", rs)
 	}
 	if out, code := h1.cli("rollout", "abort", id, "--revert", "--etcd-endpoints", h1.endpoint); code != 0 {
 		t.Fatalf("rollout abort --revert: exit %d\n%s", code, out)
@@ -80,6 +102,13 @@ func TestRolloutRmOnAgentsAndStatus(t *testing.T) {
 	if pid := h1.h.MainPID(t, "app.service"); pid == 0 {
 		t.Error("h1's app.service does not run after abort --revert")
 	}
+	if pid := h2.h.MainPID(t, "app.service"); pid != before["h2"] {
+		t.Errorf("h2's app.service MainPID %d → %d: the aborted rollout touched it", before["h2"], pid)
+	}
+	eventually(t, "rollout status counting h1 reverted", func() bool {
+		rs = rolloutStatus()
+		return strings.Contains(rs, "phase:    aborted") && strings.Contains(rs, "0 healthy · 1 reverted · 1 waiting")
+	})
 	for _, e := range f.hosts {
 		eventually(t, e.host+"'s status without the ended rollout", func() bool { return !strings.Contains(status(e), "rollout "+id) })
 	}

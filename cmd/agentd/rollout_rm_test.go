@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
-	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/rollout"
 )
 
 // `unit rm` and `unit revert` with the rollout options, against a real
@@ -92,7 +92,7 @@ func TestRolloutRm(t *testing.T) {
 		t.Fatalf("rm as a rollout: exit %d", code)
 	}
 	id2 := rolloutID(t, out)
-	if ph := e.view(t, id2).Phase(time.Now()); ph.State != rollout.Running {
+	if ph := e.view(t, id2).Phase(); ph.State != rollout.Running {
 		t.Fatalf("the rm rollout is %s", ph.State)
 	}
 	// Putting the key back, or reverting the removal, as a rollout:
@@ -143,7 +143,7 @@ func TestRolloutRevert(t *testing.T) {
 	if !strings.Contains(out, "reverted groups/web/units/hello.service to revision ") || !strings.Contains(out, "rollout "+id+": 4 hosts in waves 1, 4") {
 		t.Errorf("revert output:\n%s", out)
 	}
-	r := e.view(t, id).Rollout
+	r := e.view(t, id).Record
 	if u := r.Units["hello.service"]; len(r.Units) != 1 || u.From == nil || *u.From != string(c2) || u.ToHash != reconcile.Hash(c1) || u.FromRevision == 0 {
 		t.Errorf("hello.service in the revert's rollout: %+v, want From v2 and To v1's hash", u)
 	}
@@ -192,11 +192,11 @@ func TestRolloutRevert(t *testing.T) {
 			t.Errorf("revert --wait output lacks %q", want)
 		}
 	}
-	if old := e.view(t, id).Rollout; old.End == nil || old.End.State != rollout.Superseded {
+	if old := e.view(t, id).Record; old.End == nil || old.End.State != rollout.Superseded {
 		t.Errorf("the first revert's end: %+v", old.End)
 	}
 	// The version before v1 (current) was v2: it went back to it.
-	r2 := e.view(t, id2).Rollout
+	r2 := e.view(t, id2).Record
 	if u := r2.Units["hello.service"]; u.From == nil || *u.From != string(c1) || u.ToHash != reconcile.Hash(c2) || r2.End == nil || r2.End.State != rollout.Done {
 		t.Errorf("the second revert's rollout: %+v, end %+v", u, r2.End)
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -16,9 +18,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/agentd/agentd/reconcile"
-	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
+	"github.com/agentd/agentd/rollout"
 )
 
 // The rollout CLI against a real etcd, with no agent: the hosts are
@@ -46,6 +48,9 @@ func newRolloutEnv(t *testing.T, hosts ...string) *rolloutEnv {
 		env.member(t, h, "web")
 	}
 	env.member(t, "other1", "db") // not in the group: never in its rollouts
+	if len(hosts) > 0 {
+		env.coordinate(t, hosts[0])
+	}
 	return env
 }
 
@@ -90,7 +95,7 @@ func (e *rolloutEnv) dump(t *testing.T) map[string]string {
 
 func (e *rolloutEnv) view(t *testing.T, id string) rollout.View {
 	t.Helper()
-	v, err := e.reg.Rollout(t.Context(), id)
+	v, err := e.reg.Rollout(t.Context(), id, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,8 +112,68 @@ func (e *rolloutEnv) progress(ctx context.Context, id, host string, st rollout.H
 	if err != nil {
 		return err
 	}
-	_, err = e.raw.Put(ctx, "/agentd/rollouts/progress/"+id+"/"+host, string(b))
+	_, err = e.raw.Put(ctx, "/agentd/rollouts/hosts/"+host+"/"+id, string(b))
 	return err
+}
+
+// admitted says the coordinator admitted host to rollout id.
+func (e *rolloutEnv) admitted(ctx context.Context, id, host string) (bool, error) {
+	resp, err := e.raw.Get(ctx, "/agentd/rollouts/admit/web/"+host+"/"+id, clientv3.WithCountOnly())
+	if err != nil {
+		return false, err
+	}
+	return resp.Count > 0, nil
+}
+
+// coordinate runs the group's real coordinator (rollout.Coordinator) on
+// a session joined as host coord, until the test ends.
+func (e *rolloutEnv) coordinate(t *testing.T, coord string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := e.reg.Join(ctx, reconcile.Member{Host: coord, MachineID: "m-" + coord, Groups: []string{"web"}}, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := rollout.NewCoordinator("web", slog.New(slog.NewTextHandler(t.Output(), nil)), sessionElector{func() *registry.Session { return s }}.elector)
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; _ = s.Close() })
+}
+
+// summarized waits until the group's coordinator has summarized rollout
+// id so that ok holds (ok nil: any summary), and returns the view (read
+// with every host's progress).
+func (e *rolloutEnv) summarized(t *testing.T, id string, ok func(v rollout.View) bool) rollout.View {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		v := e.view(t, id)
+		if v.Summary != nil && (ok == nil || ok(v)) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rollout %s: the coordinator did not summarize it as expected in time; phase %+v, summary %+v", id, v.Phase(), v.Summary)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// admission is the coordinator's admission of host to rollout id (nil:
+// none).
+func (e *rolloutEnv) admission(t *testing.T, id, host string) *rollout.Admission {
+	t.Helper()
+	resp, err := e.raw.Get(t.Context(), "/agentd/rollouts/admit/web/"+host+"/"+id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil
+	}
+	var a rollout.Admission
+	if err := json.Unmarshal(resp.Kvs[0].Value, &a); err != nil {
+		t.Fatal(err)
+	}
+	return &a
 }
 
 var rolloutIDRe = regexp.MustCompile(`rollout (r[0-9]{8}-[0-9]{6}-[0-9a-f]{8}): `)
@@ -147,7 +212,7 @@ func (e *rolloutEnv) sim(ctx context.Context, fail func(host string) bool) error
 			return nil
 		case <-time.After(simStep):
 		}
-		all, err := e.reg.Rollouts(ctx, "web")
+		all, err := e.reg.Rollouts(ctx, "web", true)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -155,32 +220,28 @@ func (e *rolloutEnv) sim(ctx context.Context, fail func(host string) bool) error
 			return err
 		}
 		for _, v := range all {
-			r, now := v.Record, time.Now()
-			ph := v.Phase()
-			if ph.State == rollout.Superseded {
+			r := v.Record
+			if r.Overwritten(v.Entries) {
 				continue
 			}
-			if r.End == nil && ph.End != nil {
-				if _, err := e.reg.UpdateRollout(ctx, r.ID, func(v rollout.View) error {
-					if v.Record.End == nil {
-						v.Record.End = ph.End
+			for _, h := range r.Hosts {
+				st, _, _ := v.HostState(h)
+				admitted, err := e.admitted(ctx, r.ID, h)
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil
 					}
-					return nil
-				}); err != nil && ctx.Err() == nil {
 					return err
 				}
-			}
-			for _, h := range r.Hosts {
-				st, _, _ := hostState(v, h)
 				var next rollout.HostState
 				reason := ""
 				switch {
-				case ended(ph.State) && reverts(r, ph) && (&rollout.Progress{State: st}).Took():
-					next, reason = rollout.HostReverting, "the rollout "+string(ph.State)
+				case r.Reverts() && (&rollout.Progress{State: st}).Took():
+					next, reason = rollout.HostReverting, "the rollout "+string(r.End.State)
 				case st == rollout.HostReverting:
 					next = rollout.HostReverted
-				case ended(ph.State):
-				case st == rollout.HostPending && ph.State == rollout.Running && r.Wave(h) <= ph.Wave:
+				case r.End != nil:
+				case st == rollout.HostPending && admitted:
 					next, reason = rollout.HostApplying, fmt.Sprintf("wave %d of %d", r.Wave(h)+1, len(r.WaveEnds))
 				case st == rollout.HostApplying && fail != nil && fail(h):
 					next, reason = rollout.HostFailed, "hello.service: exited 1"
@@ -291,7 +352,9 @@ func TestRolloutPutRecordsAndSupersedes(t *testing.T) {
 	if want := "rollout " + id + ": 5 hosts in waves 1, 3, 5; follow it with agentd rollout status " + id + " --watch"; !strings.Contains(out, want) {
 		t.Errorf("put output lacks %q:\n%s", want, out)
 	}
-	if !strings.Contains(stderr, "h1, h2, h3, h4, h5 of group web have no live agent") {
+	// h3's agent is live (it coordinates the group): the others are
+	// member records only.
+	if !strings.Contains(stderr, "warning: h1, h2, h4, h5 of group web have no live agent: the rollout waits for them in their wave\n") {
 		t.Errorf("no warning about the members without a live agent:\n%s", stderr)
 	}
 	v := e.view(t, id)
@@ -340,14 +403,16 @@ func TestRolloutPutRecordsAndSupersedes(t *testing.T) {
 			id2 = m[1]
 		}
 	}
-	if old := e.view(t, id).Rollout; old.End == nil || old.End.State != rollout.Superseded || old.End.Reason != "superseded by "+id2 {
+	if old := e.view(t, id).Record; old.End == nil || old.End.State != rollout.Superseded || old.End.Reason != "superseded by "+id2 {
 		t.Errorf("the first rollout's end: %+v", old.End)
 	}
-	if nr := e.view(t, id2).Rollout; len(nr.Hosts) != 6 || !slices.Equal(nr.WaveEnds, []int{2, 6}) || *nr.Units["hello.service"].From != content(v2) {
+	if nr := e.view(t, id2).Record; len(nr.Hosts) != 6 || !slices.Equal(nr.WaveEnds, []int{2, 6}) || *nr.Units["hello.service"].From != content(v2) {
 		t.Errorf("the second rollout: hosts %v waves %v", nr.Hosts, nr.WaveEnds)
 	}
 
-	// ls: both, newest first; status: the header and the table.
+	// ls: both, newest first; status: the header, the counters, and the
+	// hosts one by one when asked.
+	e.summarized(t, id2, func(v rollout.View) bool { return v.Phase().State == rollout.Running })
 	out, _, code = e.run(t, "rollout", "ls")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if code != 0 || len(lines) != 3 || !strings.HasPrefix(lines[0], "ID") ||
@@ -364,25 +429,52 @@ func TestRolloutPutRecordsAndSupersedes(t *testing.T) {
 	if err := e.progress(t.Context(), id2, "h2", rollout.HostSoaking, ""); err != nil {
 		t.Fatal(err)
 	}
+	e.summarized(t, id2, func(v rollout.View) bool {
+		return v.Count(rollout.HostHealthy) == 1 && v.Count(rollout.HostSoaking) == 1
+	})
 	out, _, code = e.run(t, "rollout", "status", id2)
 	for _, want := range []string{
 		"rollout " + id2 + " of group web: hello.service\n",
 		"phase:    running, wave 1 of 2\n",
 		"strategy: --waves 2,100%\n",
 		"waves:    2, 6 of 6 hosts\n",
-		"[###-----------------] 1/6 healthy, 1 soaking\n",
+		"coordinator: h3\n",
+		"[###-----------------] 16% 1 healthy · 1 soaking · 4 waiting\n",
+		"(each host: agentd rollout status " + id2 + " --hosts all|failed|pending)\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("rollout status lacks %q", want)
 		}
 	}
+	if code != 0 || strings.Contains(out, "HOST") || strings.Contains(out, "first offenders") {
+		t.Errorf("rollout status: exit %d, or hosts listed one by one (or offenders) unasked", code)
+	}
+	hostRows := func(out string) []string {
+		var hosts []string
+		for _, m := range regexp.MustCompile(`(?m)^(h\d)\s+\d+\s+\S+`).FindAllStringSubmatch(out, -1) {
+			hosts = append(hosts, m[1])
+		}
+		return hosts
+	}
+	out, _, code = e.run(t, "rollout", "status", id2, "--hosts", "all")
 	for _, re := range []string{`(?m)^HOST\s+WAVE\s+STATE\s+FOR\s+REASON$`, `(?m)^h1\s+1\s+healthy\s+\d+ s\s+-$`, `(?m)^h2\s+1\s+soaking\s+\d+ s`, `(?m)^h6\s+2\s+pending\s+-\s+-$`} {
 		if !regexp.MustCompile(re).MatchString(out) {
-			t.Errorf("rollout status does not match %s", re)
+			t.Errorf("rollout status --hosts all does not match %s", re)
 		}
 	}
-	if code != 0 {
-		t.Errorf("rollout status: exit %d", code)
+	if got := hostRows(out); code != 0 || !slices.Equal(got, []string{"h1", "h2", "h3", "h4", "h5", "h6"}) || strings.Contains(out, "(each host:") {
+		t.Errorf("rollout status --hosts all: exit %d, hosts %v", code, got)
+	}
+	out, _, code = e.run(t, "rollout", "status", id2, "--hosts", "pending")
+	if got := hostRows(out); code != 0 || !slices.Equal(got, []string{"h2", "h3", "h4", "h5", "h6"}) {
+		t.Errorf("rollout status --hosts pending: exit %d, hosts %v", code, got)
+	}
+	out, _, code = e.run(t, "rollout", "status", id2, "--hosts", "failed")
+	if got := hostRows(out); code != 0 || len(got) != 0 || !strings.Contains(out, "--hosts failed: no host\n") {
+		t.Errorf("rollout status --hosts failed: exit %d, hosts %v", code, got)
+	}
+	if _, stderr, code := e.run(t, "rollout", "status", id2, "--hosts", "some"); code != exitUsage || !strings.Contains(stderr, `--hosts "some": want all, failed or pending`) {
+		t.Errorf("rollout status --hosts some: exit %d\n%s", code, stderr)
 	}
 	// A put without a rollout over a running one: that one no longer
 	// runs (superseded), and a new rollout of the key is not refused.
@@ -398,7 +490,8 @@ func TestRolloutPutRecordsAndSupersedes(t *testing.T) {
 	}
 	out, _, _ = e.run(t, "rollout", "status", id, "--json")
 	var sum rolloutSummary
-	if err := json.Unmarshal([]byte(out), &sum); err != nil || sum.Phase.State != rollout.Superseded || sum.Total != 5 || len(sum.Hosts) != 5 || sum.Rollout.Reason != "new TLS config" {
+	if err := json.Unmarshal([]byte(out), &sum); err != nil || sum.Phase.State != rollout.Superseded || sum.Total != 5 || sum.Rollout.Reason != "new TLS config" ||
+		sum.Counts[rollout.HostPending] != 5 || len(sum.Hosts) != 0 {
 		t.Errorf("status --json: %v\n%s", err, out)
 	}
 }
@@ -421,36 +514,49 @@ func TestRolloutControl(t *testing.T) {
 		}
 		return out
 	}
+	e.summarized(t, id, func(v rollout.View) bool { return v.Phase().State == rollout.Running })
 	expect("rollout promote", exitError, "is not paused (running, wave 1 of 2): nothing to promote")
 	expect("rollout resume", exitError, "is not paused")
-	expect("rollout pause --reason dashboards-red", 0, "rollout "+id+" paused at wave 1 of 2 (0/3 hosts healthy)")
-	r := e.view(t, id).Rollout
+	expect("rollout pause --reason dashboards-red", 0, "rollout "+id+" paused at wave 1 of 2 (0 healthy · 3 waiting): no host starts taking it; `agentd rollout resume "+id+"` goes on")
+	r := e.view(t, id).Record
 	if !r.Paused || r.PauseReason != "paused by "+storedBy()+": dashboards-red" || r.PausedAt.IsZero() {
 		t.Errorf("after pause: paused %v, reason %q, at %v", r.Paused, r.PauseReason, r.PausedAt)
 	}
 	expect("rollout pause", 0, "is already paused")
 	expect("rollout status", 0, "phase:    paused, wave 1 of 2 — paused by ")
 	expect("rollout resume", 0, "resumed")
-	if r := e.view(t, id).Rollout; r.Paused || r.ResumedAt.IsZero() {
+	if r := e.view(t, id).Record; r.Paused || r.ResumedAt.IsZero() {
 		t.Errorf("after resume: paused %v, resumed %v", r.Paused, r.ResumedAt)
 	}
 	// The canary is healthy: waiting for promote.
 	if err := e.progress(t.Context(), id, "h1", rollout.HostHealthy, ""); err != nil {
 		t.Fatal(err)
 	}
-	expect("rollout status", 0, "phase:    waiting-promote, wave 2 of 2")
+	e.summarized(t, id, func(v rollout.View) bool { return v.Phase().State == rollout.WaitingPromote })
+	expect("rollout status", 0, "phase:    waiting-promote, wave 2 of 2 — the canary is healthy: `agentd rollout promote "+id+"` sends the change on\n")
+	if a := e.admission(t, id, "h1"); a == nil || a.Wave != 0 || a.By != "h1" {
+		t.Errorf("the canary's admission: %+v", a)
+	}
+	for _, h := range []string{"h2", "h3"} {
+		if a := e.admission(t, id, h); a != nil {
+			t.Errorf("%s admitted before the promote: %+v", h, a)
+		}
+	}
 	expect("rollout promote", 0, "promoted: wave 2 of 2 goes on")
-	if r := e.view(t, id).Rollout; !r.Promoted || r.Paused {
+	if r := e.view(t, id).Record; !r.Promoted || r.Paused {
 		t.Errorf("after promote: promoted %v, paused %v", r.Promoted, r.Paused)
 	}
-	if ph := e.view(t, id).Phase(time.Now()); ph.State != rollout.Running || ph.Wave != 1 {
-		t.Errorf("after promote: phase %+v", ph)
+	e.summarized(t, id, func(v rollout.View) bool { ph := v.Phase(); return ph.State == rollout.Running && ph.Wave == 1 })
+	for _, h := range []string{"h2", "h3"} {
+		if a := e.admission(t, id, h); a == nil || a.Wave != 1 {
+			t.Errorf("%s's admission after the promote: %+v", h, a)
+		}
 	}
 	// Paused, promote goes on too.
 	expect("rollout pause", 0, "paused")
 	expect("rollout promote", 0, "promoted")
 	expect("rollout abort --revert", 0, "aborted at wave 2 of 2: no host takes it any more; the hosts that took it go back to the previous version (h1)")
-	r = e.view(t, id).Rollout
+	r = e.view(t, id).Record
 	if r.Abort == nil || !r.Abort.Revert || r.Abort.By != storedBy() || r.End == nil || r.End.State != rollout.Aborted || !strings.Contains(r.End.Reason, "aborted by ") {
 		t.Errorf("after abort: abort %+v end %+v", r.Abort, r.End)
 	}
@@ -470,8 +576,48 @@ func TestRolloutControl(t *testing.T) {
 	}
 }
 
+// counterLine is one line of counters put --wait printed.
+type counterLine struct {
+	state          string
+	wave, waves    int
+	counts         map[string]int // by word: healthy, applying, …, waiting
+	holding, total int            // hosts that have or take the change; all
+}
+
+var counterLineRe = regexp.MustCompile(`(?m)^rollout (\S+): ([a-z-]+), wave (\d+) of (\d+)(?: — [^·\n]*)? · (.*)$`)
+
+// counterLines are the lines of counters of rollout id in out, in order.
+func counterLines(t *testing.T, out, id string) []counterLine {
+	t.Helper()
+	var lines []counterLine
+	for _, m := range counterLineRe.FindAllStringSubmatch(out, -1) {
+		if m[1] != id || strings.Contains(m[5], "no count yet") {
+			continue
+		}
+		l := counterLine{state: m[2], counts: map[string]int{}}
+		fmt.Sscan(m[3], &l.wave)
+		fmt.Sscan(m[4], &l.waves)
+		for part := range strings.SplitSeq(m[5], " · ") {
+			var n int
+			var word string
+			if _, err := fmt.Sscanf(part, "%d %s", &n, &word); err != nil {
+				t.Fatalf("counters %q: %v", m[5], err)
+			}
+			l.counts[word] = n
+			l.total += n
+			if word != "waiting" && word != "reverted" {
+				l.holding += n
+			}
+		}
+		lines = append(lines, l)
+	}
+	return lines
+}
+
 // put --wait follows a rollout to its end: 0 when every host is healthy,
-// and only once they are; each host's change is a line.
+// and only once they are; a line of counters whenever they move. The
+// waves open in order, each once the one before is healthy (the
+// coordinator's admissions say when).
 func TestRolloutPutWaitDone(t *testing.T) {
 	t.Parallel()
 	e := newRolloutEnv(t, "h1", "h2", "h3", "h4")
@@ -487,33 +633,78 @@ func TestRolloutPutWaitDone(t *testing.T) {
 		t.Fatalf("put --wait: exit %d", code)
 	}
 	id := rolloutID(t, out)
-	for _, want := range []string{"h1 (wave 1): applying — wave 1 of 3\n", "h1 (wave 1): healthy\n", "h2 (wave 2): healthy\n", "h4 (wave 3): healthy\n",
-		"rollout " + id + ": running, wave 2 of 3 (1/4 hosts healthy)\n", "rollout " + id + ": done, wave 3 of 3 (4/4 hosts healthy)\n"} {
+	// 4 hosts: the canary (h1), 50% (h2), 100% (h3, h4).
+	for _, want := range []string{"rollout " + id + ": 4 hosts in waves 1, 2, 4;",
+		"rollout " + id + ": running, wave 1 of 3 · 0 healthy · 1 applying · 3 waiting\n",
+		"rollout " + id + ": running, wave 2 of 3 · 1 healthy · ",
+		"rollout " + id + ": running, wave 3 of 3 · 2 healthy · ",
+	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("put --wait output lacks %q", want)
 		}
 	}
-	// The canary was healthy before any other host started.
-	if strings.Index(out, "h1 (wave 1): healthy") > strings.Index(out, "h2 (wave 2): applying") {
-		t.Error("wave 2 started before the canary was healthy")
+	if !strings.HasSuffix(out, "rollout "+id+": done, wave 3 of 3 · 4 healthy\n") {
+		t.Errorf("put --wait output does not end with the rollout done, every host healthy")
 	}
-	if v := e.view(t, id); len(hostsIn(v, rollout.HostHealthy)) != 4 || v.Record.End == nil || v.Record.End.State != rollout.Done {
-		t.Errorf("healthy hosts: %v, end %+v", hostsIn(v, rollout.HostHealthy), v.Record.End)
+	if strings.Contains(out, "(wave ") {
+		t.Error("put --wait printed an offender, with none")
 	}
-	if out, _, code := e.run(t, "rollout", "status", id, "--watch"); code != 0 || !strings.Contains(out, "[####################] 4/4 healthy\n") {
+	// Line by line: the counts add up, the waves go up one by one, and
+	// no host but the canary took the change before it was healthy.
+	lines := counterLines(t, out, id)
+	for i, l := range lines {
+		if l.total != 4 || l.waves != 3 || (i > 0 && (l.wave < lines[i-1].wave || l.wave > lines[i-1].wave+1)) {
+			t.Errorf("line %d of counters: %+v (after %+v)", i, l, lines[max(i-1, 0)])
+		}
+		if (l.holding > 1 || l.wave > 1) && l.counts["healthy"] == 0 {
+			t.Errorf("line %d of counters: %+v: past the canary before it was healthy", i, l)
+		}
+		if l.wave == 3 && l.counts["healthy"] < 2 {
+			t.Errorf("line %d of counters: %+v: wave 3 before wave 2 was healthy", i, l)
+		}
+	}
+	// The admissions: each wave's hosts admitted in their wave, once the
+	// hosts before them were healthy.
+	v := e.view(t, id)
+	if v.Count(rollout.HostHealthy) != 4 || v.Record.End == nil || v.Record.End.State != rollout.Done || v.Summary.Phase.State != rollout.Done {
+		t.Errorf("healthy hosts: %v, end %+v, summary %+v", v.Count(rollout.HostHealthy), v.Record.End, v.Summary)
+	}
+	wave := map[string]int{"h1": 0, "h2": 1, "h3": 2, "h4": 2}
+	for h, w := range wave {
+		a := e.admission(t, id, h)
+		if a == nil || a.Wave != w || a.By != "h1" {
+			t.Errorf("%s's admission: %+v, want wave %d", h, a, w)
+			continue
+		}
+		for before, bw := range wave {
+			if bw < w && v.Progress[before].HealthyAt.After(a.At) {
+				t.Errorf("%s admitted to wave %d at %v, before %s (wave %d) was healthy at %v", h, w+1, a.At, before, bw+1, v.Progress[before].HealthyAt)
+			}
+		}
+	}
+	if out, _, code := e.run(t, "rollout", "status", id, "--watch"); code != 0 || !strings.Contains(out, "phase:    done, wave 3 of 3\n") ||
+		!strings.Contains(out, "[####################] 100% 4 healthy\n") {
 		t.Errorf("status --watch of a rollout done: exit %d", code)
 	}
 	// The same as JSON lines, and a rollout with no agent times out.
 	out, stderr, code := e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/sleep 1"), "--group", "web",
 		"--canary", "1", "--wait", "--timeout", "600ms", "--json")
-	if code != exitTimeout || !strings.Contains(stderr, "is running, wave 1 of 2 (0/4 hosts healthy); it goes on without this command") {
+	if code != exitTimeout || !strings.Contains(stderr, "is running, wave 1 of 2 (0 healthy · 4 waiting); it goes on without this command") {
 		t.Errorf("put --wait with no agent: exit %d\n%s", code, stderr)
 	}
+	var last map[string]any
 	for l := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
 		var m map[string]any
 		if err := json.Unmarshal([]byte(l), &m); err != nil {
 			t.Errorf("--json line %q: %v", l, err)
 		}
+		if m["event"] == "rollout-phase" {
+			last = m
+		}
+	}
+	if last == nil || last["state"] != "running" || last["wave"] != 1.0 || last["waves"] != 2.0 || last["hosts"] != 4.0 ||
+		!reflect.DeepEqual(last["counts"], map[string]any{"pending": 4.0}) {
+		t.Errorf("the last rollout-phase event: %v", last)
 	}
 }
 
@@ -534,14 +725,31 @@ func TestRolloutPutWaitFailedReverts(t *testing.T) {
 	if code != exitFailed || !strings.Contains(stderr, "rollout "+id+" failed — h1 failed the change: hello.service: exited 1; reverted to the previous version: h1") {
 		t.Fatalf("put --wait on a failing canary: exit %d\n%s", code, stderr)
 	}
-	for _, want := range []string{"h1 (wave 1): failed — hello.service: exited 1\n", "h1 (wave 1): reverting", "h1 (wave 1): reverted\n"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("output lacks %q", want)
+	// The offender once, by name; then the canary going back, counted.
+	failed := "rollout " + id + ": failed, wave 1 of 2 — h1 failed the change: hello.service: exited 1 · "
+	last := 0
+	for _, want := range []string{
+		"rollout " + id + ": running, wave 1 of 2 · 0 healthy · 1 applying · 2 waiting\n",
+		"h1 (wave 1): failed — hello.service: exited 1\n",
+		failed + "0 healthy · 1 reverting · 2 waiting\n",
+		failed + "0 healthy · 1 reverted · 2 waiting\n",
+	} {
+		i := strings.Index(out, want)
+		if i < last {
+			t.Errorf("output lacks %q after what came before", want)
+			continue
 		}
+		last = i
+	}
+	if n := strings.Count(out, "h1 (wave 1):"); n != 1 {
+		t.Errorf("the offender said %d times, want once", n)
 	}
 	v := e.view(t, id)
-	if v.Progress["h2"] != nil || v.Progress["h3"] != nil {
+	if v.Progress["h2"] != nil || v.Progress["h3"] != nil || e.admission(t, id, "h2") != nil || e.admission(t, id, "h3") != nil {
 		t.Errorf("hosts outside the canary took the change: %v", v.Progress)
+	}
+	if p := v.Progress["h1"]; p == nil || p.State != rollout.HostReverted {
+		t.Errorf("the canary: %+v, want reverted", p)
 	}
 	if v.Record.End == nil || v.Record.End.State != rollout.Failed {
 		t.Errorf("end %+v", v.Record.End)
@@ -571,7 +779,7 @@ func TestRolloutGate(t *testing.T) {
 		if b, _ := os.ReadFile(log); string(b) != id+" web 2\n" {
 			t.Errorf("the gate ran with %q", b)
 		}
-		if r := e.view(t, id).Rollout; r.Gated != 1 {
+		if r := e.view(t, id).Record; r.Gated != 1 {
 			t.Errorf("gated %d, want 1", r.Gated)
 		}
 	})
@@ -603,7 +811,7 @@ func TestRolloutGate(t *testing.T) {
 		if _, _, code := e.run(t, "rollout", "promote", id); code != 0 {
 			t.Fatalf("promote: exit %d", code)
 		}
-		if r := e.view(t, id).Rollout; r.Paused || r.Gated != 1 {
+		if r := e.view(t, id).Record; r.Paused || r.Gated != 1 {
 			t.Errorf("after promote: paused %v, gated %d", r.Paused, r.Gated)
 		}
 	})

@@ -23,8 +23,8 @@ import (
 	"github.com/agentd/agentd/metrics"
 	"github.com/agentd/agentd/probe"
 	"github.com/agentd/agentd/reconcile"
-	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/sshsig"
 	"github.com/agentd/agentd/systemd"
 	"github.com/agentd/agentd/unitdir"
@@ -605,7 +605,7 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	// A candidate coordinator for each group: one agent of the group wins
 	// and runs its rollouts; the others stand by.
 	for _, g := range o.groups {
-		c := rollout.NewCoordinator(g, log, sessionElector{r.reporter}.elector)
+		c := rollout.NewCoordinator(g, log, sessionElector{r.reporter.current}.elector)
 		wg.Go(func() { c.Run(ctx) })
 	}
 	if r.metricsLn != nil {

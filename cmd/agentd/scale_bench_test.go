@@ -29,6 +29,7 @@ import (
 	"github.com/agentd/agentd/metrics"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/unitdir"
 )
 
@@ -413,6 +414,9 @@ type scaleFleet struct {
 	stopped   bool
 	noLKG     bool // no last-known-good snapshot save (saves a descriptor per agent)
 	rollouts  bool // each agent takes its part in rollouts (rolloutHand), as agentd run does
+	// events counts the snapshots the agents received (each a batch of
+	// watch events): per agent per rollout, the O(1) claim.
+	events atomic.Int64
 }
 
 type scaleAgent struct {
@@ -513,10 +517,13 @@ func (f *scaleFleet) startAgent(host string, joined func()) (*scaleAgent, error)
 	svc.notify = func(string) {} // never talk to a service manager from a benchmark
 	reporter := &sessionReporter{svc: svc, met: f.met}
 	observer := multiObserver{svc, f.met}
-	var hand *rolloutHand
+	var hand *rollout.Participant
+	var coord *rollout.Coordinator
 	if f.rollouts {
-		hand = newRolloutHand(host, log, reporter.current, nil)
+		hand = rollout.NewParticipant(host, log, sessionHostPort(reporter), nil)
 		observer = append(observer, hand)
+		// Every agent stands for coordinator, as `agentd run` does.
+		coord = rollout.NewCoordinator("all", log, sessionElector{reporter.current}.elector)
 	}
 	agent := reconcile.New(reconcile.Config{
 		Systemd:           loopSystemd{Systemd: reconcile.PlainSystemd(a.sd), met: f.met},
@@ -528,10 +535,12 @@ func (f *scaleFleet) startAgent(host string, joined func()) (*scaleAgent, error)
 		Observer:          observer,
 		HeartbeatInterval: svc.heartbeatInterval(),
 	})
-	onSnapshot := func(s reconcile.Snapshot) {
+	onSnapshot := func(rs registry.Snapshot) {
+		f.events.Add(1)
+		s := rs.Snapshot
 		if hand != nil {
 			var handOn bool
-			if s, handOn = hand.overlay(s); !handOn {
+			if s, handOn = hand.Overlay(rs.Snapshot, rs.Rollouts); !handOn {
 				return
 			}
 		}
@@ -565,7 +574,8 @@ func (f *scaleFleet) startAgent(host string, joined func()) (*scaleAgent, error)
 	}
 	a.wg.Go(func() { fail(agent.Run(ctx)) })
 	if hand != nil {
-		a.wg.Go(func() { hand.run(ctx) })
+		a.wg.Go(func() { hand.Run(ctx) })
+		a.wg.Go(func() { coord.Run(ctx) })
 	}
 	a.wg.Go(func() {
 		defer joined() // a failed join frees its slot too

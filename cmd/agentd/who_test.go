@@ -219,7 +219,7 @@ func TestRolloutReasonIsInTheHistoryToo(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("rollout put: exit %d", code)
 	}
-	if r := e.view(t, rolloutID(t, out)).Rollout; r.Reason != "OPS-9 new TLS config" || r.By != storedBy() {
+	if r := e.view(t, rolloutID(t, out)).Record; r.Reason != "OPS-9 new TLS config" || r.By != storedBy() {
 		t.Errorf("rollout record: by %q, reason %q", r.By, r.Reason)
 	}
 	h, err := e.reg.History(t.Context(), registry.Target{Group: "web"}, "hello.service")

@@ -221,12 +221,16 @@ func (co *Coordination) commit(ctx context.Context, what string, ops ...clientv3
 	return nil
 }
 
-// elected says the election key of this term still stands.
+// elected says the election key of this term still stands (a key of
+// the same name from a later candidacy of this lease is another term).
 func (co *Coordination) elected(ctx context.Context) bool {
 	rctx, cancel := co.c.reqCtx(ctx)
 	defer cancel()
-	resp, err := co.c.cli.Get(rctx, co.key, clientv3.WithCountOnly())
-	return err != nil || resp.Count > 0
+	resp, err := co.c.cli.Get(rctx, co.key)
+	if err != nil {
+		return true // not known: the caller looks again
+	}
+	return len(resp.Kvs) > 0 && resp.Kvs[0].CreateRevision == co.rev
 }
 
 // groupState is what the coordinator follows: the group's records,
@@ -290,7 +294,7 @@ func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 	}
 	st := &groupState{records: map[string]*rollout.Record{}, summaries: map[string]*rollout.Summary{},
 		progress: map[string]map[string]*rollout.Progress{}, admitted: map[string]map[string]bool{}, entries: map[string]reconcile.Entry{}, rev: resp.Header.Revision,
-		created: map[string]int64{}, entriesAt: resp.Header.Revision}
+		created: map[string]int64{}, entriesAt: resp.Header.Revision, members: map[string]bool{}}
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().GetKvs() {
 			co.apply(st, clientv3.EventTypePut, kv)
@@ -311,9 +315,9 @@ func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer wcancel()
-	for i, p := range prefixes {
+	for _, p := range prefixes {
 		ch := c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(st.rev+1))
-		entries := i == len(prefixes)-1
+		entries := p == c.targetUnits(Target{Group: co.group})
 		wg.Go(func() {
 			for resp := range ch {
 				select {
@@ -420,7 +424,7 @@ func (co *Coordination) apply(st *groupState, typ mvccpb.Event_EventType, kv *mv
 			delete(st.records, key)
 			return
 		}
-		r, err := decodeRollout(kv.Value, kv.ModRevision)
+		r, err := decodeRollout(kv)
 		if err != nil {
 			c.skipKey(kv.Key, "not a rollout record", err)
 			delete(st.records, key)

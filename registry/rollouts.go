@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/rollout"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -102,7 +103,7 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 		}
 	}
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
-		old, err := decodeRollout(kv.Value, kv.ModRevision)
+		old, err := decodeRollout(kv)
 		if err != nil || (old.End != nil && old.End.State == rollout.Done) {
 			continue
 		}
@@ -172,15 +173,18 @@ func rolloutTarget(t Target) error {
 
 func supersedes(o writeOptions) bool { return o.supersede }
 
-func decodeRollout(v []byte, modRev int64) (*rollout.Record, error) {
+func decodeRollout(kv *mvccpb.KeyValue) (*rollout.Record, error) {
 	var r rollout.Record
-	if err := json.Unmarshal(v, &r); err != nil {
+	if err := json.Unmarshal(kv.Value, &r); err != nil {
 		return nil, fmt.Errorf("not a rollout record: %w", err)
 	}
 	if r.ID == "" || len(r.WaveEnds) == 0 || r.WaveEnds[len(r.WaveEnds)-1] != len(r.Hosts) {
 		return nil, errors.New("not a rollout record: no id, or waves that do not cover its hosts")
 	}
-	r.ModRevision = modRev
+	r.ModRevision = kv.ModRevision
+	if r.Revision == 0 {
+		r.Revision = kv.CreateRevision // the put's: the record is written in its transaction
+	}
 	return &r, nil
 }
 
@@ -246,7 +250,7 @@ func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]roll
 	}
 	var out []rollout.View
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
-		r, err := decodeRollout(kv.Value, kv.ModRevision)
+		r, err := decodeRollout(kv)
 		if err != nil {
 			c.skipKey(kv.Key, "not a rollout record", err)
 			continue

@@ -509,7 +509,7 @@ func (w *unitWatch) putRollout(s *unitState, kv *mvccpb.KeyValue) {
 		}
 		return
 	}
-	r, err := decodeRollout(kv.Value, kv.ModRevision)
+	r, err := decodeRollout(kv)
 	if err != nil {
 		w.log.Warn("skipping registry key "+key+": value is not a rollout record", "key", key, "err", err)
 		delete(s.rollouts, key)

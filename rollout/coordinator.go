@@ -205,7 +205,11 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 		soonest(d.Due)
 		last := t.written[r.ID]
 		if !d.Summary.same(last.s) {
-			if wait := last.at.Add(SummaryEvery); now.Before(wait) {
+			// The summary that ends a rollout is written at once: it names
+			// the hosts that failed it, which a revert may take out of
+			// the failed state within SummaryEvery, so that no reader
+			// would see them.
+			if wait := last.at.Add(SummaryEvery); now.Before(wait) && d.End == nil {
 				soonest(wait)
 				continue
 			}

@@ -167,11 +167,14 @@ func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision 
 	switch {
 	case end != nil:
 		ph = Phase{State: end.State, Wave: min(w, len(r.WaveEnds)-1), Reason: end.Reason}
+		if end.Wave > 0 {
+			ph.Wave = end.Wave - 1 // the hosts going back since do not move it
+		}
 		offenders, _ = r.failed(g.Progress)
 	default:
 		ph, offenders, d.Due = r.phase(g, w, now)
 		if ph.State.Ended() {
-			d.End = &End{State: ph.State, Reason: ph.Reason, At: now}
+			d.End = &End{State: ph.State, Reason: ph.Reason, At: now, Wave: ph.Wave + 1}
 		}
 	}
 	if ph.State == Running {

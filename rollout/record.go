@@ -230,6 +230,8 @@ type End struct {
 	At     time.Time `json:"at"`
 	// SupersededBy is the rollout whose put ended this one.
 	SupersededBy string `json:"supersededBy,omitempty"`
+	// Wave is the wave it ended in, counted from 1 (0: not said).
+	Wave int `json:"wave,omitempty"`
 }
 
 // State is a rollout's phase as a word.

@@ -35,6 +35,9 @@ func (v View) Phase() Phase {
 	}
 	switch {
 	case r.End != nil:
+		if r.End.Wave > 0 {
+			wave = r.End.Wave - 1
+		}
 		return Phase{State: r.End.State, Wave: wave, Reason: r.End.Reason}
 	case r.Overwritten(v.Entries):
 		return Phase{State: Superseded, Wave: wave, Reason: "its keys were written again since, without a rollout"}
@@ -42,7 +45,9 @@ func (v View) Phase() Phase {
 		return Phase{State: Paused, Wave: wave, Reason: r.PauseReason}
 	case s == nil:
 		return Phase{State: Starting, Reason: "no coordinator has looked at it yet"}
-	case s.Phase.State == Paused: // resumed since the summary
+	case s.Phase.State == Paused, // resumed since the summary
+		s.Phase.State == WaitingPromote && r.Promoted,   // promoted since
+		s.Phase.State == WaitingGate && r.Gated >= wave: // its gate passed since
 		return Phase{State: Running, Wave: wave}
 	}
 	return s.Phase

@@ -187,7 +187,7 @@ func rolloutLine(ri control.RolloutInfo, now time.Time) string {
 	var host string
 	switch ri.HostState {
 	case "":
-		host = fmt.Sprintf("this host not one of its %d %s (it joined the group since)", ri.Hosts, plural(ri.Hosts, "host", "hosts"))
+		host = fmt.Sprintf("this host not one of its %d %s yet (it joined the group since: it goes into the last wave)", ri.Hosts, plural(ri.Hosts, "host", "hosts"))
 	case rollout.HostPending:
 		host = "this host pending"
 	case rollout.HostSoaking:

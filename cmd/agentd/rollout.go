@@ -1067,7 +1067,7 @@ previous version back in the keys for every host.`,
 				what = "no host had taken it"
 			}
 			r.Abort = &rollout.Abort{Revert: revert, At: now, By: by}
-			r.End = &rollout.End{State: rollout.Aborted, Reason: reason, At: now}
+			r.End = &rollout.End{State: rollout.Aborted, Reason: reason, At: now, Wave: phaseWave(v, ph)}
 			return fmt.Sprintf("rollout %s aborted at wave %d of %d: no host takes it any more; %s; follow it with agentd rollout status %s --watch",
 				r.ID, phaseWave(v, ph), len(r.WaveEnds), what, r.ID), nil
 		})

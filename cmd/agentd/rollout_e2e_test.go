@@ -79,7 +79,10 @@ func describeRollout(v rollout.View) string {
 
 // A canary that runs (systemd says active) but fails its health probe is
 // reverted, the rollout fails, and the other four hosts never write the
-// change: their unit file and MainPID are what they were.
+// change: their unit file and MainPID are what they were. `unit put
+// --wait --canary 1 --auto-revert` follows it to the revert and exits 3,
+// naming the failed canary once (an offender) among its lines of
+// counters.
 func TestRolloutFailedCanaryIsRevertedAndOthersNeverTakeIt(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, 5, "")
@@ -87,17 +90,41 @@ func TestRolloutFailedCanaryIsRevertedAndOthersNeverTakeIt(t *testing.T) {
 	good := f.unit("/bin/sleep 1000", policy)
 	f.put(good, 0)
 	before := f.pids()
+	clearEvents(f)
 	bad := f.unit("/bin/sleep 1001", policy+"\nHealthCmd=/bin/false\nHealthIntervalSec=200ms\nHealthRetries=2")
-	r := f.startRollout(bad, rollout.Strategy{Canary: rollout.Count{N: 1}, AutoRevert: true})
-	v := f.waitRollout(r.ID, 60*time.Second, "failed with h1 reverted", func(v rollout.View, ph rollout.Phase) bool {
-		p := v.Progress["h1"]
-		return v.Record.End != nil && p != nil && p.State == rollout.HostReverted
-	})
-	if v.Record.End.State != rollout.Failed {
-		t.Fatalf("rollout ended %+v, want failed", v.Record.End)
+	out := f.put(bad, exitFailed, "--canary", "1", "--auto-revert")
+	id := rolloutID(t, out)
+	// The offender line shows while the summary lists h1 failed (the
+	// summary that ends the rollout: at least rollout.SummaryEvery, about
+	// one poll of put --wait); the phase names it anyway.
+	if n := len(regexp.MustCompile(`(?m)^h1 \(wave 1\): failed — app\.service: health probe failed`).FindAllString(out, -1)); n > 1 ||
+		regexp.MustCompile(`(?m)^h[2-5] \(wave`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^rollout `+id+`: failed, wave 1 of 2 — h1 failed the change: .* · 0 healthy · 1 reverted · 4 waiting$`).MatchString(out) ||
+		!strings.Contains(out, "reverted to the previous version: h1") {
+		t.Errorf("put --wait: want the failed canary named at most once as an offender (%d), no line for the other hosts, "+
+			"a last line of counters with h1 reverted, and the revert said:\n%s", n, out)
+	} else if n == 0 {
+		t.Logf("put --wait polled past the summary that listed h1 failed")
 	}
-	t.Logf("rollout %s: %s", r.ID, v.Record.End.Reason)
+	// put --wait returned once every host that took the change went back.
+	v, err := f.reg.Rollout(context.Background(), id, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := v.Progress["h1"]; v.Record.End == nil || v.Record.End.State != rollout.Failed || p == nil || p.State != rollout.HostReverted {
+		t.Fatalf("rollout ended %+v, h1 %+v: want failed and h1 reverted", v.Record.End, p)
+	}
+	t.Logf("rollout %s: %s", id, v.Record.End.Reason)
 	after := f.pids()
+	// By the units' own hooks: h1 stopped and started twice (the change,
+	// then back), no other host once.
+	n := map[string]int{}
+	for _, ev := range f.readEvents() {
+		n[ev.host]++
+	}
+	if n["h1"] != 4 || len(n) != 1 {
+		t.Errorf("start and stop events by host %v: want 4 on h1 (the change and back) and none elsewhere", n)
+	}
 	for _, e := range f.hosts {
 		if got, _ := e.readLocal("app.service"); got != good {
 			t.Errorf("%s: app.service on disk is not the previous version:\n%s", e.host, got)
@@ -321,4 +348,101 @@ func TestRolloutSoakSurvivesAgentSIGKILL(t *testing.T) {
 	if now := h.MainPID(t, "app.service"); now != pid {
 		t.Errorf("app.service restarted by the agent's restart: MainPID %d → %d", pid, now)
 	}
+}
+
+// The group's coordinator SIGKILLed mid-rollout (no resign: its election
+// key goes only with its lease): another agent takes over within the
+// lease TTL and a second, reads every host's progress and goes on from
+// there. No host is admitted twice or before its wave: by the units' own
+// start and stop hooks each host restarts exactly once, every wave after
+// the one before soaked, and the rollout ends done with every host
+// running the new version, the dead coordinator's host included (it had
+// taken the change before it died).
+func TestRolloutCoordinatorSIGKILLedMidRollout(t *testing.T) {
+	t.Parallel()
+	const ttl = 2 * time.Second // startCrashAgent's --lease-ttl
+	etcd := registrytest.StartEtcd(t)
+	f := &fleet{t: t, endpoint: etcd.Endpoint(), reg: registrytest.NewClient(t, etcd.Endpoint()), byRun: map[string]string{},
+		events: filepath.Join(t.TempDir(), "events")}
+	ctx := context.Background()
+	// Each agent its own process, so that it can really be SIGKILLed; h1
+	// starts first and waits to coordinate the group (the oldest candidate
+	// wins), so that the coordinator is the canary, done before it dies.
+	agents := map[string]*crashAgent{}
+	for i := range 5 {
+		host := fmt.Sprintf("h%d", i+1)
+		h := systemdtest.Start(t)
+		agents[host] = startCrashAgent(t, h, f.endpoint, host, "--group", "web", "--log-level", "info")
+		f.hosts = append(f.hosts, &env{t: t, h: h, endpoint: f.endpoint, reg: f.reg, host: host, groups: []string{"web"}})
+		f.byRun[filepath.Join(h.Dir, "run")] = host
+		if host == "h1" {
+			waitFor(t, agents[host], 20*time.Second, "h1 coordinates group web", func() bool {
+				c, _ := f.reg.Coordinator(ctx, "web")
+				return c == "h1"
+			})
+		}
+	}
+	eventually(t, "the five agents joined", func() bool {
+		ms, _ := f.reg.Members(ctx)
+		return len(ms) == 5
+	})
+	policy := "HealthySec=0.5"
+	f.put(f.unit("/bin/sleep 1000", policy), 0)
+	f.waitRolledOut(f.unit("/bin/sleep 1000", policy), 30*time.Second)
+	before := f.pids()
+	clearEvents(f)
+	next := f.unit("/bin/sleep 1001", policy)
+	soak := 2 * time.Second
+	r := f.startRollout(next, rollout.Strategy{Waves: []rollout.Count{{N: 1}, {N: 50, Percent: true}}, Soak: soak})
+	if !slices.Equal(r.WaveEnds, []int{1, 3, 5}) {
+		t.Fatalf("waves %v", r.WaveEnds)
+	}
+	// Mid-rollout: wave 2 admitted and taking the change, not done.
+	f.waitRollout(r.ID, 30*time.Second, "taken by wave 2", func(v rollout.View, ph rollout.Phase) bool {
+		return v.Progress["h2"].Took() && v.Progress["h3"].Took()
+	})
+	if c, err := f.reg.Coordinator(ctx, "web"); err != nil || c != "h1" {
+		t.Fatalf("coordinator %q (%v), want h1", c, err)
+	}
+	agents["h1"].kill()
+	killed := time.Now()
+	var elected, summarized time.Duration
+	var next1 string
+	waitFor(t, nil, ttl+5*time.Second, "another agent coordinates and summarizes the rollout", func() bool {
+		c, _ := f.reg.Coordinator(ctx, "web")
+		if c != "" && c != "h1" && elected == 0 {
+			elected, next1 = time.Since(killed), c
+		}
+		v, err := f.reg.Rollout(ctx, r.ID, false)
+		if err == nil && elected > 0 && v.Summary != nil && v.Summary.Coordinator == next1 {
+			summarized = time.Since(killed)
+			return true
+		}
+		return false
+	})
+	t.Logf("h1 (the coordinator) SIGKILLed: %s elected after %v, its first summary after %v (lease TTL %v)",
+		next1, elected.Round(time.Millisecond), summarized.Round(time.Millisecond), ttl)
+	if summarized > ttl+time.Second {
+		t.Errorf("the new coordinator took over %v after the kill: want within the lease TTL %v and about a second", summarized.Round(time.Millisecond), ttl)
+	}
+	v := f.waitRollout(r.ID, 60*time.Second, "ended and summarized", func(v rollout.View, ph rollout.Phase) bool {
+		return v.Record.End != nil && v.Summary != nil && v.Summary.Phase.State.Ended()
+	})
+	if v.Record.End.State != rollout.Done || v.Summary.Counts[rollout.HostHealthy] != 5 || v.Summary.Coordinator != next1 {
+		t.Fatalf("rollout ended %+v, summary %+v", v.Record.End, v.Summary)
+	}
+	// Every host runs the new version (h1 too, without its agent): the
+	// file on disk, and a new MainPID.
+	after := f.pids()
+	for _, e := range f.hosts {
+		if got, _ := e.readLocal("app.service"); got != next {
+			t.Errorf("%s: app.service on disk is not the new version", e.host)
+		}
+		if after[e.host] == 0 || after[e.host] == before[e.host] {
+			t.Errorf("%s: MainPID %d → %d: not restarted on the new version", e.host, before[e.host], after[e.host])
+		}
+	}
+	_, stops := checkWaveOrder(t, r, f.readEvents(), 0.5, soak)
+	t.Logf("wave gaps: 1→2 %v, 2→3 %v (the takeover fell in wave 2's soak)",
+		waveGap(v, stops, 1).Round(time.Millisecond), waveGap(v, stops, 2).Round(time.Millisecond))
 }

@@ -54,18 +54,27 @@ func TestRolloutRm(t *testing.T) {
 	for _, want := range []string{
 		"removed groups/web/units/hello.service (revision ", "removed groups/web/units/hello.service.d/x.conf (revision ",
 		"rollout " + id + ": 3 hosts in waves 1, 3; follow it with agentd rollout status " + id + " --watch\n",
-		"h1 (wave 1): healthy\n", "h3 (wave 2): healthy\n",
-		"rollout " + id + ": done, wave 2 of 2 (3/3 hosts healthy)\n",
+		"rollout " + id + ": running, wave 1 of 2 · 0 healthy · ",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("rm --wait output lacks %q", want)
 		}
 	}
-	if strings.Index(out, "h1 (wave 1): healthy") > strings.Index(out, "h2 (wave 2): applying") {
-		t.Error("wave 2 started before the canary was healthy")
+	if !strings.HasSuffix(out, "rollout "+id+": done, wave 2 of 2 · 3 healthy\n") {
+		t.Error("rm --wait output does not end with the rollout done")
+	}
+	for i, l := range counterLines(t, out, id) {
+		if (l.holding > 1 || l.wave > 1) && l.counts["healthy"] == 0 {
+			t.Errorf("line %d of counters: %+v: wave 2 started before the canary was healthy", i, l)
+		}
 	}
 	v := e.view(t, id)
 	r := v.Record
+	for _, h := range []string{"h2", "h3"} {
+		if a := e.admission(t, id, h); a == nil || a.Wave != 1 || a.At.Before(v.Progress["h1"].HealthyAt) {
+			t.Errorf("%s admitted %+v, the canary healthy at %v", h, a, v.Progress["h1"].HealthyAt)
+		}
+	}
 	if r.End == nil || r.End.State != rollout.Done || r.Reason != "retire hello" || r.By != storedBy() {
 		t.Errorf("end %+v, reason %q, by %q", r.End, r.Reason, r.By)
 	}
@@ -92,7 +101,7 @@ func TestRolloutRm(t *testing.T) {
 		t.Fatalf("rm as a rollout: exit %d", code)
 	}
 	id2 := rolloutID(t, out)
-	if ph := e.view(t, id2).Phase(); ph.State != rollout.Running {
+	if ph := e.summarized(t, id2, nil).Phase(); ph.State != rollout.Running {
 		t.Fatalf("the rm rollout is %s", ph.State)
 	}
 	// Putting the key back, or reverting the removal, as a rollout:
@@ -187,10 +196,11 @@ func TestRolloutRevert(t *testing.T) {
 			id2 = m[1]
 		}
 	}
-	for _, want := range []string{"rollout " + id + ": superseded by " + id2, "rollout " + id2 + ": done, wave 2 of 2 (4/4 hosts healthy)\n", "h4 (wave 2): healthy\n"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("revert --wait output lacks %q", want)
-		}
+	if !strings.Contains(out, "rollout "+id+": superseded by "+id2) || !strings.HasSuffix(out, "rollout "+id2+": done, wave 2 of 2 · 4 healthy\n") {
+		t.Errorf("revert --wait output lacks the first superseded, or does not end with the second done")
+	}
+	if a := e.admission(t, id2, "h4"); a == nil || a.Wave != 1 {
+		t.Errorf("h4's admission: %+v", a)
 	}
 	if old := e.view(t, id).Record; old.End == nil || old.End.State != rollout.Superseded {
 		t.Errorf("the first revert's end: %+v", old.End)

@@ -51,7 +51,7 @@ func TestStatusRolloutLine(t *testing.T) {
 			ri.State, ri.HostState, ri.HostSince, ri.HostReason, ri.HostWave = rollout.Aborted, rollout.HostReverting, now.Add(-time.Second), "the rollout aborted: going back", 1
 		}), "web.service: rollout r1 aborted, this host reverting (1 s) in wave 1 of 3 (5 hosts)"},
 		{with(func(ri *control.RolloutInfo) { ri.HostWave = 0 }),
-			"web.service: rollout r1 running, this host not one of its 5 hosts (it joined the group since)"},
+			"web.service: rollout r1 running, this host not one of its 5 hosts yet (it joined the group since: it goes into the last wave)"},
 	} {
 		if got := rolloutLine(c.ri, now); got != c.want {
 			t.Errorf("rolloutLine(%+v)\n got %s\nwant %s", c.ri, got, c.want)

@@ -192,6 +192,15 @@ func retryable(err error) bool {
 
 // readStatuses reads what hosts published at one revision: the first
 // transaction picks R, the others read at R.
+// Reports reads the statuses and pass records of hosts, in transactions of
+// many hosts each (one read per 1,000 hosts, not one per host).
+func (c *Client) Reports(ctx context.Context, hosts []string) (map[string]reconcile.HostReport, error) {
+	rctx, cancel := c.reqCtx(ctx)
+	defer cancel()
+	state, _, err := c.readStatuses(rctx, hosts)
+	return state, err
+}
+
 func (c *Client) readStatuses(ctx context.Context, hosts []string) (map[string]reconcile.HostReport, int64, error) {
 	state := make(map[string]reconcile.HostReport, len(hosts))
 	for _, h := range hosts {

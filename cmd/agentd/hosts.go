@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -19,19 +21,26 @@ func newHostsCmd() *cobra.Command {
 	var (
 		ef     etcdFlags
 		asJSON bool
+		group  string
 	)
 	cmd := &cobra.Command{
-		Use:   "hosts",
+		Use:   "hosts [--group G]",
 		Short: "List the hosts that joined the registry, live or not, with their units' convergence",
-		Long: `List every host that has joined the registry: those whose agent is up
-(its lease-bound membership key) and those whose agent is down (their
-member record stays until "agentd hosts forget H"). A group --wait waits
-for all of them.`,
+		Long: `List every host that has joined the registry (or, with --group, the members
+of one group): those whose agent is up (its lease-bound membership key) and
+those whose agent is down (their member record stays until "agentd hosts
+forget H"). A group --wait waits for all of them. The first line counts them;
+RUNS is what each runs: its units and the version (hash) of each.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if group != "" {
+				if err := registry.ValidateName("group", group); err != nil {
+					return withCode(exitUsage, err)
+				}
+			}
 			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
 				reg.SetLogger(cliWarnings(cmd.ErrOrStderr())) // keys skipped as garbage
-				rows, err := readHostRows(ctx, reg)
+				rows, err := readHostRows(ctx, reg, group)
 				if err != nil {
 					return err
 				}
@@ -44,6 +53,7 @@ for all of them.`,
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().StringVar(&group, "group", "", "only the members of this group")
 	cmd.AddCommand(newHostsForgetCmd())
 	return cmd
 }
@@ -55,24 +65,41 @@ type hostRow struct {
 	Converged int `json:"converged"`
 	Pending   int `json:"pending"`
 	Failed    int `json:"failed"`
+	// Runs is each unit's local version (hash), by unit.
+	Runs map[string]string `json:"runs,omitempty"`
 }
 
-// readHostRows reads every known host and judges the statuses of the live
-// ones (reconcile.JudgeStatus).
-func readHostRows(ctx context.Context, reg *registry.Client) ([]hostRow, error) {
+// readHostRows reads every known host (of group, when not "") and judges
+// the statuses of the live ones (reconcile.JudgeStatus), read in one
+// transaction per 1,000 hosts.
+func readHostRows(ctx context.Context, reg *registry.Client, group string) ([]hostRow, error) {
 	known, err := reg.KnownHosts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var live []string
+	for _, k := range known {
+		if k.Live && (group == "" || slices.Contains(k.Groups, group)) {
+			live = append(live, k.Host)
+		}
+	}
+	reports, err := reg.Reports(ctx, live)
 	if err != nil {
 		return nil, err
 	}
 	rows := []hostRow{}
 	for _, k := range known {
+		if group != "" && !slices.Contains(k.Groups, group) {
+			continue
+		}
 		r := hostRow{KnownHost: k}
 		if k.Live {
-			st, err := reg.Statuses(ctx, k.Host)
-			if err != nil {
-				return nil, err
+			st := reports[k.Host].Statuses
+			if len(st) > 0 {
+				r.Runs = map[string]string{}
 			}
 			for _, s := range st {
+				r.Runs[s.Unit] = s.Hash
 				switch reconcile.JudgeStatus(s) {
 				case reconcile.Failed:
 					r.Failed++
@@ -89,17 +116,46 @@ func readHostRows(ctx context.Context, reg *registry.Client) ([]hostRow, error) 
 }
 
 func printHostRows(out io.Writer, rows []hostRow) error {
+	var live, down, ok, pending, failed int
+	for _, r := range rows {
+		if r.Live {
+			live++
+		} else {
+			down++
+		}
+		ok, pending, failed = ok+r.Converged, pending+r.Pending, failed+r.Failed
+	}
+	fmt.Fprintf(out, "%d %s · %d live · %d down · units %d ok · %d pending · %d failed\n",
+		len(rows), plural(len(rows), "host", "hosts"), live, down, ok, pending, failed)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tAGENT\tGROUPS\tVERSION\tUNITS OK/PENDING/FAILED\tMACHINE-ID\tSTARTED")
+	fmt.Fprintln(tw, "HOST\tAGENT\tGROUPS\tVERSION\tUNITS OK/PENDING/FAILED\tRUNS\tMACHINE-ID\tSTARTED")
 	for _, r := range rows {
 		agent, units := "live", fmt.Sprintf("%d/%d/%d", r.Converged, r.Pending, r.Failed)
 		if !r.Live {
 			agent, units = "down, last seen "+ago(time.Since(r.LastSeen))+" ago", "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Host, agent, strings.Join(r.Groups, ","), r.Version,
-			units, short(r.MachineID), r.StartedAt.Format(time.RFC3339))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Host, agent, strings.Join(r.Groups, ","), r.Version,
+			units, describeRuns(r.Runs), short(r.MachineID), r.StartedAt.Format(time.RFC3339))
 	}
 	return tw.Flush()
+}
+
+// describeRuns is "web.service@5e1f0c9a, worker.service@77ab01c2 +3": the
+// first two units and the version of each, and how many more.
+func describeRuns(runs map[string]string) string {
+	if len(runs) == 0 {
+		return "-"
+	}
+	units := slices.Sorted(maps.Keys(runs))
+	var parts []string
+	for _, u := range units[:min(2, len(units))] {
+		parts = append(parts, u+"@"+orDash(short(runs[u])))
+	}
+	s := strings.Join(parts, ", ")
+	if len(units) > 2 {
+		s += fmt.Sprintf(" +%d", len(units)-2)
+	}
+	return s
 }
 
 func newHostsForgetCmd() *cobra.Command {

@@ -178,7 +178,7 @@ func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, gr
 	slices.Sort(hosts)
 	if len(down) > 0 {
 		fmt.Fprintf(warn, "warning: %s of group %s %s no live agent: the rollout waits for %s in %s wave\n",
-			strings.Join(down, ", "), group, plural(len(down), "has", "have"), plural(len(down), "it", "them"), plural(len(down), "its", "their"))
+			rollout.NameHosts(down, len(down)), group, plural(len(down), "has", "have"), plural(len(down), "it", "them"), plural(len(down), "its", "their"))
 	}
 	now := time.Now().UTC()
 	return &rollout.Record{

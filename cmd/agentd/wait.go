@@ -18,6 +18,7 @@ import (
 
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/rollout"
 )
 
 // waitSpec is what one `--wait` follows: the keys a command wrote to one
@@ -245,18 +246,27 @@ func (w waitSpec) verdict(rows map[string]row, seen seenTimes, err error) error 
 		}
 	}
 	if len(failures) > 0 {
-		return withCode(exitFailed, errors.New(strings.Join(failures, "; ")))
+		return withCode(exitFailed, errors.New(joinCapped(failures)))
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return withCode(exitTimeout, fmt.Errorf("timed out after %s; not converged: %s", w.timeout, strings.Join(pending, "; ")))
+		return withCode(exitTimeout, fmt.Errorf("timed out after %s; not converged: %s", w.timeout, joinCapped(pending)))
 	}
 	if err != nil {
 		return err
 	}
 	if len(skipped) > 0 {
-		return withCode(exitSkipped, fmt.Errorf("every host with a live agent converged; skipped: %s", strings.Join(skipped, "; ")))
+		return withCode(exitSkipped, fmt.Errorf("every host with a live agent converged; skipped: %s", joinCapped(skipped)))
 	}
 	return nil
+}
+
+// joinCapped joins the first rollout.SampleSize items and counts the
+// rest: a message about 1,000 hosts stays one readable line.
+func joinCapped(items []string) string {
+	if len(items) <= rollout.SampleSize {
+		return strings.Join(items, "; ")
+	}
+	return strings.Join(items[:rollout.SampleSize], "; ") + fmt.Sprintf("; and %d more", len(items)-rollout.SampleSize)
 }
 
 type row struct {

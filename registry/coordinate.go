@@ -177,11 +177,7 @@ func (co *Coordination) Admit(ctx context.Context, r *rollout.Record, hosts []st
 func (co *Coordination) End(ctx context.Context, r *rollout.Record, e rollout.End) (bool, error) {
 	next := *r
 	next.End = &e
-	ok, err := co.c.writeRollout(ctx, &next, []clientv3.Cmp{co.guard()})
-	if err == nil && !ok && !co.elected(ctx) {
-		return false, ErrNotCoordinator
-	}
-	return ok, err
+	return co.WriteRecord(ctx, &next)
 }
 
 // Join adds hosts to r's last wave, if its record did not change since it
@@ -192,7 +188,13 @@ func (co *Coordination) Join(ctx context.Context, r *rollout.Record, hosts []str
 	next.WaveEnds = slices.Clone(r.WaveEnds)
 	next.WaveEnds[len(next.WaveEnds)-1] = len(next.Hosts)
 	next.Joined = append(slices.Clone(r.Joined), hosts...)
-	ok, err := co.c.writeRollout(ctx, &next, []clientv3.Cmp{co.guard()})
+	return co.WriteRecord(ctx, &next)
+}
+
+// WriteRecord writes next, if its record is still at next.ModRevision
+// (false: it moved; look again), in this term only.
+func (co *Coordination) WriteRecord(ctx context.Context, next *rollout.Record) (bool, error) {
+	ok, err := co.c.writeRollout(ctx, next, []clientv3.Cmp{co.guard()})
 	if err == nil && !ok && !co.elected(ctx) {
 		return false, ErrNotCoordinator
 	}

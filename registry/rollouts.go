@@ -26,7 +26,8 @@ import (
 //	<p>/rollouts/summary/<g>/<id>           JSON rollout.Summary: counts and offenders, by the coordinator
 //	<p>/rollouts/admit/<g>/<host>/<id>      JSON rollout.Admission: the coordinator lets host take it
 //	<p>/rollouts/hosts/<host>/<id>          JSON rollout.Progress: written by that host's agent only
-//	<p>/rollouts/coordinator/<g>/<lease>    the group's election (etcd concurrency): its value the host
+//	<p>/rollouts/coordinator/<g>/<lease>    the group's election: its value the host
+//	<p>/rollouts/gaterun/<g>/<id>           who runs a rollout's gate command now, on that command's lease
 //
 // The record is written with the change it stages, in the put's own
 // transaction (WithRollout). An agent watches its groups' records, its
@@ -52,6 +53,7 @@ func (c *Client) admitGroup(group string) string         { return c.admitRoot() 
 func (c *Client) admitDir(group, host string) string     { return c.admitGroup(group) + host + "/" }
 func (c *Client) electionRoot() string                   { return c.rolloutsRoot() + "coordinator/" }
 func (c *Client) electionPrefix(group string) string     { return c.electionRoot() + group }
+func (c *Client) gateRunRoot() string                    { return c.rolloutsRoot() + "gaterun/" }
 func (c *Client) progressKey(host, id string) string     { return c.progressDir(host) + id }
 func (c *Client) admitKey(group, host, id string) string { return c.admitDir(group, host) + id }
 
@@ -208,6 +210,7 @@ func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]roll
 		clientv3.OpGet(c.groupsRoot(), clientv3.WithPrefix()),
 		clientv3.OpGet(c.electionRoot(), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)),
 	}
+	ops = append(ops, clientv3.OpGet(c.gateRunRoot(), clientv3.WithPrefix()))
 	if hosts {
 		ops = append(ops, clientv3.OpGet(c.progressRoot(), clientv3.WithPrefix()))
 	}
@@ -237,9 +240,13 @@ func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]roll
 			leaders[g] = string(kv.Value)
 		}
 	}
+	gateRunners := map[string]string{} // rollout ID → who runs its gate
+	for _, kv := range resp.Responses[4].GetResponseRange().GetKvs() {
+		gateRunners[string(kv.Key[strings.LastIndexByte(string(kv.Key), '/')+1:])] = string(kv.Value)
+	}
 	progress := map[string]map[string]*rollout.Progress{}
 	if hosts {
-		for _, kv := range resp.Responses[4].GetResponseRange().GetKvs() {
+		for _, kv := range resp.Responses[5].GetResponseRange().GetKvs() {
 			if host, id, p, ok := c.decodeProgress(kv.Key, kv.Value); ok {
 				if progress[id] == nil {
 					progress[id] = map[string]*rollout.Progress{}
@@ -255,7 +262,7 @@ func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]roll
 			c.skipKey(kv.Key, "not a rollout record", err)
 			continue
 		}
-		v := rollout.View{Record: r, Summary: summaries[r.ID], Entries: entries, Coordinator: leaders[r.Group], Revision: resp.Header.Revision}
+		v := rollout.View{Record: r, Summary: summaries[r.ID], Entries: entries, Coordinator: leaders[r.Group], GateRunner: gateRunners[r.ID], Revision: resp.Header.Revision}
 		if hosts {
 			v.Progress = progress[r.ID]
 			if v.Progress == nil {
@@ -271,6 +278,35 @@ func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]roll
 		return strings.Compare(b.Record.ID, a.Record.ID)
 	})
 	return out, nil
+}
+
+// RunGate says that who runs rollout r's gate command, until release is
+// called or this process dies (a lease of 5 s, kept alive meanwhile): a
+// rollout waiting for a gate that no command runs says so.
+func (c *Client) RunGate(ctx context.Context, r *rollout.Record, who string) (release func(), err error) {
+	g, err := c.cli.Grant(ctx, 5)
+	if err != nil {
+		return nil, fmt.Errorf("rollout %s: mark its gate as run here: %w", r.ID, err)
+	}
+	if _, err := c.cli.Put(ctx, c.gateRunRoot()+r.Group+"/"+r.ID, who, clientv3.WithLease(g.ID)); err != nil {
+		return nil, fmt.Errorf("rollout %s: mark its gate as run here: %w", r.ID, err)
+	}
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	ch, err := c.cli.KeepAlive(kctx, g.ID)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("rollout %s: mark its gate as run here: %w", r.ID, err)
+	}
+	go func() {
+		for range ch { // drain until cancel
+		}
+	}()
+	return func() {
+		cancel()
+		rctx, rcancel := c.reqCtx(context.WithoutCancel(ctx))
+		defer rcancel()
+		_, _ = c.cli.Revoke(rctx, g.ID)
+	}, nil
 }
 
 // ErrNoRollout: no rollout has the ID asked for.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"strconv"
 	"time"
 )
@@ -33,6 +34,9 @@ type Term interface {
 	End(ctx context.Context, r *Record, e End) (bool, error)
 	// Join adds hosts to r's last wave.
 	Join(ctx context.Context, r *Record, hosts []string) (bool, error)
+	// WriteRecord writes next if its record is still at
+	// next.ModRevision (false: it moved; look again).
+	WriteRecord(ctx context.Context, next *Record) (bool, error)
 	WriteSummary(ctx context.Context, s Summary) error
 }
 
@@ -48,12 +52,14 @@ type Coordinator struct {
 	group string
 	log   *slog.Logger
 	elect func() Elector // nil until joined
+	http  *http.Client   // for the gates it runs
 }
 
 // NewCoordinator makes the coordinator candidate for group; elect returns
 // nil until the agent has joined the registry.
 func NewCoordinator(group string, log *slog.Logger, elect func() Elector) *Coordinator {
-	return &Coordinator{group: group, log: log.With("group", group, "component", "rollout-coordinator"), elect: elect}
+	return &Coordinator{group: group, log: log.With("group", group, "component", "rollout-coordinator"), elect: elect,
+		http: &http.Client{Timeout: gateCheckMax}}
 }
 
 // Run campaigns, coordinates while elected, and campaigns again when the
@@ -181,6 +187,10 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 			}
 			continue // decided again on the record that says so
 		}
+		if d.Gate >= 0 {
+			c.runGate(ctx, term, r, d.Gate, now)
+			continue // decided again on the record that says how it went
+		}
 		if len(d.Admit) > 0 {
 			a := Admission{Wave: d.Summary.Phase.Wave, At: now, By: term.Host()}
 			if err := term.Admit(ctx, r, d.Admit, a); err != nil {
@@ -227,6 +237,36 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 		}
 	}
 	return next
+}
+
+// runGate runs the coordinator's gate before wave (from 0) of r and
+// records how it went: the wave opens (Gated), or the rollout pauses with
+// the reason (`agentd rollout resume` runs the gate again, `promote`
+// opens the wave without it).
+func (c *Coordinator) runGate(ctx context.Context, term Term, r *Record, wave int, now time.Time) {
+	log := c.log.With("rollout", r.ID, "wave", wave+1)
+	log.Info("rollout " + r.ID + ": running the gate before wave " + itoa(wave+1) + ": " + r.Strategy.gateName())
+	ok, why := CheckGate(ctx, c.http, r.Strategy)
+	if ctx.Err() != nil {
+		return
+	}
+	next := *r
+	if ok {
+		next.Gated = max(next.Gated, wave)
+	} else {
+		next.Paused, next.PausedAt = true, time.Now().UTC()
+		next.PauseReason = "the gate before wave " + itoa(wave+1) + " failed: " + why
+	}
+	written, err := term.WriteRecord(ctx, &next)
+	switch {
+	case err != nil:
+		log.Warn("rollout "+r.ID+": could not record the gate's result; running it again", "err", err)
+	case !written:
+	case ok:
+		log.Info("rollout " + r.ID + ": the gate passed: wave " + itoa(wave+1) + " opens")
+	default:
+		log.Warn("rollout "+r.ID+" paused: "+next.PauseReason, "reason", next.PauseReason)
+	}
 }
 
 func prefixed(s string) string {

@@ -131,6 +131,9 @@ type Decision struct {
 	// Due is when to look again for time alone (the progress deadline);
 	// zero: not before news.
 	Due time.Time
+	// Gate is the wave (from 0) whose gate the coordinator runs now
+	// (GateURL, GateProm); -1: none.
+	Gate int
 	// Join are live agents of the group that are not among the rollout's
 	// hosts (they joined since it started): they go into its last wave.
 	Join []string
@@ -155,7 +158,7 @@ type GroupView struct {
 // --max-unavailable leaves room for. A host is admitted once: an
 // admission is a key that stays.
 func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision {
-	var d Decision
+	d := Decision{Gate: -1}
 	end := r.End
 	if end == nil && r.Overwritten(g.Entries) {
 		end = &End{State: Superseded, Reason: "its keys were written again since, without a rollout", At: now}
@@ -179,6 +182,9 @@ func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision 
 	}
 	if ph.State == Running {
 		d.Admit = r.admit(g, w)
+	}
+	if ph.State == WaitingGate && r.Strategy.CoordinatorGate() {
+		d.Gate = ph.Wave
 	}
 	if end == nil && d.End == nil {
 		d.Join = r.joiners(g.Members)
@@ -209,8 +215,12 @@ func (r *Record) phase(g GroupView, w int, now time.Time) (Phase, []Offender, ti
 		return Phase{State: Paused, Wave: w, Reason: r.PauseReason}, nil, time.Time{}
 	case w > 0 && r.Strategy.PauseAfterCanary && !r.Promoted:
 		return Phase{State: WaitingPromote, Wave: w, Reason: "the canary is healthy: `agentd rollout promote " + r.ID + "` sends the change on"}, nil, time.Time{}
-	case w > 0 && r.Strategy.GateCmd != "" && r.Gated < w:
-		return Phase{State: WaitingGate, Wave: w, Reason: "waiting for the gate command before wave " + fmt.Sprint(w+1)}, nil, time.Time{}
+	case w > 0 && r.Strategy.Gated() && r.Gated < w:
+		what := "the gate command"
+		if r.Strategy.CoordinatorGate() {
+			what = "the coordinator's gate (" + r.Strategy.gateName() + ")"
+		}
+		return Phase{State: WaitingGate, Wave: w, Reason: "waiting for " + what + " before wave " + fmt.Sprint(w+1)}, nil, time.Time{}
 	}
 	var due time.Time
 	if d := r.Strategy.ProgressDeadline; d > 0 {

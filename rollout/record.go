@@ -96,14 +96,43 @@ type Strategy struct {
 	// than this many times (Restart=) since it took the change; -1: off.
 	MaxRestarts int `json:"maxRestarts"`
 	// GateCmd is run by the CLI before each wave after the first; the
-	// wave opens when it exits 0 (Rollout.Gated).
+	// wave opens when it exits 0 (Record.Gated).
 	GateCmd string `json:"gateCmd,omitempty"`
+	// GateTimeout bounds one run of a gate (0: DefaultGateTimeout); a
+	// gate that runs longer fails, its processes killed.
+	GateTimeout time.Duration `json:"gateTimeout,omitempty"`
+	// GateURL and GateProm (a PromQL expression that must hold, asked of
+	// PromURL) are gates the coordinator itself evaluates before each
+	// wave after the first: no command has to follow the rollout.
+	GateURL  string `json:"gateURL,omitempty"`
+	GateProm string `json:"gateProm,omitempty"`
+	PromURL  string `json:"promURL,omitempty"`
+}
+
+// DefaultGateTimeout is --gate-timeout's default.
+const DefaultGateTimeout = 5 * time.Minute
+
+// Gated says a gate stands before each wave after the first.
+func (s Strategy) Gated() bool { return s.GateCmd != "" || s.GateURL != "" || s.GateProm != "" }
+
+// CoordinatorGate says the coordinator runs the gate (a URL or a PromQL
+// expression); else a command following the rollout runs GateCmd.
+func (s Strategy) CoordinatorGate() bool {
+	return s.GateCmd == "" && (s.GateURL != "" || s.GateProm != "")
+}
+
+// GateTimeoutOr is GateTimeout, or the default.
+func (s Strategy) GateTimeoutOr() time.Duration {
+	if s.GateTimeout > 0 {
+		return s.GateTimeout
+	}
+	return DefaultGateTimeout
 }
 
 // IsRollout says the strategy stages the change (any option given).
 func (s Strategy) IsRollout() bool {
 	return !s.Canary.IsZero() || len(s.Waves) > 0 || !s.MaxUnavailable.IsZero() || s.Soak > 0 ||
-		s.ProgressDeadline > 0 || s.PauseAfterCanary || s.AutoRevert || s.MaxRestarts >= 0 || s.GateCmd != ""
+		s.ProgressDeadline > 0 || s.PauseAfterCanary || s.AutoRevert || s.MaxRestarts >= 0 || s.Gated()
 }
 
 // Validate refuses a strategy that could not be run as written.
@@ -131,7 +160,28 @@ func (s Strategy) Validate() error {
 	if s.MaxRestarts < -1 {
 		errs = append(errs, fmt.Errorf("--max-restarts %d: want 0 or more", s.MaxRestarts))
 	}
+	if n := btoi(s.GateCmd != "") + btoi(s.GateURL != "") + btoi(s.GateProm != ""); n > 1 {
+		errs = append(errs, errors.New("--gate-cmd, --gate-url and --gate-prom: one gate per rollout"))
+	}
+	if (s.GateProm != "") != (s.PromURL != "") {
+		errs = append(errs, errors.New("--gate-prom needs --prom-url (and --prom-url goes with --gate-prom)"))
+	}
+	for flag, u := range map[string]string{"--gate-url": s.GateURL, "--prom-url": s.PromURL} {
+		if u != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			errs = append(errs, fmt.Errorf("%s %q: want an http:// or https:// URL", flag, u))
+		}
+	}
+	if s.GateTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--gate-timeout %s: want a duration of 0 (the default, %s) or more", s.GateTimeout, DefaultGateTimeout))
+	}
 	return errors.Join(errs...)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func joinCounts(cs []Count) string {

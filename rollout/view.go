@@ -18,6 +18,9 @@ type View struct {
 	Entries []reconcile.Entry
 	// Coordinator is the host that coordinates the group now ("": none).
 	Coordinator string
+	// GateRunner is who runs the rollout's gate command now ("": no
+	// command does).
+	GateRunner string
 	// Progress is every host's progress, when asked for (else nil).
 	Progress map[string]*Progress
 	Revision int64
@@ -49,6 +52,9 @@ func (v View) Phase() Phase {
 		s.Phase.State == WaitingPromote && r.Promoted,   // promoted since
 		s.Phase.State == WaitingGate && r.Gated >= wave: // its gate passed since
 		return Phase{State: Running, Wave: wave}
+	case s.Phase.State == WaitingGate && r.Strategy.GateCmd != "" && v.GateRunner == "":
+		return Phase{State: WaitingGate, Wave: wave, Reason: "waiting for the gate command before wave " + itoa(wave+1) +
+			"; no command is running it: `agentd rollout resume " + r.ID + "` runs it here, `agentd rollout promote " + r.ID + "` skips it"}
 	}
 	return s.Phase
 }

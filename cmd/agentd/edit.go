@@ -61,12 +61,13 @@ type editOptions struct {
 	noWait bool
 	wf     waitFlags
 	asJSON bool
+	sf     strategyFlags // the rollout options, as put takes them
 }
 
 func newUnitEditCmd() *cobra.Command {
 	o := &editOptions{}
 	cmd := &cobra.Command{
-		Use:   "edit UNIT (--host H | --group G) [--yes] [--no-wait]",
+		Use:   "edit UNIT (--host H | --group G) [--yes] [--no-wait] [rollout options]",
 		Short: "Edit a unit file in the registry with $EDITOR, see what each host would do, store it",
 		Long: `Open the registry copy of UNIT (or a drop-in, <unit>.d/<name>.conf) in $EDITOR
 (else $VISUAL, else vi). Nothing is stored when the editor fails (exit 1) or the
@@ -75,7 +76,9 @@ content did not change (exit 0). The result is checked as the agent checks it
 and "store? [y/N]" is asked (--yes skips it). The store is a compare-and-swap on
 the revision the file was read at: if someone else changed the key in the
 meantime nothing is stored (exit 1). Then it waits like put --wait (--no-wait
-returns at once).`,
+returns at once). To a group, it takes put's rollout options (--canary,
+--waves, --soak, …): the preview then shows the waves, and the edit is staged
+as a rollout.`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tg, err := o.tf.target()
@@ -86,7 +89,7 @@ returns at once).`,
 			if _, _, err := reconcile.ParseKey(key); err != nil {
 				return withCode(exitUsage, fmt.Errorf("unit edit %s: %w", key, err))
 			}
-			if _, err := reasonFlag(cmd); err != nil {
+			if err := o.sf.check(cmd, tg, !o.noWait, o.wf, false); err != nil {
 				return err
 			}
 			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
@@ -101,7 +104,7 @@ returns at once).`,
 	o.wf.bind(cmd)
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON lines")
 	bindKeep(cmd)
-	bindReason(cmd)
+	o.sf.bind(cmd, "unit edit", "nothing stored") // and --reason
 	bindSign(cmd)
 	return cmd
 }
@@ -145,13 +148,25 @@ func (o *editOptions) edit(ctx context.Context, cmd *cobra.Command, reg *registr
 		tmp.keep = true
 		return fmt.Errorf("unit edit %s: not confirmed; nothing stored (your edit is kept in %s)", key, tmp.path)
 	}
-	newRev, err := storeEdit(ctx, cmd, reg, tg, key, rev, units, tmp)
+	r, opts, err := o.sf.stage(ctx, reg, tg, writeOptions(cmd), cmd.ErrOrStderr())
+	if err != nil {
+		tmp.keep = true
+		return fmt.Errorf("unit edit %s: %w (your edit is kept in %s)", key, err, tmp.path)
+	}
+	newRev, err := storeEdit(ctx, reg, tg, key, rev, units, tmp, opts)
 	if err != nil {
 		return err
 	}
 	h := reconcile.Hash(edited)
 	say(out, o.asJSON, map[string]any{"event": "stored", "key": name, "hash": h, "revision": newRev},
 		"stored %s (hash %s, revision %d)\n", name, short(h), newRev)
+	if r != nil {
+		announceRollout(ctx, out, o.asJSON, reg, r)
+		if o.noWait {
+			return nil
+		}
+		return followPut(ctx, reg, r, o.wf, o.asJSON, out, cmd.ErrOrStderr())
+	}
 	if o.noWait {
 		return nil
 	}
@@ -221,7 +236,14 @@ func (o *editOptions) show(ctx context.Context, out io.Writer, reg *registry.Cli
 		return nil
 	}
 	fmt.Fprint(out, diff)
-	return printPredictions(out, preds, false)
+	if err := printPredictions(out, preds, false); err != nil {
+		return err
+	}
+	if err := previewRollout(ctx, out, reg, tg, &o.sf, false); err != nil {
+		tmp.keep = true
+		return fmt.Errorf("unit edit %s: %w; nothing stored (your edit is kept in %s)", key, err, tmp.path)
+	}
+	return nil
 }
 
 // confirmed asks "store? [y/N]" on cmd's stderr and reads the answer from
@@ -235,9 +257,9 @@ func confirmed(cmd *cobra.Command) bool {
 
 // storeEdit stores units if key is still at rev, the revision it was read
 // at, and returns the revision of the write; a failure keeps the edit.
-func storeEdit(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, key string, rev int64,
-	units map[string][]byte, tmp *editFile) (int64, error) {
-	newRev, err := reg.Put(ctx, tg, units, append(writeOptions(cmd), registry.IfModRevision(key, rev))...)
+func storeEdit(ctx context.Context, reg *registry.Client, tg registry.Target, key string, rev int64,
+	units map[string][]byte, tmp *editFile, opts []registry.WriteOption) (int64, error) {
+	newRev, err := reg.Put(ctx, tg, units, append(opts, registry.IfModRevision(key, rev))...)
 	var ce *registry.ConflictError
 	if errors.As(err, &ce) {
 		tmp.keep = true

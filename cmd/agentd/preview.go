@@ -13,6 +13,7 @@ import (
 
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/rollout"
 )
 
 // hostView is what the registry says about one live host (see
@@ -130,7 +131,7 @@ func printPredictions(out io.Writer, fp fleetPreview, asJSON bool) error {
 
 // dryRunPut is `unit put --dry-run`: what each targeted live host would do;
 // nothing is stored.
-func dryRunPut(cmd *cobra.Command, ef *etcdFlags, tg registry.Target, units map[string][]byte, wait, asJSON bool) error {
+func dryRunPut(cmd *cobra.Command, ef *etcdFlags, tg registry.Target, units map[string][]byte, wait, asJSON bool, sf *strategyFlags) error {
 	if wait {
 		return withCode(exitUsage, errors.New("unit put: --dry-run stores nothing, so there is nothing to --wait for"))
 	}
@@ -147,11 +148,55 @@ func dryRunPut(cmd *cobra.Command, ef *etcdFlags, tg registry.Target, units map[
 		if err := printPredictions(out, fp, asJSON); err != nil {
 			return err
 		}
+		if err := previewRollout(ctx, out, reg, tg, sf, asJSON); err != nil {
+			return err
+		}
 		if !asJSON {
 			fmt.Fprintln(out, "dry run: nothing stored")
 		}
 		return nil
 	})
+}
+
+// previewRollout says how a write with sf's rollout options would be
+// staged: which hosts in which wave (the canary first), the soak, and
+// what holds each wave; nothing when sf is not a rollout. The same rule
+// cuts the waves as the real write (strategyFlags.newRollout).
+func previewRollout(ctx context.Context, out io.Writer, reg *registry.Client, tg registry.Target, sf *strategyFlags, asJSON bool) error {
+	if sf == nil || !sf.s.IsRollout() {
+		return nil
+	}
+	r, err := sf.newRollout(ctx, reg, tg.Group, io.Discard)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		waves := make([][]string, len(r.WaveEnds))
+		for w := range r.WaveEnds {
+			waves[w] = r.WaveHosts(w)
+		}
+		writeJSONLine(out, map[string]any{"event": "rollout-preview", "group": r.Group, "hosts": len(r.Hosts), "waves": waves, "strategy": r.Strategy})
+		return nil
+	}
+	fmt.Fprintf(out, "rollout: %d %s of group %s in %d %s (%s)\n", len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), r.Group,
+		len(r.WaveEnds), plural(len(r.WaveEnds), "wave", "waves"), describeStrategy(r.Strategy))
+	for w := range r.WaveEnds {
+		hosts := r.WaveHosts(w)
+		what := ""
+		switch {
+		case w == 0 && !r.Strategy.Canary.IsZero():
+			what = " (canary)"
+		case w > 0 && r.Strategy.PauseAfterCanary && w == 1:
+			what = " (after `agentd rollout promote`)"
+		case w > 0 && r.Strategy.Gated():
+			what = " (after the gate)"
+		}
+		fmt.Fprintf(out, "  wave %d%s: %s\n", w+1, what, rollout.NameHosts(hosts, len(hosts)))
+	}
+	if r.Strategy.Soak > 0 {
+		fmt.Fprintf(out, "  each host healthy for %s before it counts\n", r.Strategy.Soak)
+	}
+	return nil
 }
 
 // warnRefusals is what a put without --wait says on stderr about the hosts

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -37,7 +38,9 @@ type strategyFlags struct {
 	soak, progressDeadline        time.Duration
 	pauseAfterCanary, autoRevert  bool
 	maxRestarts                   int
-	gateCmd                       string
+	gateCmd, gateURL, gateProm    string
+	promURL                       string
+	gateTimeout                   time.Duration
 	supersede                     bool
 	reason                        string
 
@@ -61,6 +64,10 @@ func (f *strategyFlags) bind(cmd *cobra.Command, name, nothing string) {
 	fs.BoolVar(&f.autoRevert, "auto-revert", false, "rollout: when it fails, the hosts that took the change go back to the previous version")
 	fs.IntVar(&f.maxRestarts, "max-restarts", -1, "rollout: pause it when a host's unit restarted more than `N` times since it took the change (-1: off)")
 	fs.StringVar(&f.gateCmd, "gate-cmd", "", "rollout, with --wait: run `CMD` (sh -c, with AGENTD_ROLLOUT, AGENTD_GROUP, AGENTD_WAVE counted from 1) before each wave after the first; the wave opens when it exits 0, else the rollout pauses")
+	fs.DurationVar(&f.gateTimeout, "gate-timeout", rollout.DefaultGateTimeout, "rollout: a gate that runs longer than `DUR` fails (its processes killed) and the rollout pauses")
+	fs.StringVar(&f.gateURL, "gate-url", "", "rollout: the coordinator GETs `URL` before each wave after the first; the wave opens on 2xx, else the rollout pauses (no command has to follow it)")
+	fs.StringVar(&f.gateProm, "gate-prom", "", "rollout: the coordinator asks --prom-url for the PromQL `EXPR` before each wave after the first; the wave opens when it holds (a non-empty result), else the rollout pauses")
+	fs.StringVar(&f.promURL, "prom-url", "", "rollout: the Prometheus `URL` --gate-prom asks (its /api/v1/query)")
 	fs.BoolVar(&f.supersede, "supersede", false, "rollout: end a running rollout of the same keys (as superseded) instead of refusing")
 	fs.StringVar(&f.reason, "reason", "", reasonHelp)
 }
@@ -103,6 +110,10 @@ func (f *strategyFlags) strategy() (rollout.Strategy, error) {
 		Soak: f.soak, ProgressDeadline: f.progressDeadline,
 		PauseAfterCanary: f.pauseAfterCanary, AutoRevert: f.autoRevert,
 		MaxRestarts: f.maxRestarts, GateCmd: strings.TrimSpace(f.gateCmd),
+		GateURL: strings.TrimSpace(f.gateURL), GateProm: strings.TrimSpace(f.gateProm), PromURL: strings.TrimSpace(f.promURL),
+	}
+	if f.gateTimeout != rollout.DefaultGateTimeout {
+		s.GateTimeout = f.gateTimeout
 	}
 	var errs []error
 	count := func(flag, v string, into *rollout.Count) {
@@ -127,6 +138,9 @@ func (f *strategyFlags) strategy() (rollout.Strategy, error) {
 			}
 			s.Waves = append(s.Waves, c)
 		}
+	}
+	if f.gateTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--gate-timeout %s: want a duration above 0 (a gate must end)", f.gateTimeout))
 	}
 	if f.gateCmd != "" && s.GateCmd == "" {
 		errs = append(errs, errors.New("--gate-cmd: an empty command"))
@@ -303,13 +317,8 @@ func (f *rolloutFollow) runGate(ctx context.Context, v rollout.View, wave int) e
 	n := strconv.Itoa(wave + 1)
 	f.say(map[string]any{"event": "rollout-gate", "rollout": r.ID, "wave": wave + 1, "cmd": r.Strategy.GateCmd},
 		"rollout %s: running the gate before wave %s: %s\n", r.ID, n, r.Strategy.GateCmd)
-	c := exec.CommandContext(ctx, "sh", "-c", r.Strategy.GateCmd)
-	c.Env = append(os.Environ(), "AGENTD_ROLLOUT="+r.ID, "AGENTD_GROUP="+r.Group, "AGENTD_WAVE="+n)
 	var tail tailBuffer
-	c.Stdout = io.MultiWriter(f.gateOut, &tail)
-	c.Stderr = c.Stdout
-	c.WaitDelay = time.Second
-	runErr := c.Run()
+	runErr := runGateCmd(ctx, r, n, io.MultiWriter(f.gateOut, &tail))
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -347,6 +356,33 @@ func (f *rolloutFollow) runGate(ctx context.Context, v rollout.View, wave int) e
 		r.ID, reason, r.ID, n, r.ID))
 }
 
+// runGateCmd runs r's gate command before wave n in a process group of
+// its own, killed whole when the gate outlives --gate-timeout, when ctx
+// ends (the command exits), and when the shell is done (a child it left
+// in the background): a rollout never waits on a gate whose process is
+// gone, and a gate never outlives the command that ran it.
+func runGateCmd(ctx context.Context, r *rollout.Record, n string, out io.Writer) error {
+	timeout := r.Strategy.GateTimeoutOr()
+	gctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c := exec.CommandContext(gctx, "sh", "-c", r.Strategy.GateCmd)
+	c.Env = append(os.Environ(), "AGENTD_ROLLOUT="+r.ID, "AGENTD_GROUP="+r.Group, "AGENTD_WAVE="+n)
+	c.Stdout, c.Stderr = out, out
+	// Pdeathsig: the shell dies with this command even if it is killed
+	// with SIGKILL (its children still have the group kill below).
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+	c.WaitDelay = time.Second
+	err := c.Run()
+	if c.Process != nil {
+		_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+	}
+	if ctx.Err() == nil && errors.Is(gctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("timed out after %s (--gate-timeout), its processes killed", timeout)
+	}
+	return err
+}
+
 // tailBuffer keeps the last 4 KiB written to it.
 type tailBuffer struct{ b []byte }
 
@@ -378,6 +414,15 @@ func followPut(ctx context.Context, reg *registry.Client, r *rollout.Record, wf 
 	f := &rolloutFollow{reg: reg, id: r.ID, every: 200 * time.Millisecond, show: lines.show,
 		gate: r.Strategy.GateCmd != "", gateOut: errOut,
 		say: func(v any, format string, args ...any) { lines.flush(); say(out, asJSON, v, format, args...) }}
+	if f.gate {
+		// Say who runs the gate: without it, `rollout status` says no
+		// command does (and `resume` runs it).
+		release, err := reg.RunGate(ctx, r, storedBy())
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	v, ph, err := f.run(ctx)
 	lines.flush()
 	if v.Record == nil && err != nil {
@@ -422,8 +467,15 @@ func rolloutVerdict(v rollout.View, ph rollout.Phase) error {
 		} else {
 			msg += "; no host had taken it: nothing to revert"
 		}
-	} else if s.Holding() > 0 {
-		msg += "; these hosts keep the change: " + s.Named(holdingStates...)
+	} else {
+		// Only the hosts that run it: a host still applying (a job that
+		// hangs, say) never ran it healthy, and is named apart.
+		if n := v.Count(rollout.HostHealthy) + v.Count(rollout.HostSoaking); n > 0 {
+			msg += "; these hosts keep the change: " + s.Named(rollout.HostHealthy, rollout.HostSoaking)
+		}
+		if v.Count(rollout.HostApplying) > 0 {
+			msg += "; these were still taking it (never healthy on it): " + s.Named(rollout.HostApplying)
+		}
 	}
 	return withCode(exitFailed, errors.New(msg))
 }
@@ -568,6 +620,9 @@ func describeStrategy(s rollout.Strategy) string {
 	add(s.AutoRevert, "--auto-revert")
 	add(s.MaxRestarts >= 0, "--max-restarts %d", s.MaxRestarts)
 	add(s.GateCmd != "", "--gate-cmd %q", s.GateCmd)
+	add(s.GateURL != "", "--gate-url %s", s.GateURL)
+	add(s.GateProm != "", "--gate-prom %q --prom-url %s", s.GateProm, s.PromURL)
+	add(s.GateTimeout > 0, "--gate-timeout %s", s.GateTimeout)
 	if len(parts) == 0 {
 		return "-"
 	}
@@ -1001,18 +1056,61 @@ finish their soak. "agentd rollout resume ID" goes on. A paused rollout's
 }
 
 func newRolloutResumeCmd() *cobra.Command {
-	return controlCmd("resume ID", "Resume a paused rollout", "", nil,
-		func(v rollout.View, now time.Time, _ string) (string, error) {
-			r, ph := v.Record, v.Phase()
-			if err := refuseEnded(v, ph, "resume"); err != nil {
-				return "", err
-			}
-			if !r.Paused {
-				return "", fmt.Errorf("rollout %s is not paused (%s)", r.ID, describePhase(v, ph))
-			}
-			r.Paused, r.PauseReason, r.ResumedAt = false, "", now
-			return fmt.Sprintf("rollout %s resumed at wave %d of %d", r.ID, phaseWave(v, ph), len(r.WaveEnds)), nil
-		})
+	var (
+		ef     etcdFlags
+		asJSON bool
+		wf     waitFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "resume ID [--timeout D]",
+		Short: "Resume a paused rollout; with a gate command, run the gate here and follow it",
+		Long: `Resume a paused rollout. A rollout with --gate-cmd needs a command to run its
+gate before each wave (the put --wait that started it; if that is gone, the
+rollout waits, and "rollout status" says no command runs its gate): resume
+then runs the recorded gate command here, before each wave, following the
+rollout as put --wait does until it ends or --timeout (exit 4; the rollout
+goes on). "agentd rollout promote ID" opens the waiting wave without the gate.`,
+		Args: usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
+				out := cmd.OutOrStdout()
+				var msg string
+				v, err := reg.UpdateRollout(ctx, args[0], func(v rollout.View) error {
+					r, ph := v.Record, v.Phase()
+					if err := refuseEnded(v, ph, "resume"); err != nil {
+						return err
+					}
+					gate := r.Strategy.GateCmd != "" && ph.State == rollout.WaitingGate && v.GateRunner == ""
+					if !r.Paused {
+						if gate {
+							msg = fmt.Sprintf("rollout %s waits for its gate before wave %d: running it here", r.ID, phaseWave(v, ph))
+							return errNoChange
+						}
+						return fmt.Errorf("rollout %s is not paused (%s)", r.ID, describePhase(v, ph))
+					}
+					r.Paused, r.PauseReason, r.ResumedAt = false, "", time.Now().UTC()
+					msg = fmt.Sprintf("rollout %s resumed at wave %d of %d", r.ID, phaseWave(v, ph), len(r.WaveEnds))
+					return nil
+				})
+				if err != nil && !errors.Is(err, errNoChange) {
+					return err
+				}
+				say(out, asJSON, map[string]any{"event": "rollout-resumed", "rollout": v.Record.ID}, "%s\n", msg)
+				if v.Record.Strategy.GateCmd == "" {
+					return nil
+				}
+				if v.GateRunner != "" {
+					fmt.Fprintf(out, "its gate is run by %s\n", v.GateRunner)
+					return nil
+				}
+				return followPut(ctx, reg, v.Record, wf, asJSON, out, cmd.ErrOrStderr())
+			})
+		},
+	}
+	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON lines")
+	cmd.Flags().DurationVar(&wf.timeout, "timeout", 2*time.Minute, "with a gate command: stop following after this long (exit 4; the rollout goes on)")
+	return cmd
 }
 
 func newRolloutPromoteCmd() *cobra.Command {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/agentd/agentd/control"
 	"github.com/agentd/agentd/reconcile"
@@ -47,6 +48,30 @@ func (e sessionElector) Campaign(ctx context.Context, group string) (rollout.Ter
 type controlBackend struct {
 	*reconcile.Agent
 	rollouts *rollout.Participant
+	// live reads a unit's state from systemd now (nil: the last pass's
+	// statuses only).
+	live func(ctx context.Context, unit string) (reconcile.UnitState, error)
+}
+
+// Statuses are the last pass's statuses with systemd's state read now: a
+// pass blocked on a job that hangs (ExecStartPre= that never returns)
+// published what it saw before the job, and `agentd status` must say
+// what systemd says (activating, start-pre), not that.
+func (b controlBackend) Statuses() (int64, []reconcile.Status) {
+	rev, st := b.Agent.Statuses()
+	if b.live == nil {
+		return rev, st
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for i, s := range st {
+		us, err := b.live(ctx, s.Unit)
+		if err != nil || us.LoadState == "" {
+			continue
+		}
+		st[i].ActiveState, st[i].SubState, st[i].MainPID, st[i].NRestarts = us.ActiveState, us.SubState, us.MainPID, us.NRestarts
+	}
+	return rev, st
 }
 
 func (b controlBackend) Rollouts() []control.RolloutInfo {

@@ -595,7 +595,7 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	wg.Go(func() { fail(agent.Run(ctx)) })
 	wg.Go(func() { fail(r.sd.Watch(ctx, agent.UnitChanged)) })
 	wg.Go(func() { fail(r.files.Watch(ctx, agent.FileChanged)) })
-	wg.Go(func() { fail(control.Serve(ctx, o.debugSocket, o.host, controlBackend{agent, r.rollouts})) })
+	wg.Go(func() { fail(control.Serve(ctx, o.debugSocket, o.host, controlBackend{agent, r.rollouts, r.sd.State})) })
 	wg.Go(func() { fail(followRegistry(ctx, o, r.endpoints, log, r.reporter, met, onSnapshot, agent.UnitChanged)) })
 	wg.Go(func() {
 		r.lkg.fallback(ctx, fallbackAfter(o.registryTimeout, r.manifest.Units(), r.manifest.Intent(), log), agent.SetSnapshot, svc)

@@ -420,14 +420,17 @@ type scaleFleet struct {
 }
 
 type scaleAgent struct {
-	host    string
-	sd      *scaleSystemd
-	snapAt  atomic.Int64 // unix ns: first snapshot holding the wanted content since the reset
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	closers []io.Closer
-	mu      sync.Mutex
-	err     error
+	host   string
+	sd     *scaleSystemd
+	snapAt atomic.Int64 // unix ns: first snapshot holding the wanted content since the reset
+	// lastRev and lastKnown are the last snapshot's revision and how far
+	// its rollouts were known (a stuck agent says which held it).
+	lastRev, lastKnown atomic.Int64
+	cancel             context.CancelFunc
+	wg                 sync.WaitGroup
+	closers            []io.Closer
+	mu                 sync.Mutex
+	err                error
 }
 
 func newScaleFleet(tb testing.TB, endpoints, hosts []string) *scaleFleet {
@@ -537,6 +540,8 @@ func (f *scaleFleet) startAgent(host string, joined func()) (*scaleAgent, error)
 	})
 	onSnapshot := func(rs registry.Snapshot) {
 		f.events.Add(1)
+		a.lastRev.Store(rs.Revision)
+		a.lastKnown.Store(rs.Rollouts.KnownUpTo)
 		s := rs.Snapshot
 		if hand != nil {
 			var handOn bool

@@ -123,7 +123,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 				return err
 			}
 			if o.dryRun {
-				return dryRunPut(cmd, &o.ef, tg, units, o.wait, o.asJSON)
+				return dryRunPut(cmd, &o.ef, tg, units, o.wait, o.asJSON, &o.sf)
 			}
 			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
 				return o.put(ctx, cmd, reg, tg, units)

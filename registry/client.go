@@ -60,6 +60,10 @@ type Client struct {
 	// testAfterRead, when set (tests only), runs in Watch between the
 	// full read and the start of the watch.
 	testAfterRead func()
+	// testNoProgress, when set (tests only), makes Watch never ask etcd
+	// for a progress notification, as etcd ignores the request while a
+	// watcher of the stream catches up (the catch-up read must do).
+	testNoProgress bool
 	// testAfterKeysRead, when set (tests only), runs in Remove between
 	// its read of the keys and its transaction.
 	testAfterKeysRead func()

@@ -434,6 +434,27 @@ func (h History) Previous() (Version, error) {
 	}
 }
 
+// PreviousGood is the newest kept version before the current one whose
+// content is not known to have failed (failed says which hashes did: a
+// failed rollout's change, a halted version), so that a revert after a
+// failure never puts that failure back. A removal never failed.
+func (h History) PreviousGood(failed func(hash string) bool) (Version, error) {
+	v, err := h.Previous()
+	if err != nil || v.Removed || !failed(v.Hash) {
+		return v, err
+	}
+	end := h.CurrentIndex()
+	if end < 0 {
+		end = len(h.Versions)
+	}
+	for i := end - 1; i >= 0; i-- {
+		if w := h.Versions[i]; w.Removed || !failed(w.Hash) {
+			return w, nil
+		}
+	}
+	return Version{}, fmt.Errorf("%s: %w: every kept version before the current one failed; name one with --to (agentd unit history)", h.Key, ErrNotFound)
+}
+
 // At is the kept version stored at revision rev; the error wraps
 // ErrNotFound and lists the kept revisions.
 func (h History) At(rev int64) (Version, error) {

@@ -58,7 +58,8 @@ func (k *leaseKeeper) run(ctx context.Context, cli *clientv3.Client, ttl time.Du
 	deadline := time.Now().Add(ttl) // the lease was granted just before
 	s := &keepAliveStream{cli: cli}
 	defer s.close()
-	t := time.NewTimer(interval)
+	// Jittered (±10 %): agents restarted together do not renew in step.
+	t := time.NewTimer(jitter(interval))
 	defer t.Stop()
 	for fails := 0; ; {
 		select {
@@ -76,7 +77,7 @@ func (k *leaseKeeper) run(ctx context.Context, cli *clientv3.Client, ttl time.Du
 		case err == nil:
 			fails = 0
 			deadline = sent.Add(time.Duration(newTTL) * time.Second)
-			t.Reset(interval)
+			t.Reset(jitter(interval))
 		case errors.Is(err, errLeaseGone), ctx.Err() != nil:
 			return
 		default:

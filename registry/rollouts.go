@@ -79,7 +79,7 @@ func WithRollout(r *rollout.Record, supersede bool) WriteOption {
 // returns the guards and operations that write it (and end the rollouts
 // it supersedes). to is each key the write changes, with the hash it
 // holds after it ("": the write removes it).
-func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string, o writeOptions) ([]clientv3.Cmp, []clientv3.Op, error) {
+func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string, st map[string]*keyState, o writeOptions) ([]clientv3.Cmp, []clientv3.Op, error) {
 	r := o.rollout
 	if err := rolloutTarget(t); err != nil {
 		return nil, nil, err
@@ -150,6 +150,13 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 		} else {
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.targetUnits(t)+u), "=", 0))
 		}
+		if o.signer != nil {
+			back, err := c.signBack(t, u, ru.From, st[u], o)
+			if err != nil {
+				return nil, nil, err
+			}
+			ru.BackSig = back
+		}
 		r.Units[u] = ru
 	}
 	if r.CreatedAt.IsZero() {
@@ -163,6 +170,32 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
 	out = append(out, clientv3.OpPut(key, string(b)))
 	return cmps, out, nil
+}
+
+// signBack signs, for a signed rollout, the way back of key u: its
+// previous content (from; nil: the key did not exist, so the way back is
+// its removal), marked a revert, at a sequence above the write's own (the
+// write's is max(now, previous+1), see signatureOps). A host that took
+// the change and goes back (auto-revert, abort --revert) runs that
+// content with this record (rollout.OverlaySignatures): its agent accepts
+// it by the usual rules, where the old record would be "replayed".
+func (c *Client) signBack(t Target, u string, from *string, ks *keyState, o writeOptions) (string, error) {
+	var prev uint64
+	if ks != nil {
+		prev = ks.sigSeq
+	}
+	now := uint64(max(o.now().UnixMilli(), 0))
+	ch := reconcile.SignedChange{Key: c.targetUnits(t) + u, Target: t.String(), Seq: max(now, prev+1) + 1, Revert: true}
+	if from != nil {
+		ch.Hash = reconcile.Hash([]byte(*from))
+	}
+	sig, err := o.signer.SignChange(ch.Message())
+	if err != nil {
+		return "", fmt.Errorf("sign the way back of %s: %w", ch.Key, err)
+	}
+	b, err := json.Marshal(reconcile.SignatureRecord{Key: ch.Key, Hash: ch.Hash, Removed: from == nil, Seq: ch.Seq, Revert: true,
+		Signer: o.signer.Fingerprint(), Signature: string(sig)})
+	return string(b), err
 }
 
 // rolloutTarget refuses a rollout to one host.

@@ -89,7 +89,9 @@ func (c *Client) Join(ctx context.Context, m reconcile.Member, ttl time.Duration
 // Session's own) is done. The record is worth a warning, never the agent:
 // an etcd role made before it existed may not let the agent write it.
 func (s *Session) renewMember(ctx context.Context) {
-	t := time.NewTicker(memberRefresh)
+	// Jittered (±10 %): 10,000 agents restarted together do not rewrite
+	// their member records in step.
+	t := time.NewTimer(jitter(memberRefresh))
 	defer t.Stop()
 	warned := false
 	for {
@@ -107,6 +109,7 @@ func (s *Session) renewMember(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+			t.Reset(jitter(memberRefresh))
 		}
 	}
 }

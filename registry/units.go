@@ -133,7 +133,7 @@ func (c *Client) putTxn(ctx context.Context, t Target, units map[string][]byte, 
 		for u, v := range units {
 			to[u] = reconcile.Hash(v)
 		}
-		guards, rops, err := c.rolloutOps(ctx, t, to, o)
+		guards, rops, err := c.rolloutOps(ctx, t, to, st, o)
 		if err != nil {
 			return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
 		}
@@ -309,7 +309,7 @@ func (c *Client) remove(ctx context.Context, t Target, units []string, recursive
 			for _, u := range names {
 				to[u] = "" // removed
 			}
-			guards, rops, err := c.rolloutOps(ctx, t, to, o)
+			guards, rops, err := c.rolloutOps(ctx, t, to, st, o)
 			if err != nil {
 				return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
 			}

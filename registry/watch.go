@@ -109,6 +109,7 @@ func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnap
 			continue
 		}
 		w.shown = make([]int64, len(w.prefixes))
+		w.caughtUp = make([]int64, len(w.prefixes))
 		for i := range w.shown {
 			w.shown[i] = rev
 		}
@@ -144,6 +145,8 @@ type unitWatch struct {
 	// newest event's): Snapshot.RolloutsRevision is the lowest of the
 	// rollout prefixes'.
 	shown []int64
+	// caughtUp is, per prefix, the revision catchUp read it at (0: never).
+	caughtUp []int64
 	// handedRollouts is the RolloutsRevision of the last snapshot handed
 	// out: when a progress notification moves it, a snapshot goes out
 	// again (a unit change held back for it can go on).
@@ -347,6 +350,23 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 
 	resync := time.NewTimer(jitter(w.c.resyncInterval))
 	defer resync.Stop()
+	// catchUp fires when a snapshot went out with the rollouts known only
+	// up to a revision below its own (a unit change held back for them):
+	// etcd may never answer the progress request (it ignores one while a
+	// watcher of the stream is catching up, which at thousands of agents
+	// happens), so the rollout prefixes are read at the revision instead.
+	catchUp := time.NewTimer(time.Hour)
+	catchUp.Stop()
+	defer catchUp.Stop()
+	catchUpWait := time.Duration(0)
+	armCatchUp := func() {
+		if w.handedRollouts < rev {
+			catchUpWait = min(max(2*catchUpWait, 250*time.Millisecond), 5*time.Second)
+			catchUp.Reset(catchUpWait)
+		} else {
+			catchUpWait = 0
+		}
+	}
 	for {
 		var it watchItem
 		select {
@@ -354,6 +374,15 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 			return ctx.Err()
 		case <-resync.C:
 			return nil
+		case <-catchUp.C:
+			if w.handedRollouts < rev {
+				if err := w.catchUp(ctx, state, rev); err != nil {
+					return err
+				}
+				onSnapshot(w.snapshot(state, rev))
+			}
+			armCatchUp()
+			continue
 		case it = <-merged:
 		}
 		changed, err := w.apply(state, &rev, it)
@@ -363,6 +392,7 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 		if !changed {
 			if w.handedRollouts < rev && w.rolloutsRevision(rev) > w.handedRollouts {
 				onSnapshot(w.snapshot(state, rev))
+				armCatchUp()
 			}
 			continue
 		}
@@ -377,7 +407,45 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 			return err
 		}
 		onSnapshot(w.snapshot(state, rev))
+		armCatchUp()
 	}
+}
+
+// requestProgress asks etcd for a progress notification on every watcher
+// of the stream; a failed request only costs the wait.
+func (w *unitWatch) requestProgress(ctx context.Context) {
+	if !w.c.testNoProgress {
+		_ = w.c.cli.RequestProgress(ctx)
+	}
+}
+
+// catchUp reads every rollout prefix whose watcher has not shown rev at
+// rev, and takes that as shown: the records then speak for rev. A watch
+// event of a revision up to rev that arrives after it is skipped (apply),
+// so an older value never overwrites the one read.
+func (w *unitWatch) catchUp(ctx context.Context, state *unitState, rev int64) error {
+	rctx, cancel := w.c.reqCtx(ctx)
+	defer cancel()
+	for i, p := range w.prefixes {
+		if !w.isRolloutPrefix(p) || w.shown[i] >= rev {
+			continue
+		}
+		resp, err := w.c.cli.Get(rctx, p, clientv3.WithPrefix(), clientv3.WithRev(rev))
+		if err != nil {
+			return fmt.Errorf("read %s at revision %d: %w", p, rev, err)
+		}
+		for key := range state.rollouts {
+			if strings.HasPrefix(key, p) {
+				delete(state.rollouts, key)
+			}
+		}
+		for _, kv := range resp.Kvs {
+			w.put(state, kv)
+		}
+		w.shown[i] = rev
+		w.caughtUp[i] = rev
+	}
+	return nil
 }
 
 // rolloutsRevision is how far every rollout prefix's watcher has shown
@@ -424,7 +492,7 @@ func (w *unitWatch) settle(ctx, wctx context.Context, state *unitState, rev *int
 	seen[first] = true
 	left := len(w.prefixes) - 1
 	// A failed request only costs the wait: the timer ends it.
-	_ = w.c.cli.RequestProgress(wctx)
+	w.requestProgress(wctx)
 	for left > 0 {
 		select {
 		case <-ctx.Done():
@@ -435,7 +503,7 @@ func (w *unitWatch) settle(ctx, wctx context.Context, state *unitState, rev *int
 			// for the moment between them): its group's watcher is waited
 			// for, asking again, up to rolloutSettleMax.
 			if !w.rolloutsSeen(seen) && time.Since(start) < rolloutSettleMax {
-				_ = w.c.cli.RequestProgress(wctx)
+				w.requestProgress(wctx)
 				timer.Reset(w.c.settleDelay)
 				continue
 			}
@@ -449,7 +517,7 @@ func (w *unitWatch) settle(ctx, wctx context.Context, state *unitState, rev *int
 				target = *rev
 				clear(seen)
 				left = len(w.prefixes)
-				_ = w.c.cli.RequestProgress(wctx)
+				w.requestProgress(wctx)
 			}
 			if !seen[it.from] && it.resp.Header.Revision >= target {
 				seen[it.from] = true
@@ -477,6 +545,9 @@ func (w *unitWatch) apply(state *unitState, rev *int64, it watchItem) (bool, err
 		w.shown[it.from] = max(w.shown[it.from], resp.Header.Revision)
 	}
 	for _, ev := range resp.Events {
+		if ev.Kv.ModRevision <= w.caughtUp[it.from] {
+			continue // read since by catchUp
+		}
 		w.shown[it.from] = max(w.shown[it.from], ev.Kv.ModRevision)
 		switch ev.Type {
 		case clientv3.EventTypePut:

@@ -174,6 +174,7 @@ func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision 
 			ph.Wave = end.Wave - 1 // the hosts going back since do not move it
 		}
 		offenders, _ = r.failed(g.Progress)
+		offenders = append(offenders, r.revertFailed(g.Progress)...)
 	default:
 		ph, offenders, d.Due = r.phase(g, w, now)
 		if ph.State.Ended() {
@@ -288,6 +289,17 @@ func (r *Record) failed(progress map[string]*Progress) ([]Offender, int) {
 		}
 	}
 	return out, n
+}
+
+// revertFailed are the first SampleSize hosts that could not go back.
+func (r *Record) revertFailed(progress map[string]*Progress) []Offender {
+	var out []Offender
+	for i, h := range r.Hosts {
+		if p := progress[h]; p != nil && p.State == HostRevertFailed && len(out) < SampleSize {
+			out = append(out, Offender{Host: h, Wave: r.waveOf(i), State: p.State, Since: p.Since, Reason: p.Reason})
+		}
+	}
+	return out
 }
 
 // stuck are the first SampleSize admitted hosts not healthy, each with

@@ -83,6 +83,45 @@ func (r *Record) previous(entries []reconcile.Entry, prev func(key string) (*str
 	return out
 }
 
+// OverlaySignatures returns the signature records host checks under the
+// rollouts: where host took a signed rollout's change and went back
+// (reverting, reverted), each key's record is the rollout's signed way
+// back (Unit.BackSig), which the agent accepts for the previous content
+// where the change's own record would be "bad signature" and the old one
+// "replayed". A host that never took the change keeps the records as they
+// are: it runs the content it accepted before, which needs no new
+// signature (and a way back at a higher sequence would make it refuse the
+// change when its wave comes).
+func OverlaySignatures(sigs, entries []reconcile.Entry, host string, records []*Record, mine map[string]*Progress) []reconcile.Entry {
+	var out []reconcile.Entry
+	for _, r := range records {
+		st := mine[r.ID].StateOf()
+		if (st != HostReverting && st != HostReverted) || !r.Governs(entries) {
+			continue
+		}
+		for key, u := range r.Units {
+			if u.BackSig == "" {
+				continue
+			}
+			if out == nil {
+				out = slices.Clone(sigs)
+			}
+			e := reconcile.Entry{Scope: reconcile.ScopeGroup, Group: r.Group, Unit: key, Value: []byte(u.BackSig)}
+			i, found := slices.BinarySearchFunc(out, e, reconcile.CompareEntries)
+			if found {
+				e.ModRevision = out[i].ModRevision
+				out[i] = e
+			} else {
+				out = slices.Insert(out, i, e)
+			}
+		}
+	}
+	if out == nil {
+		return sigs
+	}
+	return out
+}
+
 // HoldUnconfirmed keeps each group key written after upTo (the revision up
 // to which the rollouts are known complete) as it was in prev: such a key
 // may be staged by a rollout whose record has not arrived yet, and a host

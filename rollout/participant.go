@@ -77,6 +77,7 @@ func (h *Participant) Overlay(s reconcile.Snapshot, v HostView) (reconcile.Snaps
 	h.mu.Unlock()
 	stored := s
 	if len(v.Records) > 0 {
+		s.Signatures = OverlaySignatures(s.Signatures, s.Entries, h.host, v.Records, v.Mine)
 		s.Entries = Overlay(s.Entries, h.host, v.Records, v.Mine)
 	}
 	var held bool

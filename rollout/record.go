@@ -263,6 +263,10 @@ type Unit struct {
 	From         *string `json:"from"`
 	FromRevision int64   `json:"fromRevision,omitempty"`
 	ToHash       string  `json:"toHash"`
+	// BackSig is, for a signed rollout, the signature record of the way
+	// back (From, marked a revert, at a sequence above the change's),
+	// signed by the put: a host that goes back runs From with it.
+	BackSig string `json:"backSig,omitempty"`
 }
 
 // Abort stops a rollout: no host takes it any more; with Revert the hosts
@@ -320,10 +324,15 @@ const (
 	HostFailed    HostState = "failed"
 	HostReverting HostState = "reverting"
 	HostReverted  HostState = "reverted"
+	// HostRevertFailed: the host could not go back (it refused the
+	// previous content: an unsigned or replayed version under
+	// --allowed-signers, or the previous version fails). It is named;
+	// nothing waits for it.
+	HostRevertFailed HostState = "revert-failed"
 )
 
 // HostStates are the host states in the order a summary counts them.
-var HostStates = []HostState{HostHealthy, HostApplying, HostSoaking, HostFailed, HostReverting, HostReverted, HostPending}
+var HostStates = []HostState{HostHealthy, HostApplying, HostSoaking, HostFailed, HostReverting, HostReverted, HostRevertFailed, HostPending}
 
 // Progress is one host's progress in one rollout, at
 // <prefix>/rollouts/hosts/<host>/<id>, written by that host's agent only

@@ -63,8 +63,11 @@ func Step(r *Record, in HostInput, now time.Time) Write {
 	case r.Reverts() && mine.Took():
 		set(HostReverting, "the rollout "+r.endWord()+": going back to the previous version")
 	case st == HostReverting:
-		if done, _ := r.judge(in.Statuses, in.Runs, true); done {
+		switch done, failed := r.judge(in.Statuses, in.Runs, true); {
+		case done:
 			set(HostReverted, "")
+		case failed != "":
+			set(HostRevertFailed, "could not go back: "+failed)
 		}
 	case st == HostPending:
 		if in.Admitted && r.End == nil && r.Abort == nil {
@@ -132,6 +135,10 @@ func (r *Record) judge(statuses map[string]reconcile.Status, runs []reconcile.En
 		}
 		p, why := e.Judge(rep, func() bool { return true })
 		switch {
+		case p == reconcile.ProgressFailed && back:
+			// Going back, a unit that fails the previous content (or
+			// refuses it) cannot go back.
+			return false, key + ": " + why
 		case p == reconcile.ProgressFailed || p == reconcile.ProgressRolledBack:
 			if !back {
 				return false, key + ": " + why

@@ -17,6 +17,7 @@ import (
 
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/rollout"
 )
 
 // storedBy is who the CLI says stores a version: "user@host".
@@ -288,7 +289,11 @@ func (o *revertOptions) revert(ctx context.Context, cmd *cobra.Command, reg *reg
 	if cmd.Flags().Changed("to") {
 		v, err = h.At(o.to)
 	} else {
-		v, err = h.Previous()
+		failed, ferr := failedHashes(ctx, reg, tg, unit)
+		if ferr != nil {
+			return ferr
+		}
+		v, err = h.PreviousGood(func(hash string) bool { return failed[hash] })
 	}
 	if err != nil {
 		return fmt.Errorf("unit revert: %w", err)
@@ -321,6 +326,37 @@ func (o *revertOptions) revert(ctx context.Context, cmd *cobra.Command, reg *reg
 		return followPut(ctx, reg, r, o.wf, o.asJSON, out, cmd.ErrOrStderr())
 	}
 	return waitConverged(ctx, reg, waitSpec{target: tg, units: map[string][]byte{unit: v.Content}, removing: v.Removed, revision: rev, waitFlags: o.wf, json: o.asJSON}, out)
+}
+
+// failedHashes are the versions of unit known to have failed in tg: the
+// change of a rollout that ended failed, and a halted version (a host
+// failed it). A revert without --to skips them.
+func failedHashes(ctx context.Context, reg *registry.Client, tg registry.Target, unit string) (map[string]bool, error) {
+	out := map[string]bool{}
+	if tg.Group == "" {
+		return out, nil
+	}
+	views, err := reg.Rollouts(ctx, tg.Group, false)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range views {
+		if e := v.Record.End; e != nil && e.State == rollout.Failed {
+			if u, ok := v.Record.Units[unit]; ok && u.ToHash != "" {
+				out[u.ToHash] = true
+			}
+		}
+	}
+	halts, err := reg.Halts(ctx, "groups/"+tg.Group)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range halts {
+		if h.Unit == unit && h.Hash != "" { // a halt names the unit file's hash
+			out[h.Hash] = true
+		}
+	}
+	return out, nil
 }
 
 // storeVersion stores v as the newest version of unit (a removal is

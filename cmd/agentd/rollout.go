@@ -96,7 +96,11 @@ func (f *strategyFlags) check(cmd *cobra.Command, tg registry.Target, wait bool,
 	case tg.Group == "":
 		return withCode(exitUsage, fmt.Errorf("%s: the rollout options stage a change across a group's hosts; %s is one host (use --group G, or drop them); %s", f.name, tg, f.nothing))
 	case s.GateCmd != "" && !wait && !dryRun:
-		return withCode(exitUsage, fmt.Errorf("%s: --gate-cmd is run by this command while it follows the rollout: add --wait; %s", f.name, f.nothing))
+		follow := "add --wait"
+		if cmd.Flags().Lookup("no-wait") != nil { // unit edit waits unless --no-wait
+			follow = "drop --no-wait"
+		}
+		return withCode(exitUsage, fmt.Errorf("%s: --gate-cmd is run by this command while it follows the rollout: %s; %s", f.name, follow, f.nothing))
 	case wait && wf.skipUnreachable:
 		return withCode(exitUsage, fmt.Errorf("%s: --skip-unreachable does not apply to a rollout (a member without a live agent holds its wave; `agentd hosts forget H` retires it first); %s", f.name, f.nothing))
 	}
@@ -462,10 +466,20 @@ func rolloutVerdict(v rollout.View, ph rollout.Phase) error {
 	}
 	msg := fmt.Sprintf("rollout %s %s%s", r.ID, ph.State, prefixed(ph.Reason))
 	if r.Reverts() {
-		if v.Count(rollout.HostReverted) > 0 {
+		switch {
+		case v.Count(rollout.HostReverted) > 0:
 			msg += "; reverted to the previous version: " + s.Named(rollout.HostReverted)
-		} else {
+		case v.Count(rollout.HostRevertFailed) == 0:
 			msg += "; no host had taken it: nothing to revert"
+		}
+		if v.Count(rollout.HostRevertFailed) > 0 {
+			msg += "; could not go back (they keep the change): " + s.Named(rollout.HostRevertFailed)
+			for _, o := range s.Offenders {
+				if o.State == rollout.HostRevertFailed {
+					msg += "; " + o.Host + " " + o.Reason
+					break
+				}
+			}
 		}
 	} else {
 		// Only the hosts that run it: a host still applying (a job that

@@ -90,6 +90,9 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 	for _, u := range names {
 		ops = append(ops, clientv3.OpGet(c.targetUnits(t)+u))
 	}
+	for _, u := range names {
+		ops = append(ops, clientv3.OpGet(c.signatureRoot(t)+u))
+	}
 	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
 		return nil, nil, fmt.Errorf("read the rollouts of %s: %w", t, err)
@@ -104,11 +107,13 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 			held[u] = reconcile.Hash(kvs[0].Value)
 		}
 	}
+	olds := map[string]*rollout.Record{} // by ID: the chain of After, for the ways back
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
 		old, err := decodeRollout(kv)
 		if err != nil || (old.End != nil && old.End.State == rollout.Done) {
 			continue
 		}
+		olds[old.ID] = old
 		var shared []string
 		overwritten := false
 		for _, u := range names {
@@ -156,6 +161,29 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 				return nil, nil, err
 			}
 			ru.BackSig = back
+			// The record that signs From: a host that never ran the key
+			// and joins before it takes the change runs From with it.
+			if kvs := resp.Responses[1+len(names)+i].GetResponseRange().GetKvs(); len(kvs) > 0 && ru.From != nil {
+				var rec reconcile.SignatureRecord
+				if json.Unmarshal(kvs[0].Value, &rec) == nil && rec.Signature != "" && rec.Hash == hashOf(ru.From) {
+					ru.FromSig = string(kvs[0].Value)
+				}
+			}
+			// A host that did not take the rollouts this one follows (or
+			// went back from them) goes back past From, to what they give
+			// it (rollout.Overlay): sign that way back too.
+			seen := map[string]bool{hashOf(ru.From): true}
+			for _, from := range chainFroms(olds, r.After, u) {
+				if seen[hashOf(from)] {
+					continue
+				}
+				seen[hashOf(from)] = true
+				back, err := c.signBack(t, u, from, st[u], o)
+				if err != nil {
+					return nil, nil, err
+				}
+				ru.BackSigs = append(ru.BackSigs, back)
+			}
 		}
 		r.Units[u] = ru
 	}
@@ -196,6 +224,35 @@ func (c *Client) signBack(t Target, u string, from *string, ks *keyState, o writ
 	b, err := json.Marshal(reconcile.SignatureRecord{Key: ch.Key, Hash: ch.Hash, Removed: from == nil, Seq: ch.Seq, Revert: true,
 		Signer: o.signer.Fingerprint(), Signature: string(sig)})
 	return string(b), err
+}
+
+// chainFroms are what key u held before each rollout of the chain that
+// starts at id and follows After (each one's From), as rollout.Overlay
+// walks it: up to a rollout that is not known (done, or gone) or did not
+// write u.
+func chainFroms(olds map[string]*rollout.Record, id, u string) []*string {
+	var out []*string
+	for n := 0; id != "" && n < len(olds); n++ {
+		r := olds[id]
+		if r == nil {
+			break
+		}
+		ru, ok := r.Units[u]
+		if !ok {
+			break
+		}
+		out = append(out, ru.From)
+		id = r.After
+	}
+	return out
+}
+
+// hashOf is the hash of content ("" for none: a removal).
+func hashOf(content *string) string {
+	if content == nil {
+		return ""
+	}
+	return reconcile.Hash([]byte(*content))
 }
 
 // rolloutTarget refuses a rollout to one host.

@@ -3,6 +3,7 @@ package rollout
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -28,8 +29,22 @@ const gateCheckMax = 30 * time.Second
 // its result is a non-empty vector (as a Prometheus alert fires), or a
 // scalar other than 0. It says why it did not pass.
 func CheckGate(ctx context.Context, client *http.Client, s Strategy) (bool, string) {
-	ctx, cancel := context.WithTimeout(ctx, min(s.GateTimeoutOr(), gateCheckMax))
+	limit := min(s.GateTimeoutOr(), gateCheckMax)
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
+	// A gate that does not answer in time says so, and which flag bounds
+	// it (not only "context deadline exceeded").
+	failed := func(err error) (bool, string) {
+		if parent.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			who := s.gateName()
+			if s.GateURL == "" {
+				who = "--prom-url " + s.PromURL
+			}
+			return false, fmt.Sprintf("%s: no answer within %s (the --gate-timeout deadline)", who, limit)
+		}
+		return false, err.Error()
+	}
 	u := s.GateURL
 	if u == "" {
 		u = strings.TrimSuffix(s.PromURL, "/") + "/api/v1/query?query=" + url.QueryEscape(s.GateProm)
@@ -40,12 +55,12 @@ func CheckGate(ctx context.Context, client *http.Client, s Strategy) (bool, stri
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return false, err.Error()
+		return failed(err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return false, err.Error()
+		return failed(err)
 	}
 	if resp.StatusCode/100 != 2 {
 		return false, fmt.Sprintf("%s answered %s", s.gateName(), resp.Status)

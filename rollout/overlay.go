@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"encoding/json"
 	"maps"
 	"slices"
 
@@ -88,25 +89,80 @@ func (r *Record) previous(entries []reconcile.Entry, prev func(key string) (*str
 // (reverting, reverted), each key's record is the rollout's signed way
 // back (Unit.BackSig), which the agent accepts for the previous content
 // where the change's own record would be "bad signature" and the old one
-// "replayed". A host that never took the change keeps the records as they
-// are: it runs the content it accepted before, which needs no new
-// signature (and a way back at a higher sequence would make it refuse the
-// change when its wave comes).
+// "replayed". Where the rollout followed others (After) the host may go
+// back further than the rollout's From (Overlay): the way back is the one
+// signed for the content it runs (Unit.BackSigs). A host that never took
+// the change (pending, or not among its hosts: it joined since) runs the
+// previous content with the record that signed it before the change
+// (Unit.FromSig, along After for what an older rollout gives it): a host
+// that ran it accepted that record already, and a host that joined since
+// needs it; its sequence is below the change's, so the host takes the
+// change when its wave comes (a way back, at a higher sequence, would
+// make it refuse it).
 func OverlaySignatures(sigs, entries []reconcile.Entry, host string, records []*Record, mine map[string]*Progress) []reconcile.Entry {
+	byID := make(map[string]*Record, len(records))
+	for _, r := range records {
+		byID[r.ID] = r
+	}
 	var out []reconcile.Entry
+	var runs map[[2]string]reconcile.Entry // group, key → what host runs; read once, when needed
+	run := func(group, key string) ([]byte, bool) {
+		if runs == nil {
+			runs = map[[2]string]reconcile.Entry{}
+			for _, e := range Overlay(entries, host, records, mine) {
+				if e.Scope == reconcile.ScopeGroup {
+					runs[[2]string{e.Group, e.Unit}] = e
+				}
+			}
+		}
+		e, ok := runs[[2]string{group, key}]
+		return e.Value, ok
+	}
 	for _, r := range records {
 		st := mine[r.ID].StateOf()
-		if (st != HostReverting && st != HostReverted) || !r.Governs(entries) {
+		if (st != HostReverting && st != HostReverted && st != HostRevertFailed && st != HostPending) || !r.Governs(entries) {
 			continue
 		}
 		for key, u := range r.Units {
-			if u.BackSig == "" {
-				continue
+			var rec string
+			if st == HostPending {
+				var froms []string
+				cur := r
+				for range records { // along After, as Overlay walks it
+					cu, ok := cur.Units[key]
+					if !ok {
+						break
+					}
+					if cu.FromSig != "" {
+						froms = append(froms, cu.FromSig)
+					}
+					if cur = byID[cur.After]; cur == nil || (cur.End != nil && cur.End.State == Done) {
+						break
+					}
+				}
+				if len(froms) == 0 {
+					continue
+				}
+				content, present := run(r.Group, key)
+				if rec = signing(froms, content, present); rec == "" {
+					continue // not signed here: the records as they are say why
+				}
+			} else {
+				if u.BackSig == "" {
+					continue
+				}
+				rec = u.BackSig
+				if len(u.BackSigs) > 0 {
+					content, present := run(r.Group, key)
+					if rec = signing(append([]string{u.BackSig}, u.BackSigs...), content, present); rec == "" {
+						rec = u.BackSig // the agent says why it refuses it
+					}
+				}
 			}
 			if out == nil {
 				out = slices.Clone(sigs)
 			}
-			e := reconcile.Entry{Scope: reconcile.ScopeGroup, Group: r.Group, Unit: key, Value: []byte(u.BackSig)}
+			e := reconcile.Entry{Scope: reconcile.ScopeGroup, Group: r.Group, Unit: key, Value: []byte(rec)}
 			i, found := slices.BinarySearchFunc(out, e, reconcile.CompareEntries)
 			if found {
 				e.ModRevision = out[i].ModRevision
@@ -120,6 +176,22 @@ func OverlaySignatures(sigs, entries []reconcile.Entry, host string, records []*
 		return sigs
 	}
 	return out
+}
+
+// signing is the first of the signature records recs that signs content
+// (absent: its removal), "" when none does.
+func signing(recs []string, content []byte, present bool) string {
+	hash := ""
+	if present {
+		hash = reconcile.Hash(content)
+	}
+	for _, b := range recs {
+		var rec reconcile.SignatureRecord
+		if json.Unmarshal([]byte(b), &rec) == nil && rec.Hash == hash && rec.Removed == !present {
+			return b
+		}
+	}
+	return ""
 }
 
 // HoldUnconfirmed keeps each group key written after upTo (the revision up

@@ -267,6 +267,18 @@ type Unit struct {
 	// back (From, marked a revert, at a sequence above the change's),
 	// signed by the put: a host that goes back runs From with it.
 	BackSig string `json:"backSig,omitempty"`
+	// BackSigs are, for a signed rollout that followed others (After),
+	// the signed ways back to what those give a host that did not take
+	// them (the From of each along the chain, where it differs from
+	// this one's), at BackSig's sequence: a host goes back to what it
+	// ran before, which may be older than From (Overlay).
+	BackSigs []string `json:"backSigs,omitempty"`
+	// FromSig is, for a signed rollout, the signature record the key had
+	// before the change (signing From, at its own lower sequence): a host
+	// that never ran the key and joins the group before it takes the
+	// change runs From with it (OverlaySignatures), and takes the change
+	// later, as its sequence is higher.
+	FromSig string `json:"fromSig,omitempty"`
 }
 
 // Abort stops a rollout: no host takes it any more; with Revert the hosts

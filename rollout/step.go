@@ -62,11 +62,13 @@ func Step(r *Record, in HostInput, now time.Time) Write {
 	switch {
 	case r.Reverts() && mine.Took():
 		set(HostReverting, "the rollout "+r.endWord()+": going back to the previous version")
-	case st == HostReverting:
+	case st == HostReverting || st == HostRevertFailed:
+		// A host that could not go back is looked at still: when it does
+		// after all (an operator fixed what failed), it says so.
 		switch done, failed := r.judge(in.Statuses, in.Runs, true); {
 		case done:
 			set(HostReverted, "")
-		case failed != "":
+		case failed != "" && st == HostReverting:
 			set(HostRevertFailed, "could not go back: "+failed)
 		}
 	case st == HostPending:

@@ -1131,7 +1131,8 @@ func newRolloutPromoteCmd() *cobra.Command {
 	return controlCmd("promote ID", "Send a rollout on past what holds it: the canary's pause, a pause, or its gate",
 		`Send a rollout on: after --pause-after-canary (waiting-promote), after a pause
 (as resume), or past its gate (waiting-gate, or paused by a failed gate: the
-wave opens without the gate command). Exit 1 when nothing holds it.`, nil,
+wave opens without the gate, be it a command, --gate-url or --gate-prom).
+Exit 1 when nothing holds it.`, nil,
 		func(v rollout.View, now time.Time, _ string) (string, error) {
 			r, ph := v.Record, v.Phase()
 			if err := refuseEnded(v, ph, "promote"); err != nil {
@@ -1143,7 +1144,10 @@ wave opens without the gate command). Exit 1 when nothing holds it.`, nil,
 				return "", fmt.Errorf("rollout %s is not paused (%s): nothing to promote", r.ID, describePhase(v, ph))
 			}
 			r.Promoted, r.Paused, r.PauseReason, r.ResumedAt = true, false, "", now
-			if r.Strategy.GateCmd != "" {
+			// Past the gate of the wave it holds, whoever runs it: a
+			// coordinator's gate (--gate-url, --gate-prom) too, else the
+			// coordinator would run it again and pause once more.
+			if r.Strategy.Gated() {
 				r.Gated = max(r.Gated, ph.Wave)
 			}
 			return fmt.Sprintf("rollout %s promoted: wave %d of %d goes on", r.ID, phaseWave(v, ph), len(r.WaveEnds)), nil

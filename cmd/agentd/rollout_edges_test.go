@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -135,6 +137,7 @@ func TestRolloutEdgeGateCmdFailsPromoteThenResumeRunsIt(t *testing.T) {
 	}
 
 	// promote: wave 2 opens without the gate.
+	promoted := time.Now()
 	if out, _, code := e.run(t, "rollout", "promote", id); code != 0 || !strings.Contains(out, "rollout "+id+" promoted: wave 2 of 3 goes on") {
 		t.Fatalf("promote: exit %d\n%s", code, out)
 	}
@@ -145,6 +148,7 @@ func TestRolloutEdgeGateCmdFailsPromoteThenResumeRunsIt(t *testing.T) {
 	if v.Record.Gated != 1 || v.Progress["h2"].StateOf() != rollout.HostHealthy {
 		t.Errorf("after promote: gated %d, h2 %+v", v.Record.Gated, v.Progress["h2"])
 	}
+	e.admittedAfter(t, id, 1, promoted, "h2")
 	// Before wave 3: nothing runs the gate; status says so and how.
 	want := "phase:    waiting-gate, wave 3 of 3 — waiting for the gate command before wave 3; no command is running it: `agentd rollout resume " +
 		id + "` runs it here, `agentd rollout promote " + id + "` skips it\n"
@@ -215,68 +219,66 @@ func procsWith(words ...string) map[int]string {
 	return out
 }
 
-// A gate that hangs, and leaves a child in the background, is stopped by
-// --gate-timeout: put --wait fails (exit 3) saying the gate timed out, the
-// rollout is paused, and no process of the gate is left.
-func TestRolloutEdgeGateTimeoutKillsEveryProcess(t *testing.T) {
-	t.Parallel()
-	e := newRolloutEnv(t, "h1", "h2", "h3")
-	// Durations no other process has on its command line.
-	tok := fmt.Sprintf("%09d", time.Now().UnixNano()%1e9)
-	bg, fg := "1001."+tok, "1002."+tok
-	gate := "sleep " + bg + " & sleep " + fg
-	ctx, cancel := context.WithCancel(t.Context())
-	sim := e.simAgents(ctx, nil)
-	defer func() {
-		cancel()
-		if err := <-sim; err != nil {
-			t.Error(err)
-		}
-	}()
-	type result struct {
-		out, stderr string
-		code        int
-		at          time.Time
-	}
-	done := make(chan result, 1)
+// gateRun is one command that runs a hanging gate, watched from /proc.
+type gateRun struct {
+	out, stderr string
+	code        int
+	running     time.Time // when the gate's processes were first seen
+	returned    time.Time
+}
+
+// runHangingGate runs args (a command that runs the gate
+// "sleep BG & sleep FG": a shell, a child in the background and one it
+// waits for) under ctx, calls seen once the gate's processes are in /proc,
+// and returns once the command did and no process of the gate is left
+// (failing the test if one is, a second later).
+func runHangingGate(t *testing.T, e *rolloutEnv, ctx context.Context, bg, fg string, seen func(), args ...string) gateRun {
+	t.Helper()
+	done := make(chan gateRun, 1)
 	go func() {
-		out, stderr, code := e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/true"), "--group", "web", "--canary", "1",
-			"--gate-cmd", gate, "--gate-timeout", "1s", "--wait", "--timeout", "30s")
-		done <- result{out, stderr, code, time.Now()}
+		var out, errb bytes.Buffer
+		root := newRoot()
+		root.SetArgs(append(args, "--etcd-endpoints", e.endpoint))
+		root.SetOut(&out)
+		root.SetErr(&errb)
+		err := root.ExecuteContext(ctx)
+		r := gateRun{returned: time.Now()}
+		if err != nil {
+			r.code = exitError
+			var ce *codeError
+			if asCode(err, &ce) {
+				r.code = ce.code
+			}
+			errb.WriteString("error: " + err.Error() + "\n")
+		}
+		r.out, r.stderr = out.String(), errb.String()
+		done <- r
 	}()
-	// The gate's processes exist while it runs (so the scan below can see
-	// them): the shell, its background sleep and the one it waits for.
-	var seen map[int]string
-	var res result
 	var running time.Time
+	var r gateRun
 wait:
 	for {
 		select {
-		case res = <-done:
+		case r = <-done:
 			break wait
 		case <-time.After(20 * time.Millisecond):
 		}
-		if p := procsWith("sleep "+bg, "sleep "+fg); running.IsZero() && len(p) >= 2 {
-			seen, running = p, time.Now()
+		if p := procsWith("sleep "+bg, "sleep "+fg); running.IsZero() && slices.Contains(slices.Collect(maps.Values(p)), "sleep "+bg) &&
+			slices.Contains(slices.Collect(maps.Values(p)), "sleep "+fg) {
+			running = time.Now()
 			t.Logf("the gate's processes: %v", p)
+			if seen != nil {
+				seen()
+			}
 		}
 	}
-	if res.code != exitFailed {
-		t.Fatalf("put --wait with a hanging gate: exit %d, want %d\n%s", res.code, exitFailed, res.stderr)
-	}
-	id := rolloutID(t, res.out)
-	want := "rollout " + id + " paused: the gate before wave 2 failed (timed out after 1s (--gate-timeout), its processes killed)"
-	if !strings.Contains(res.stderr, want) {
-		t.Errorf("put --wait does not say the gate timed out: want %q in\n%s", want, res.stderr)
-	}
+	t.Logf("$ agentd %s → %d after %v\n%s%s", strings.Join(args, " "), r.code, r.returned.Sub(running).Round(time.Millisecond), r.out, r.stderr)
 	if running.IsZero() {
-		t.Fatalf("the gate's processes were never seen in /proc while it ran (seen %v)", seen)
+		t.Fatal("the gate's processes (both sleeps) were never seen in /proc while it ran")
 	}
-	if took := res.at.Sub(running); took > 5*time.Second {
-		t.Errorf("put --wait returned %v after the gate started, with --gate-timeout 1s", took.Round(time.Millisecond))
-	}
-	// No process of the gate is left: killed as a group, they are gone
-	// (reaped) at once; allow the kernel a moment to finish the kills.
+	r.running = running
+	// Killed as a group, they are gone (reaped) at once; allow the kernel
+	// a moment to finish the kills.
 	var left map[int]string
 	deadline := time.Now().Add(time.Second)
 	for {
@@ -286,13 +288,51 @@ wait:
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if len(left) > 0 {
-		for pid := range left {
-			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-			t.Errorf("a process of the gate outlived put --wait by %v: pid %d: %s", time.Since(res.at).Round(time.Millisecond), pid, b)
+	for pid := range left {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		t.Errorf("a process of the gate outlived the command by %v: pid %d: %s", time.Since(r.returned).Round(time.Millisecond), pid, b)
+	}
+	if len(left) == 0 {
+		t.Logf("the gate's processes gone %v after the command returned", time.Since(r.returned).Round(time.Millisecond))
+	}
+	return r
+}
+
+// hangingGate is a gate that never ends and leaves a child in the
+// background, with durations no other process has on its command line.
+func hangingGate() (gate, bg, fg string) {
+	tok := fmt.Sprintf("%09d", time.Now().UnixNano()%1e9)
+	bg, fg = "1001."+tok, "1002."+tok
+	return "sleep " + bg + " & sleep " + fg, bg, fg
+}
+
+// A gate that hangs, and leaves a child in the background, is stopped by
+// --gate-timeout: put --wait fails (exit 3) saying the gate timed out, the
+// rollout is paused, and no process of the gate is left.
+func TestRolloutEdgeGateTimeoutKillsEveryProcess(t *testing.T) {
+	t.Parallel()
+	e := newRolloutEnv(t, "h1", "h2", "h3")
+	gate, bg, fg := hangingGate()
+	ctx, cancel := context.WithCancel(t.Context())
+	sim := e.simAgents(ctx, nil)
+	defer func() {
+		cancel()
+		if err := <-sim; err != nil {
+			t.Error(err)
 		}
-	} else {
-		t.Logf("the gate's processes gone %v after put --wait returned", time.Since(res.at).Round(time.Millisecond))
+	}()
+	res := runHangingGate(t, e, t.Context(), bg, fg, nil, "unit", "put", e.unit(t, "hello.service", "/bin/true"), "--group", "web", "--canary", "1",
+		"--gate-cmd", gate, "--gate-timeout", "1s", "--wait", "--timeout", "30s")
+	if res.code != exitFailed {
+		t.Fatalf("put --wait with a hanging gate: exit %d, want %d\n%s", res.code, exitFailed, res.stderr)
+	}
+	id := rolloutID(t, res.out)
+	want := "rollout " + id + " paused: the gate before wave 2 failed (timed out after 1s (--gate-timeout), its processes killed)"
+	if !strings.Contains(res.stderr, want) {
+		t.Errorf("put --wait does not say the gate timed out: want %q in\n%s", want, res.stderr)
+	}
+	if took := res.returned.Sub(res.running); took > 5*time.Second {
+		t.Errorf("put --wait returned %v after the gate started, with --gate-timeout 1s", took.Round(time.Millisecond))
 	}
 	v := e.view(t, id)
 	if !v.Record.Paused || v.Phase().State != rollout.Paused || !strings.Contains(v.Record.PauseReason, "timed out after 1s") || v.Record.Strategy.GateTimeout != time.Second {
@@ -305,10 +345,61 @@ wait:
 	}
 }
 
+// put --wait interrupted while its gate runs (Ctrl-C: its context ends)
+// kills the gate with it, background child included, and leaves the
+// rollout waiting for the gate, not paused: `rollout status` then says no
+// command runs it.
+func TestRolloutEdgeGateInterruptedKillsEveryProcess(t *testing.T) {
+	t.Parallel()
+	e := newRolloutEnv(t, "h1", "h2", "h3")
+	gate, bg, fg := hangingGate()
+	ctx, cancel := context.WithCancel(t.Context())
+	sim := e.simAgents(ctx, nil)
+	defer func() {
+		cancel()
+		if err := <-sim; err != nil {
+			t.Error(err)
+		}
+	}()
+	var id string
+	cctx, interrupt := context.WithCancel(t.Context())
+	defer interrupt()
+	res := runHangingGate(t, e, cctx, bg, fg, func() {
+		// While the gate runs, the command says it runs it.
+		vs, err := e.reg.Rollouts(t.Context(), "web", false)
+		if err != nil || len(vs) != 1 {
+			t.Fatalf("rollouts: %d (%v)", len(vs), err)
+		}
+		id = vs[0].Record.ID
+		if vs[0].GateRunner != storedBy() || !e.keyExists(t, gateRunKey(id)) {
+			t.Errorf("while put --wait runs the gate, its runner is %q, want %q", vs[0].GateRunner, storedBy())
+		}
+		interrupt()
+	}, "unit", "put", e.unit(t, "hello.service", "/bin/true"), "--group", "web", "--canary", "1",
+		"--gate-cmd", gate, "--wait", "--timeout", "30s")
+	if res.code != exitError || !strings.Contains(res.stderr, "error: interrupted: rollout "+id+" is waiting-gate, wave 2 of 2") ||
+		!strings.Contains(res.stderr, "it goes on without this command") {
+		t.Errorf("put --wait interrupted while its gate runs: exit %d, want %d saying the rollout waits for its gate\n%s", res.code, exitError, res.stderr)
+	}
+	if took := res.returned.Sub(res.running); took > 5*time.Second {
+		t.Errorf("put --wait returned %v after it was interrupted", took.Round(time.Millisecond))
+	}
+	v := e.view(t, id)
+	if v.Record.Paused || v.Record.Gated != 0 || v.GateRunner != "" || e.keyExists(t, gateRunKey(id)) {
+		t.Errorf("after the interrupt: paused %v (%q), gated %d, gate runner %q", v.Record.Paused, v.Record.PauseReason, v.Record.Gated, v.GateRunner)
+	}
+	e.notAdmitted(t, id, "h2", "h3")
+	want := "phase:    waiting-gate, wave 2 of 2 — waiting for the gate command before wave 2; no command is running it: `agentd rollout resume " + id + "` runs it here"
+	if out, _, _ := e.run(t, "rollout", "status", id); !strings.Contains(out, want) {
+		t.Errorf("rollout status lacks %q:\n%s", want, out)
+	}
+}
+
 // gateServer is an HTTP gate the test answers: each request is counted and
 // answered with status and body (both may change meanwhile).
 type gateServer struct {
 	*httptest.Server
+	hang    bool // answer nothing until the request is given up
 	mu      sync.Mutex
 	status  int
 	body    string
@@ -324,6 +415,10 @@ func newGateServer(t *testing.T, status int, body string) *gateServer {
 		g.queries = append(g.queries, r.URL.RequestURI())
 		status, body := g.status, g.body
 		g.mu.Unlock()
+		if g.hang {
+			<-r.Context().Done()
+			return
+		}
 		w.WriteHeader(status)
 		fmt.Fprint(w, body)
 	}))
@@ -349,8 +444,8 @@ func (g *gateServer) seen() ([]time.Time, []string) {
 // resume goes on.
 func TestRolloutEdgeGateURL(t *testing.T) {
 	t.Parallel()
-	start := func(t *testing.T, g *gateServer) (*rolloutEnv, string) {
-		e := newRolloutEnv(t, "h1", "h2", "h3")
+	start := func(t *testing.T, g *gateServer, hosts []string, extra ...string) (*rolloutEnv, string) {
+		e := newRolloutEnv(t, hosts...)
 		ctx, cancel := context.WithCancel(t.Context())
 		sim := e.simAgents(ctx, nil)
 		t.Cleanup(func() {
@@ -359,36 +454,85 @@ func TestRolloutEdgeGateURL(t *testing.T) {
 				t.Error(err)
 			}
 		})
-		out, _, code := e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/true"), "--group", "web", "--canary", "1", "--gate-url", g.URL+"/ready")
+		args := append([]string{"unit", "put", e.unit(t, "hello.service", "/bin/true"), "--group", "web", "--canary", "1", "--gate-url", g.URL + "/ready"}, extra...)
+		out, _, code := e.run(t, args...)
 		if code != 0 {
 			t.Fatalf("put with --gate-url: exit %d", code)
 		}
 		return e, rolloutID(t, out)
 	}
+	three := []string{"h1", "h2", "h3"}
 	t.Run("200", func(t *testing.T) {
 		t.Parallel()
 		g := newGateServer(t, http.StatusOK, "ok")
-		e, id := start(t, g)
-		v := e.summarized(t, id, func(v rollout.View) bool { return v.Phase().State == rollout.Done })
+		// 4 hosts: the canary h1, 50% (h2), 100% (h3, h4): a gate before
+		// wave 2 and one before wave 3.
+		e, id := start(t, g, []string{"h1", "h2", "h3", "h4"}, "--waves", "50%,100%")
+		v := e.summarized(t, id, func(v rollout.View) bool {
+			return v.Phase().State == rollout.Done && v.Summary.Phase.State == rollout.Done
+		})
 		hits, uris := g.seen()
-		if len(hits) != 1 || uris[0] != "/ready" {
-			t.Fatalf("the gate URL was asked %d times (%v), want once, before wave 2", len(hits), uris)
+		if len(hits) != 2 || uris[0] != "/ready" || uris[1] != "/ready" {
+			t.Fatalf("the gate URL was asked %d times (%v), want twice: before wave 2 and before wave 3", len(hits), uris)
 		}
-		if canary := v.Progress["h1"]; canary == nil || hits[0].Before(canary.HealthyAt) {
-			t.Errorf("the gate was asked at %v, before the canary was healthy (%+v)", hits[0], canary)
+		for i, before := range []string{"h1", "h2"} {
+			if p := v.Progress[before]; p == nil || hits[i].Before(p.HealthyAt) {
+				t.Errorf("the gate before wave %d was asked at %v, before %s (wave %d) was healthy (%+v)", i+2, hits[i], before, i+1, p)
+			}
 		}
-		e.admittedAfter(t, id, 1, hits[0], "h2", "h3")
-		if v.Record.Gated != 1 || v.Count(rollout.HostHealthy) != 3 {
+		e.admittedAfter(t, id, 1, hits[0], "h2")
+		e.admittedAfter(t, id, 2, hits[1], "h3", "h4")
+		if v.Record.Gated != 2 || v.Count(rollout.HostHealthy) != 4 {
 			t.Errorf("gated %d, %d healthy", v.Record.Gated, v.Count(rollout.HostHealthy))
 		}
-		if out, _, _ := e.run(t, "rollout", "status", id); !strings.Contains(out, "strategy: --canary 1 --gate-url "+g.URL+"/ready\n") {
+		if out, _, _ := e.run(t, "rollout", "status", id); !strings.Contains(out, "strategy: --canary 1 --waves 50%,100% --gate-url "+g.URL+"/ready\n") {
 			t.Errorf("rollout status does not show the gate URL:\n%s", out)
 		}
+	})
+	t.Run("503, promote", func(t *testing.T) {
+		t.Parallel()
+		g := newGateServer(t, http.StatusServiceUnavailable, "not yet")
+		e, id := start(t, g, three)
+		e.summarized(t, id, func(v rollout.View) bool { return v.Record.Paused })
+		// The operator knows better than the gate: promote opens the wave
+		// without asking it again (the pause says so).
+		promoted := time.Now()
+		if out, _, code := e.run(t, "rollout", "promote", id); code != 0 || !strings.Contains(out, "rollout "+id+" promoted: wave 2 of 2 goes on") {
+			t.Fatalf("promote: exit %d\n%s", code, out)
+		}
+		v := e.summarized(t, id, func(v rollout.View) bool {
+			return v.Record.End != nil || v.Record.Paused || (e.admission(t, id, "h2") != nil && e.admission(t, id, "h3") != nil)
+		})
+		if v.Record.Paused {
+			t.Fatalf("promote did not open wave 2 past the failed gate: paused again: %s", v.Record.PauseReason)
+		}
+		e.admittedAfter(t, id, 1, promoted, "h2", "h3")
+		if hits, _ := g.seen(); len(hits) != 1 {
+			t.Errorf("the gate URL was asked %d times, want once: promote skips it", len(hits))
+		}
+	})
+	t.Run("hangs", func(t *testing.T) {
+		t.Parallel()
+		g := newGateServer(t, http.StatusOK, "ok")
+		g.hang = true
+		e, id := start(t, g, three, "--gate-timeout", "1s")
+		v := e.summarized(t, id, func(v rollout.View) bool { return v.Record.Paused })
+		hits, _ := g.seen()
+		if len(hits) != 1 {
+			t.Fatalf("the gate URL was asked %d times, want once", len(hits))
+		}
+		if took := v.Record.PausedAt.Sub(hits[0]); took < 900*time.Millisecond || took > 5*time.Second {
+			t.Errorf("paused %v after the gate was asked, with --gate-timeout 1s", took)
+		}
+		if r, want := v.Record.PauseReason, "the gate before wave 2 failed: --gate-url "+g.URL+"/ready: no answer within 1s (the --gate-timeout deadline)"; r != want {
+			t.Errorf("pause reason %q, want %q", r, want)
+		}
+		e.notAdmitted(t, id, "h2", "h3")
 	})
 	t.Run("503", func(t *testing.T) {
 		t.Parallel()
 		g := newGateServer(t, http.StatusServiceUnavailable, "not yet")
-		e, id := start(t, g)
+		e, id := start(t, g, three)
 		v := e.summarized(t, id, func(v rollout.View) bool { return v.Record.Paused })
 		reason := "the gate before wave 2 failed: --gate-url " + g.URL + "/ready answered 503 Service Unavailable"
 		if v.Record.PauseReason != reason {
@@ -408,7 +552,9 @@ func TestRolloutEdgeGateURL(t *testing.T) {
 		if out, _, code := e.run(t, "rollout", "resume", id); code != 0 || !strings.Contains(out, "rollout "+id+" resumed at wave 2 of 2\n") {
 			t.Fatalf("resume: exit %d\n%s", code, out)
 		}
-		v = e.summarized(t, id, func(v rollout.View) bool { return v.Phase().State == rollout.Done })
+		v = e.summarized(t, id, func(v rollout.View) bool {
+			return v.Phase().State == rollout.Done && v.Summary.Phase.State == rollout.Done
+		})
 		hits, _ := g.seen()
 		if len(hits) != 2 || hits[1].Before(resumed) {
 			t.Errorf("the gate URL was asked at %v, want once more after the resume (%v)", hits, resumed)
@@ -484,7 +630,9 @@ func TestRolloutEdgeGateProm(t *testing.T) {
 	if _, _, code := e.run(t, "rollout", "resume", id); code != 0 {
 		t.Fatalf("resume: exit %d", code)
 	}
-	v = e.summarized(t, id, func(v rollout.View) bool { return v.Phase().State == rollout.Done })
+	v = e.summarized(t, id, func(v rollout.View) bool {
+		return v.Phase().State == rollout.Done && v.Summary.Phase.State == rollout.Done
+	})
 	e.admittedAfter(t, id, 1, resumed, "h2", "h3")
 	if v.Record.Gated != 1 || v.Count(rollout.HostHealthy) != 3 {
 		t.Errorf("gated %d, %d healthy", v.Record.Gated, v.Count(rollout.HostHealthy))
@@ -547,6 +695,19 @@ func TestRolloutEdgeDryRunPreviewsWaves(t *testing.T) {
 	}
 	if after := e.cliKeys(t); !maps.Equal(before, after) {
 		t.Errorf("put --dry-run changed the registry:\nbefore %v\nafter  %v", slices.Sorted(maps.Keys(before)), slices.Sorted(maps.Keys(after)))
+	}
+	// What holds each wave: the promote after the canary, then the gate.
+	out, _, code = e.run(t, "unit", "put", file, "--dry-run", "--group", "web", "--canary", "1", "--waves", "50%", "--pause-after-canary", "--gate-cmd", "true")
+	want = "rollout: 4 hosts of group web in 3 waves (--canary 1 --waves 50% --pause-after-canary --gate-cmd \"true\")\n" +
+		"  wave 1 (canary): h1\n" +
+		"  wave 2 (after `agentd rollout promote`): h2\n" +
+		"  wave 3 (after the gate): h3, h4\n" +
+		"dry run: nothing stored\n"
+	if code != 0 || !strings.HasSuffix(out, want) {
+		t.Errorf("put --dry-run --pause-after-canary --gate-cmd: exit %d, want it to end with\n%s", code, want)
+	}
+	if after := e.cliKeys(t); !maps.Equal(before, after) {
+		t.Errorf("put --dry-run changed the registry")
 	}
 	if all, err := e.reg.Rollouts(t.Context(), "web", false); err != nil || len(all) != 0 {
 		t.Errorf("rollouts after --dry-run: %d (%v)", len(all), err)
@@ -627,6 +788,45 @@ func TestRolloutEdgeEditStagesRollout(t *testing.T) { // not parallel: $EDITOR
 		t.Fatalf("the canary's progress: %+v", canary)
 	}
 	e.admittedAfter(t, id, 1, canary.HealthyAt, "h2", "h3")
+
+	// While another rollout of the key runs (no agent moves it here), a
+	// staged edit is refused and kept; --supersede ends that rollout.
+	out, _, code = e.run(t, "unit", "put", e.unit(t, "hello.service", "/bin/sleep 1003"), "--group", "web", "--canary", "1")
+	if code != 0 {
+		t.Fatalf("put: exit %d", code)
+	}
+	running := rolloutID(t, out)
+	t.Setenv("EDITOR", editorScript(t, e.dir, `sed -i 's/sleep 1003/sleep 1004/' "$1"`))
+	before = e.cliKeys(t)
+	_, stderr, code = e.run(t, "unit", "edit", "hello.service", "--group", "web", "--canary", "1", "--yes", "--no-wait")
+	kept := regexp.MustCompile(`your edit is kept in (\S+)\)`).FindStringSubmatch(stderr)
+	if code != exitError || !strings.Contains(stderr, "a rollout of these keys is running: "+running+" (hello.service)") ||
+		!strings.Contains(stderr, "--supersede") || kept == nil {
+		t.Fatalf("edit while a rollout of the key runs: exit %d, want %d naming it, --supersede, and where the edit is kept:\n%s", code, exitError, stderr)
+	}
+	if b, err := os.ReadFile(kept[1]); err != nil || !strings.Contains(string(b), "ExecStart=/bin/sleep 1004") {
+		t.Errorf("the refused edit is not kept in %s: %q (%v)", kept[1], b, err)
+	}
+	if after := e.cliKeys(t); !maps.Equal(before, after) {
+		t.Errorf("the refused edit changed the registry")
+	}
+	out, _, code = e.run(t, "unit", "edit", "hello.service", "--group", "web", "--canary", "1", "--supersede", "--yes", "--no-wait")
+	if code != 0 || !strings.Contains(out, "rollout "+running+": superseded by ") {
+		t.Fatalf("edit --supersede: exit %d\n%s", code, out)
+	}
+	var next string
+	for _, m := range rolloutIDRe.FindAllStringSubmatch(out, -1) {
+		if m[1] != running {
+			next = m[1]
+		}
+	}
+	if old := e.view(t, running).Record; old.End == nil || old.End.State != rollout.Superseded || old.End.Reason != "superseded by "+next {
+		t.Errorf("the superseded rollout's end: %+v", old.End)
+	}
+	if nr := e.view(t, next).Record; nr.End != nil || !strings.Contains(*nr.Units["hello.service"].From, "sleep 1003") ||
+		nr.Units["hello.service"].ToHash != reconcile.Hash([]byte(strings.Replace(string(old), "sleep 1001", "sleep 1004", 1))) {
+		t.Errorf("the edit's rollout: end %+v, units %+v", nr.End, nr.Units)
+	}
 }
 
 // jsonLines decodes each line of out (test helper for --json output).
@@ -642,4 +842,89 @@ func jsonLines(t *testing.T, out string) []map[string]any {
 		ms = append(ms, m)
 	}
 	return ms
+}
+
+// A host whose unit hangs in ExecStartPre (only there: the hang depends on
+// a file in that host's runtime directory) holds the rollout up until its
+// --progress-deadline: put --wait fails naming that host with the state
+// its agent reported and for how long, its "keep the change" list names
+// only the hosts that ran the change healthy, and `agentd status` on the
+// hung host shows systemd's state now: activating, in start-pre.
+func TestRolloutEdgeHungHostIsNamed(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, 5, "")
+	v1 := "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n" + fast
+	f.put(v1, 0)
+	f.waitRolledOut(v1, 20*time.Second)
+	hung := f.hosts[2] // h3, in the second wave
+	if err := os.WriteFile(filepath.Join(hung.h.Dir, "run", "hang"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v2 := "[Service]\nType=exec\nExecStartPre=/bin/sh -c 'if [ -e %t/hang ]; then exec /bin/sleep 600; fi'\nExecStart=/bin/sleep 1001\n" + fast
+	start := time.Now()
+	out := f.put(v2, exitFailed, "--canary", "1", "--progress-deadline", "5s")
+	t.Logf("put --wait failed after %v", time.Since(start).Round(time.Millisecond))
+	id := rolloutID(t, out)
+	fail := regexp.MustCompile(`(?m)^error: rollout ` + id + ` failed — (.*)$`).FindStringSubmatch(out)
+	if fail == nil {
+		t.Fatalf("put --wait does not say the rollout failed:\n%s", out)
+	}
+	msg := fail[1]
+	if !regexp.MustCompile(`no host became healthy for 5s \(--progress-deadline\), since [^;]*; holding it up: h3: applying for [0-9]+s \(wave 2 of 2\);`).MatchString(msg) {
+		t.Errorf("put --wait does not name h3 holding the rollout up, with its state and for how long:\n%s", msg)
+	}
+	if regexp.MustCompile(`h[1245]: applying`).MatchString(msg) {
+		t.Errorf("put --wait names a host that did not hold the rollout up:\n%s", msg)
+	}
+	keep := regexp.MustCompile(`these hosts keep the change: ([^;]*)`).FindStringSubmatch(msg)
+	if keep == nil || keep[1] != "h1, h2, h4, h5" {
+		t.Errorf("the hosts that keep the change: %q, want h1, h2, h4, h5 (not the hung h3):\n%s", keep, msg)
+	}
+	if !strings.HasSuffix(msg, "; these were still taking it (never healthy on it): h3") {
+		t.Errorf("put --wait does not name h3 as still taking the change:\n%s", msg)
+	}
+	if !regexp.MustCompile(`(?m)^h3 \(wave 2\): applying — applying for [0-9]+s \(wave 2 of 2\)$`).MatchString(out) {
+		t.Errorf("put --wait did not name h3 as an offender:\n%s", out)
+	}
+
+	// The record and systemd agree: h3 hangs, the others run the change.
+	v, err := f.reg.Rollout(t.Context(), id, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Record.End == nil || v.Record.End.State != rollout.Failed {
+		t.Errorf("the rollout: %s", describeRollout(v))
+	}
+	for _, e := range f.hosts {
+		want := rollout.HostHealthy
+		if e == hung {
+			want = rollout.HostApplying
+		}
+		if st := v.Progress[e.host].StateOf(); st != want {
+			t.Errorf("%s: %s in the rollout, want %s", e.host, st, want)
+		}
+	}
+	for _, e := range f.hosts {
+		st, sub := e.h.ActiveState(t, "app.service"), e.h.Prop(t, "app.service", "SubState")
+		want, wantSub := "active", "running"
+		if e == hung {
+			want, wantSub = "activating", "start-pre"
+		}
+		if st != want || sub != wantSub {
+			t.Errorf("%s: systemd says app.service is %s/%v, want %s/%s", e.host, st, sub, want, wantSub)
+		}
+	}
+	// agentd status on the hung host: systemd's state now, not the state
+	// it had before the change.
+	sout, code := hung.cli("status", "--debug-socket", hung.agent.opts.debugSocket)
+	line := regexp.MustCompile(`(?m)^app\.service .*$`).FindString(sout)
+	if code != 0 || !strings.Contains(line, " activating/start-pre ") {
+		t.Errorf("agentd status on h3: exit %d, app.service line %q: want activating/start-pre\n%s", code, line, sout)
+	}
+	if strings.Contains(line, "active/running") {
+		t.Errorf("agentd status on h3 shows app.service active/running while systemd says it hangs in start-pre: %q", line)
+	}
+	if strings.Contains(sout, "rollout "+id+" running") {
+		t.Errorf("agentd status on h3 says the failed rollout runs:\n%s", sout)
+	}
 }

@@ -185,7 +185,7 @@ func TestRolloutSignedFailedCanaryGoesBackAndRevertSkipsFailed(t *testing.T) {
 		if took > 30*time.Second {
 			t.Errorf("failed change %s: put --wait took %v: want it to exit once the canary went back, long before --timeout 60s", n, took.Round(time.Millisecond))
 		}
-		if !strings.Contains(out, "rollout "+id+" failed: h1 failed the change") || !strings.Contains(out, "reverted to the previous version: h1") ||
+		if !strings.Contains(out, "rollout "+id+" failed — h1 failed the change") || !strings.Contains(out, "reverted to the previous version: h1") ||
 			strings.Contains(out, "could not go back") {
 			t.Errorf("failed change %s: put --wait does not say h1 failed and went back:\n%s", n, out)
 		}
@@ -320,7 +320,7 @@ func TestRolloutSignedAbortRevertGoesBack(t *testing.T) {
 	if out, code := e.cli("rollout", "abort", id, "--revert"); code != 0 || !strings.Contains(out, "go back to the previous version (h1)") {
 		t.Fatalf("rollout abort --revert: exit %d\n%s", code, out)
 	}
-	want := regexp.MustCompile(`rollout ` + id + ` aborted: aborted by .*, with --revert; reverted to the previous version: h1\n`)
+	want := regexp.MustCompile(`rollout ` + id + ` aborted — aborted by .*, with --revert; reverted to the previous version: h1\n`)
 	out, code := e.cli("rollout", "status", id, "--watch")
 	if code != exitFailed || !want.MatchString(out) {
 		t.Errorf("rollout status --watch: exit %d, want %d saying it aborted and h1 reverted:\n%s", code, exitFailed, out)
@@ -488,4 +488,81 @@ func TestRolloutJoinersKeepPreviousUntilLastWave(t *testing.T) {
 			t.Errorf("%s restarted during the aborted rollout: MainPID %d → %d", h.host, good[h.host], pid)
 		}
 	}
+}
+
+// Joiners in a signed fleet (--allowed-signers): a host that never ran
+// the unit (h3) joins while the canary waits for promote, and another
+// (h4) after the next rollout was aborted with --revert. Each runs the
+// previous version by systemd's view with its signature accepted (the
+// record in the registry signs the new version, which the joiner must not
+// run), and h3 takes the change, signed, in the last wave after promote.
+func TestRolloutJoinSignedFleetRunsPrevious(t *testing.T) {
+	t.Parallel()
+	f := newJoinFleet(t, true, "h1", "h2")
+	h3, h4 := f.prepare("h3"), f.prepare("h4")
+	ctx := context.Background()
+	e := f.hosts[0]
+	policy := "HealthySec=0.5"
+	v1 := f.unit("/bin/sleep 1000", policy)
+	f.putApp(ctx, v1, 0)
+	f.waitRolledOut(v1, 30*time.Second)
+	clearEvents(f.fleet)
+	put := func(content string) string {
+		t.Helper()
+		out, code := e.cli(append([]string{"unit", "put", e.writeUnit("app.service", content), "--group", "web", "--canary", "1", "--pause-after-canary"}, f.sign()...)...)
+		if code != 0 {
+			t.Fatalf("unit put --canary 1 --pause-after-canary: exit %d", code)
+		}
+		id := rolloutID(t, out)
+		f.waitRollout(id, 30*time.Second, "waiting for promote", func(v rollout.View, ph rollout.Phase) bool {
+			return ph.State == rollout.WaitingPromote
+		})
+		return id
+	}
+	joined := func(j *env, content, what string) uint32 {
+		t.Helper()
+		f.join(j)
+		var s reconcile.Status
+		waitFor(t, nil, 20*time.Second, j.host+" runs app.service", func() bool {
+			s, _ = j.status("app.service")
+			return (s.ActiveState == "active" && !s.Verifying && s.Hash == s.DesiredHash) || s.Error != "" // refused: said below
+		})
+		pid := runsHealthy(t, j, content, what)
+		time.Sleep(time.Second)
+		if now := j.h.MainPID(t, "app.service"); now != pid {
+			t.Errorf("%s: %s restarted after it joined: MainPID %d → %d", what, j.host, pid, now)
+		}
+		if starts, stops := eventsOf(f.readEvents(), j.host); starts != 1 || stops != 0 {
+			t.Errorf("%s: %s: %d starts and %d stops by the unit's hooks, want 1 start and no stop", what, j.host, starts, stops)
+		}
+		return pid
+	}
+
+	v2 := f.unit("/bin/sleep 1001", policy)
+	id := put(v2)
+	pid := joined(h3, v1, "h3 joined while the canary waits")
+	f.waitRollout(id, 20*time.Second, "h3 added to the last wave", func(v rollout.View, ph rollout.Phase) bool {
+		return slices.Contains(v.Record.Joined, "h3")
+	})
+	if out, code := e.cli("rollout", "promote", id); code != 0 {
+		t.Fatalf("rollout promote: exit %d\n%s", code, out)
+	}
+	if out, code := e.cli("rollout", "status", id, "--watch"); code != 0 {
+		t.Fatalf("rollout status --watch after promote: exit %d, want 0:\n%s", code, out)
+	}
+	if now := runsHealthy(t, h3, v2, "h3 after promote"); now == pid {
+		t.Errorf("h3 did not restart onto the change after promote: MainPID %d", now)
+	}
+
+	v3 := f.unit("/bin/sleep 1002", policy)
+	id3 := put(v3)
+	if out, code := e.cli("rollout", "abort", id3, "--revert"); code != 0 {
+		t.Fatalf("rollout abort --revert: exit %d\n%s", code, out)
+	}
+	if out, code := e.cli("rollout", "status", id3, "--watch"); code != exitFailed || !strings.Contains(out, "reverted to the previous version: h1") {
+		t.Errorf("rollout status --watch after abort --revert: exit %d, want %d and h1 reverted:\n%s", code, exitFailed, out)
+	}
+	clearEvents(f.fleet)
+	joined(h4, v2, "h4 joined after abort --revert")
+	runsHealthy(t, f.hosts[0], v2, "h1 after abort --revert")
 }

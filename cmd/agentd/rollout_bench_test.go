@@ -126,8 +126,19 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 		if err == nil && v.Record.End != nil {
 			break
 		}
-		if time.Since(t1) > 10*time.Minute {
-			b.Fatalf("rollout not done after 10 min: %v", err)
+		if time.Since(t1) > 5*time.Minute {
+			if v, err := reg.Rollout(ctx, r.ID, true); err == nil {
+				b.Logf("coordinator %q; summary %+v", v.Coordinator, v.Summary)
+				n := 0
+				for _, a := range fleet.agents {
+					if p := v.Progress[a.host]; p == nil || p.State != rollout.HostHealthy {
+						if n++; n <= 5 {
+							b.Logf("%s: progress %+v, wave %d; last snapshot at revision %d, rollouts known up to %d", a.host, p, v.Record.Wave(a.host)+1, a.lastRev.Load(), a.lastKnown.Load())
+						}
+					}
+				}
+			}
+			b.Fatalf("rollout not done after 5 min: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

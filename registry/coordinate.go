@@ -138,9 +138,12 @@ func (co *Coordination) guard() clientv3.Cmp {
 	return clientv3.Compare(clientv3.CreateRevision(co.key), "=", co.rev)
 }
 
-// admitChunk bounds the puts of one admission transaction (MaxTxnOps,
-// less the guard).
-const admitChunk = 500
+// admitChunk bounds the puts of one admission transaction: under etcd's
+// default --max-txn-ops (128) with the guard, as a fleet's etcd may have
+// it (the embedded one allows MaxTxnOps). A wave of 1,000 hosts is ten
+// transactions. Found by BenchmarkRolloutScale at 2,000 agents, whose
+// waves of 200 were refused at every pass (the rollout never started).
+const admitChunk = maxTxnOps
 
 // Admit lets hosts take rollout r (one key per host, written once).
 func (co *Coordination) Admit(ctx context.Context, r *rollout.Record, hosts []string, a rollout.Admission) error {

@@ -285,19 +285,19 @@ func decodeRollout(kv *mvccpb.KeyValue) (*rollout.Record, error) {
 // each view also holds every host's progress (O(hosts) to read: only for
 // a command that shows each host).
 func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]rollout.View, error) {
-	root, sums := c.rolloutsRoot()+"groups/", c.summaryRoot()
+	root, sums, units := c.rolloutsRoot()+"groups/", c.summaryRoot(), c.groupsRoot()
 	if group != "" {
 		if err := ValidateName("group", group); err != nil {
 			return nil, err
 		}
-		root, sums = c.rolloutGroup(group), c.summaryRoot()+group+"/"
+		root, sums, units = c.rolloutGroup(group), c.summaryRoot()+group+"/", c.targetUnits(Target{Group: group})
 	}
 	rctx, cancel := c.reqCtx(ctx)
 	defer cancel()
 	ops := []clientv3.Op{
 		clientv3.OpGet(root, clientv3.WithPrefix()),
 		clientv3.OpGet(sums, clientv3.WithPrefix()),
-		clientv3.OpGet(c.groupsRoot(), clientv3.WithPrefix()),
+		clientv3.OpGet(units, clientv3.WithPrefix()),
 		clientv3.OpGet(c.electionRoot(), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend)),
 	}
 	ops = append(ops, clientv3.OpGet(c.gateRunRoot(), clientv3.WithPrefix()))
@@ -404,7 +404,27 @@ var ErrNoRollout = errors.New("no such rollout")
 
 // Rollout reads one rollout by ID (with hosts: every host's progress).
 func (c *Client) Rollout(ctx context.Context, id string, hosts bool) (rollout.View, error) {
-	all, err := c.Rollouts(ctx, "", hosts)
+	// The ID does not say the group: find it from the record keys alone,
+	// then read that group's rollouts only (a follow reads this every
+	// 200 ms: not every group's records and keys).
+	rctx, cancel := c.reqCtx(ctx)
+	resp, err := c.cli.Get(rctx, c.rolloutsRoot()+"groups/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	cancel()
+	if err != nil {
+		return rollout.View{}, fmt.Errorf("read rollouts: %w", err)
+	}
+	group := ""
+	for _, kv := range resp.Kvs {
+		g, rid, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), c.rolloutsRoot()+"groups/"), "/")
+		if ok && rid == id {
+			group = g
+			break
+		}
+	}
+	if group == "" {
+		return rollout.View{}, fmt.Errorf("%w: %q (agentd rollout ls lists them)", ErrNoRollout, id)
+	}
+	all, err := c.Rollouts(ctx, group, hosts)
 	if err != nil {
 		return rollout.View{}, err
 	}

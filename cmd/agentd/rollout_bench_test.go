@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -138,6 +141,11 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 					}
 				}
 			}
+			if f, err := os.Create(filepath.Join(os.TempDir(), "agentd-rollout-bench-goroutines.txt")); err == nil {
+				_ = pprof.Lookup("goroutine").WriteTo(f, 2)
+				f.Close()
+				b.Logf("goroutines: %s", f.Name())
+			}
 			b.Fatalf("rollout not done after 5 min: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -192,6 +200,21 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 			b.Errorf("%s ran %d jobs during the rollout, want 1", a.host, j)
 		}
 	}
+	// The per-put fan-out: what a change that is not for them (another
+	// group's key, another host's key) costs the agents: snapshots
+	// received and CPU, over 20 such puts.
+	ev2, cpu2 := fleet.events.Load(), scaleSelfCPU()
+	for i := range 20 {
+		t := registry.Target{Group: "other"}
+		if i%2 == 1 {
+			t = registry.Target{Host: "not-in-the-fleet"}
+		}
+		if _, err := reg.Put(ctx, t, map[string][]byte{scaleUnitName: scaleUnit(100 + i)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	time.Sleep(time.Second)
+	foreignEvents, foreignCPU := fleet.events.Load()-ev2, scaleSelfCPU()-cpu2
 	warn := fleet.warn.count.Load()
 	fleet.stop()
 	slices.Sort(toJob)
@@ -206,6 +229,8 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 	breakdown := fmt.Sprintf("wave gap (last host of a wave healthy → first host of the next restarted) p50 %v p99 %v", pct(firstOfWave, .5), pct(firstOfWave, .99)) +
 		fmt.Sprintf("; wave before done → host restarted p50 %v p99 %v; restarted → recorded healthy p50 %v p99 %v",
 			pct(toJob, .5), pct(toJob, .99), pct(toHealthy, .5), pct(toHealthy, .99))
+	breakdown += fmt.Sprintf("\nforeign puts (20, to another group or host): %d snapshots reached the %d agents; test process CPU %v over 1 s (%.3f ms per agent per put)",
+		foreignEvents, n, foreignCPU.Round(time.Millisecond), float64(foreignCPU.Microseconds())/1000/float64(n)/20)
 	return breakdown + "\n" + fmt.Sprintf("agents=%d soak=%v: plain put to all %v, %.1f etcd requests per host; rollout in %d waves %v (%.2f× the plain put; %.1f etcd requests per host; "+
 		"%.1f snapshots (watch event batches) per agent over the rollout; test process CPU %v, %.2f ms per agent); per wave beyond the soak, ms: %s (worst %v); agent warnings %d\n",
 		n, soak, plain.Round(time.Millisecond), float64(plainReq)/float64(n), len(v.Record.WaveEnds), total.Round(time.Millisecond),

@@ -315,6 +315,14 @@ func (l *rolloutLines) show(v rollout.View, ph rollout.Phase, now time.Time) {
 		}
 	}
 	line := fmt.Sprintf("rollout %s: %s · %s", r.ID, describePhase(v, ph), counters(v))
+	if v.Coordinator == "" && !ph.State.Ended() {
+		// Said, not waited on in silence: nothing moves until an agent
+		// of the group runs (and is elected).
+		line += " · no coordinator for group " + r.Group
+		if v.Summary != nil {
+			line += " (its last summary " + ago(now.Sub(v.Summary.At)) + " ago)"
+		}
+	}
 	if line == l.last {
 		return
 	}

@@ -67,15 +67,22 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/status/h1/",
 		"etcdctl role grant-permission agentd-host-h1 readwrite /agentd/members/h1",
 		"etcdctl role grant-permission agentd-host-h1 readwrite /agentd/facts/h1",
-		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/progress/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/hosts/h1/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/rollouts/hosts/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/groups/db/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/halts/groups/db/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/locks/groups/db/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/groups/db/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/admit/db/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/summary/db/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/coordinator/db/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/groups/web/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/halts/groups/web/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/locks/groups/web/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/groups/web/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/admit/web/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/summary/web/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/coordinator/web/",
 		"etcdctl user add agentd-host-h1 --interactive=false < '/root/h1 pw'",
 		"etcdctl user grant-role agentd-host-h1 agentd-host-h1",
 	}
@@ -100,7 +107,7 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 			Prefix          bool
 		}
 	}
-	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 11 ||
+	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 15 ||
 		v.Permissions[2].Key != "/agentd/agents/h1" || v.Permissions[2].Permission != "readwrite" || v.Permissions[2].Prefix {
 		t.Fatalf("--json: exit %d, %v\n%s", code, err, out)
 	}

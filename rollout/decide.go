@@ -55,19 +55,21 @@ type Offender struct {
 	Reason string    `json:"reason,omitempty"`
 }
 
-// Holding counts the hosts that have the change, are taking it, or are
-// going back from it.
+// HoldingStates are the states of a host that has the change, is taking
+// it, or is going back from it.
+var HoldingStates = []HostState{HostApplying, HostSoaking, HostHealthy, HostFailed, HostReverting}
+
+// Holding counts the hosts in HoldingStates.
 func (s *Summary) Holding() int {
-	if s == nil {
-		return 0
+	n := 0
+	for _, st := range HoldingStates {
+		n += s.countOf(st)
 	}
-	return s.Counts[HostApplying] + s.Counts[HostSoaking] + s.Counts[HostHealthy] + s.Counts[HostFailed] + s.Counts[HostReverting]
+	return n
 }
 
 // HoldingHosts names the first of them.
-func (s *Summary) HoldingHosts() []string {
-	return s.sample(HostApplying, HostSoaking, HostHealthy, HostFailed, HostReverting)
-}
+func (s *Summary) HoldingHosts() []string { return s.sample(HoldingStates...) }
 
 // sample is the first SampleSize hosts in states (rollout order is kept
 // within a state only).

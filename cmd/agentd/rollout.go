@@ -213,7 +213,7 @@ func announceRollout(ctx context.Context, out io.Writer, asJSON bool, reg *regis
 	var superseded []string
 	if all, err := reg.Rollouts(ctx, r.Group, false); err == nil {
 		for _, v := range all {
-			if e := v.Record.End; e != nil && e.State == rollout.Superseded && e.Reason == "superseded by "+r.ID {
+			if e := v.Record.End; e != nil && e.State == rollout.Superseded && e.SupersededBy == r.ID {
 				superseded = append(superseded, v.Record.ID)
 			}
 		}

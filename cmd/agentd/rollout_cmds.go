@@ -589,7 +589,7 @@ previous version back in the keys for every host.`,
 				what = "the hosts that took it go back to the previous version"
 			}
 			if v.Summary.Holding() > 0 {
-				what += " (" + v.Summary.Named(holdingStates...) + ")"
+				what += " (" + v.Summary.Named(rollout.HoldingStates...) + ")"
 			} else if v.Summary != nil {
 				what = "no host had taken it"
 			}

@@ -219,7 +219,7 @@ func followPut(ctx context.Context, reg *registry.Client, r *rollout.Record, wf 
 	if errors.Is(err, context.DeadlineExceeded) {
 		msg := fmt.Sprintf("timed out after %s: rollout %s is %s (%s)", wf.timeout, r.ID, describePhase(v, ph), counters(v))
 		if ph.State.Ended() && v.Summary.Holding() > 0 {
-			msg += "; still going back to the previous version: " + v.Summary.Named(holdingStates...)
+			msg += "; still going back to the previous version: " + v.Summary.Named(rollout.HoldingStates...)
 		}
 		return withCode(exitTimeout, errors.New(msg+"; it goes on without this command: agentd rollout status "+r.ID+" --watch"))
 	}
@@ -231,10 +231,6 @@ func followPut(ctx context.Context, reg *registry.Client, r *rollout.Record, wf 
 	}
 	return rolloutVerdict(v, ph)
 }
-
-// holdingStates are the states of a host that has the change, is taking
-// it, or is going back from it.
-var holdingStates = []rollout.HostState{rollout.HostApplying, rollout.HostSoaking, rollout.HostHealthy, rollout.HostFailed, rollout.HostReverting}
 
 // rolloutVerdict is the exit of a follow that saw v settled in phase ph.
 func rolloutVerdict(v rollout.View, ph rollout.Phase) error {

@@ -58,15 +58,6 @@ func bindKeep(cmd *cobra.Command) {
 const reasonHelp = "`TEXT` saying why (Kubernetes' change-cause): kept with every version this stores (unit history shows it); " +
 	"a rollout's record keeps it too (rollout status shows it)"
 
-// bindReason adds --reason to a command that stores versions, unless it
-// has it already (strategyFlags binds it for put's rollouts: one flag, one
-// meaning).
-func bindReason(cmd *cobra.Command) {
-	if cmd.Flags().Lookup("reason") == nil {
-		cmd.Flags().String("reason", "", reasonHelp)
-	}
-}
-
 // reasonFlag is --reason, trimmed and checked (registry.ValidateReason):
 // a bad one is a usage error (exit 2), before anything is read or stored.
 func reasonFlag(cmd *cobra.Command) (string, error) {

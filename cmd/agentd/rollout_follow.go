@@ -275,17 +275,16 @@ func rolloutVerdict(v rollout.View, ph rollout.Phase) error {
 // when one moves (redrawn in place on a terminal, at most 5 times a second
 // otherwise), and each offender once.
 type rolloutLines struct {
-	out      io.Writer
-	json     bool
-	tty      bool
-	last     string
-	pending  string // a counters line not printed yet (rate limit)
-	printed  time.Time
-	drawn    bool
-	said     map[string]string // offender → reason said
-	start    time.Time
-	primed   bool
-	lastJSON map[string]any
+	out     io.Writer
+	json    bool
+	tty     bool
+	last    string
+	pending string // a counters line not printed yet (rate limit)
+	printed time.Time
+	drawn   bool
+	said    map[string]string // offender → reason said
+	start   time.Time
+	primed  bool
 }
 
 func newRolloutLines(out io.Writer, asJSON bool) *rolloutLines {

@@ -62,6 +62,10 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 	}
 	fleet := newScaleFleet(b, []string{etcd.client}, hosts)
 	fleet.rollouts = true
+	kill := os.Getenv("AGENTD_BENCH_KILL_COORDINATOR") == "1"
+	if kill {
+		fleet.proxy = newCutProxy(b, etcd.client)
+	}
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil && lim.Cur < uint64(4*n+2000) {
 		fleet.noLKG = true
@@ -124,7 +128,24 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 		b.Fatal(err)
 	}
 	var v rollout.View
+	var killedAt, tookOverAt time.Time
+	var after string
 	for {
+		if kill && killedAt.IsZero() {
+			// Mid-rollout (wave 3 open), the coordinator goes away.
+			if v, err := reg.Rollout(ctx, r.ID, false); err == nil && v.Summary != nil && v.Summary.Phase.Wave >= 2 {
+				if v.Coordinator != hosts[0] {
+					b.Fatalf("the coordinator is %q, not %s (started first)", v.Coordinator, hosts[0])
+				}
+				fleet.proxy.cut()
+				killedAt = time.Now()
+			}
+		}
+		if !killedAt.IsZero() && tookOverAt.IsZero() {
+			if c, err := reg.Coordinator(ctx, "all"); err == nil && c != "" && c != hosts[0] {
+				tookOverAt, after = time.Now(), c
+			}
+		}
 		v, err = reg.Rollout(ctx, r.ID, false)
 		if err == nil && v.Record.End != nil {
 			break
@@ -229,6 +250,10 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 	breakdown := fmt.Sprintf("wave gap (last host of a wave healthy → first host of the next restarted) p50 %v p99 %v", pct(firstOfWave, .5), pct(firstOfWave, .99)) +
 		fmt.Sprintf("; wave before done → host restarted p50 %v p99 %v; restarted → recorded healthy p50 %v p99 %v",
 			pct(toJob, .5), pct(toJob, .99), pct(toHealthy, .5), pct(toHealthy, .99))
+	if kill {
+		breakdown += fmt.Sprintf("\ncoordinator %s cut off from etcd at wave 3; %s coordinated %v later (lease TTL 15 s); the rollout completed, one job per host",
+			hosts[0], after, tookOverAt.Sub(killedAt).Round(time.Millisecond))
+	}
 	breakdown += fmt.Sprintf("\nforeign puts (20, to another group or host): %d snapshots reached the %d agents; test process CPU %v over 1 s (%.3f ms per agent per put)",
 		foreignEvents, n, foreignCPU.Round(time.Millisecond), float64(foreignCPU.Microseconds())/1000/float64(n)/20)
 	return breakdown + "\n" + fmt.Sprintf("agents=%d soak=%v: plain put to all %v, %.1f etcd requests per host; rollout in %d waves %v (%.2f× the plain put; %.1f etcd requests per host; "+

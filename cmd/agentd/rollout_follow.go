@@ -221,15 +221,25 @@ func followPut(ctx context.Context, reg *registry.Client, r *rollout.Record, wf 
 		if ph.State.Ended() && v.Summary.Holding() > 0 {
 			msg += "; still going back to the previous version: " + v.Summary.Named(rollout.HoldingStates...)
 		}
-		return withCode(exitTimeout, errors.New(msg+"; it goes on without this command: agentd rollout status "+r.ID+" --watch"))
+		return withCode(exitTimeout, errors.New(msg+"; "+goesOn(r)))
 	}
 	if errors.Is(err, context.Canceled) {
-		return fmt.Errorf("interrupted: rollout %s is %s (%s); it goes on without this command: agentd rollout status %s --watch", r.ID, describePhase(v, ph), counters(v), r.ID)
+		return fmt.Errorf("interrupted: rollout %s is %s (%s); %s", r.ID, describePhase(v, ph), counters(v), goesOn(r))
 	}
 	if err != nil {
 		return err
 	}
 	return rolloutVerdict(v, ph)
+}
+
+// goesOn says what becomes of r once this command stops following it: it
+// goes on, but past a gate command only if a command runs it.
+func goesOn(r *rollout.Record) string {
+	if r.Strategy.GateCmd != "" {
+		return "it goes on without this command up to its next gate, which no command runs then: `agentd rollout resume " + r.ID +
+			"` runs the gate and follows it, `agentd rollout promote " + r.ID + "` skips it"
+	}
+	return "it goes on without this command: agentd rollout status " + r.ID + " --watch"
 }
 
 // rolloutVerdict is the exit of a follow that saw v settled in phase ph.

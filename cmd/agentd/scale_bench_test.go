@@ -414,6 +414,11 @@ type scaleFleet struct {
 	stopped   bool
 	noLKG     bool // no last-known-good snapshot save (saves a descriptor per agent)
 	rollouts  bool // each agent takes its part in rollouts (rolloutHand), as agentd run does
+	// proxy, when set, stands between the first agent and etcd (started
+	// first, it is elected the group's coordinator): cutting it is that
+	// agent killed, as far as etcd and the other agents can tell.
+	proxy     *cutProxy
+	proxyHost string
 	// events counts the snapshots the agents received (each a batch of
 	// watch events): per agent per rollout, the O(1) claim.
 	events atomic.Int64
@@ -459,6 +464,22 @@ func newScaleFleet(tb testing.TB, endpoints, hosts []string) *scaleFleet {
 // start starts every agent, at most parallel of them joining at once, and
 // returns once all have joined (or one failed to).
 func (f *scaleFleet) start(parallel int) error {
+	if f.proxy != nil {
+		// The first agent alone first: the oldest candidate coordinates.
+		first := make(chan struct{})
+		var once sync.Once
+		f.proxyHost = f.hosts[0]
+		a, err := f.startAgent(f.hosts[0], func() { once.Do(func() { close(first) }) })
+		if err != nil {
+			return err
+		}
+		f.agents = append(f.agents, a)
+		<-first
+		time.Sleep(time.Second) // its campaign
+		hosts := f.hosts
+		f.hosts = f.hosts[1:]
+		defer func() { f.hosts = hosts }()
+	}
 	sem := make(chan struct{}, parallel)
 	for _, h := range f.hosts {
 		sem <- struct{}{}
@@ -584,9 +605,70 @@ func (f *scaleFleet) startAgent(host string, joined func()) (*scaleAgent, error)
 	}
 	a.wg.Go(func() {
 		defer joined() // a failed join frees its slot too
-		fail(followRegistry(ctx, o, f.endpoints, log, reporter, f.met, onSnapshot, poke))
+		endpoints := f.endpoints
+		if f.proxy != nil && host == f.proxyHost {
+			endpoints = []string{f.proxy.addr()}
+		}
+		fail(followRegistry(ctx, o, endpoints, log, reporter, f.met, onSnapshot, poke))
 	})
 	return a, nil
+}
+
+// cutProxy forwards TCP connections to one address until cut: then it
+// closes every connection and refuses new ones (a host gone, with no
+// goodbye: no lease revoked, no election resigned).
+type cutProxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	cut_   bool
+}
+
+func newCutProxy(tb testing.TB, target string) *cutProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: strings.TrimPrefix(target, "http://")}
+	go p.serve()
+	tb.Cleanup(p.cut)
+	return p
+}
+
+func (p *cutProxy) addr() string { return "http://" + p.ln.Addr().String() }
+
+func (p *cutProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		u, err := net.Dial("tcp", p.target)
+		p.mu.Lock()
+		if err != nil || p.cut_ {
+			p.mu.Unlock()
+			c.Close()
+			if u != nil {
+				u.Close()
+			}
+			continue
+		}
+		p.conns = append(p.conns, c, u)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(u, c); u.Close() }()
+		go func() { _, _ = io.Copy(c, u); c.Close() }()
+	}
+}
+
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut_ = true
+	p.ln.Close()
+	for _, c := range p.conns {
+		c.Close()
+	}
 }
 
 func (a *scaleAgent) close() error {

@@ -41,8 +41,11 @@ type HostInput struct {
 // rollout reverts.
 func Step(r *Record, in HostInput, now time.Time) Write {
 	var out Write
-	if r.Overwritten(in.Entries) || r.Wave(in.Host) < 0 {
+	if r.Wave(in.Host) < 0 {
 		return out
+	}
+	if r.Overwritten(in.Entries) {
+		return leftOverwritten(r, in, now)
 	}
 	mine := in.Mine
 	set := func(s HostState, reason string) {
@@ -96,6 +99,26 @@ func Step(r *Record, in HostInput, now time.Time) Write {
 		}
 	}
 	return out
+}
+
+// leftOverwritten is what a host writes to r once a later write took its
+// keys: nothing, but for a host that was to go back from the change (r
+// reverts, and the host took it or is going back). It runs what the keys
+// give it now, not r's previous content, so once it runs that healthy it
+// has left the change and says so (reverted). Else its progress would
+// hold the change for ever, and r, ended, would never settle: a put
+// --wait or rollout status --watch following it would time out saying
+// the host still goes back.
+func leftOverwritten(r *Record, in HostInput, now time.Time) Write {
+	mine := in.Mine
+	if !r.Reverts() || !(mine.Took() || mine.StateOf() == HostReverting) {
+		return Write{}
+	}
+	if done, _ := r.judge(in.Statuses, in.Runs, true); !done {
+		return Write{}
+	}
+	return Write{Progress: &Progress{State: HostReverted, Since: now, HealthyAt: mine.HealthyAt, Restarts: mine.Restarts,
+		Reason: "its keys were written again since: it left the change for what they give it now"}}
 }
 
 // endWord is how the rollout ended, in a word ("aborted" for an abort

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"runtime/pprof"
 	"strconv"
 	"time"
 )
@@ -64,8 +65,14 @@ func NewCoordinator(group string, log *slog.Logger, elect func() Elector) *Coord
 
 // Run campaigns, coordinates while elected, and campaigns again when the
 // term ends, until ctx is done (it then resigns: another agent takes over
-// at once).
+// at once). Its goroutines carry the profiler label
+// agentd=rollout-coordinator, so a CPU profile of an agent (or of the
+// scale benchmark's thousands) tells the coordinator's share apart.
 func (c *Coordinator) Run(ctx context.Context) {
+	pprof.Do(ctx, pprof.Labels("agentd", "rollout-coordinator"), c.run)
+}
+
+func (c *Coordinator) run(ctx context.Context) {
 	fails := 0
 	for ctx.Err() == nil {
 		el := c.elect()

@@ -120,6 +120,20 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 	for _, a := range fleet.agents {
 		a.sd.reset()
 	}
+	stopProfile := func() {}
+	if path := os.Getenv("AGENTD_BENCH_CPUPROFILE"); path != "" {
+		// The rollout's CPU profile: `go tool pprof -tagfocus
+		// agentd=rollout-coordinator -top PATH` is the coordinator's share.
+		f, err := os.Create(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
+		defer stopProfile()
+	}
 	req1 := etcdRequests(etcd)
 	ev1 := fleet.events.Load()
 	cpu1 := scaleSelfCPU()
@@ -172,6 +186,8 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 		time.Sleep(100 * time.Millisecond)
 	}
 	total := time.Since(t1)
+	stopProfile()
+	stopProfile = func() {}
 	cpu := scaleSelfCPU() - cpu1
 	if v.Record.End.State != rollout.Done {
 		b.Fatalf("rollout ended %+v", v.Record.End)

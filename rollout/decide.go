@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -119,7 +120,7 @@ func (a *Summary) same(b *Summary) bool {
 	}
 	x, y := *a, *b
 	x.At, y.At = time.Time{}, time.Time{}
-	return fmt.Sprint(x) == fmt.Sprint(y)
+	return reflect.DeepEqual(x, y)
 }
 
 // Decision is what a group's coordinator does for one rollout.

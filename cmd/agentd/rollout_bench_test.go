@@ -187,7 +187,6 @@ func runRolloutScale(b *testing.B, bin string, n int, soak time.Duration) string
 	}
 	total := time.Since(t1)
 	stopProfile()
-	stopProfile = func() {}
 	cpu := scaleSelfCPU() - cpu1
 	if v.Record.End.State != rollout.Done {
 		b.Fatalf("rollout ended %+v", v.Record.End)

@@ -247,7 +247,6 @@ type groupState struct {
 	progress  map[string]map[string]*rollout.Progress // ID → host
 	admitted  map[string]map[string]bool              // ID → host
 	entries   map[string]reconcile.Entry              // by key
-	members   map[string]bool                         // the group's live agents
 	rev       int64
 	// created is each record's create revision (by key), and entriesAt
 	// the revision the group's keys are known up to: each prefix has a
@@ -269,7 +268,7 @@ func (co *Coordination) Read(fn func(rollout.GroupState)) {
 		fn(rollout.GroupState{})
 		return
 	}
-	g := rollout.GroupState{Progress: st.progress, Admitted: st.admitted, Summaries: st.summaries, Members: st.members, Revision: st.rev}
+	g := rollout.GroupState{Progress: st.progress, Admitted: st.admitted, Summaries: st.summaries, Revision: st.rev}
 	for key, r := range st.records {
 		if st.created[key] <= st.entriesAt {
 			g.Records = append(g.Records, r)
@@ -286,7 +285,7 @@ func (co *Coordination) Read(fn func(rollout.GroupState)) {
 func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 	c := co.c
 	prefixes := []string{c.rolloutGroup(co.group), c.summaryRoot() + co.group + "/", c.admitGroup(co.group), c.progressRoot(),
-		c.targetUnits(Target{Group: co.group}), c.agentsRoot()}
+		c.targetUnits(Target{Group: co.group})}
 	ops := make([]clientv3.Op, len(prefixes))
 	for i, p := range prefixes {
 		ops[i] = clientv3.OpGet(p, clientv3.WithPrefix())
@@ -299,7 +298,7 @@ func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 	}
 	st := &groupState{records: map[string]*rollout.Record{}, summaries: map[string]*rollout.Summary{},
 		progress: map[string]map[string]*rollout.Progress{}, admitted: map[string]map[string]bool{}, entries: map[string]reconcile.Entry{}, rev: resp.Header.Revision,
-		created: map[string]int64{}, entriesAt: resp.Header.Revision, members: map[string]bool{}}
+		created: map[string]int64{}, entriesAt: resp.Header.Revision}
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().GetKvs() {
 			co.apply(st, clientv3.EventTypePut, kv)
@@ -371,20 +370,6 @@ func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 func (co *Coordination) apply(st *groupState, typ mvccpb.Event_EventType, kv *mvccpb.KeyValue) {
 	c, key, del := co.c, string(kv.Key), typ == clientv3.EventTypeDelete
 	switch {
-	case strings.HasPrefix(key, c.agentsRoot()):
-		// A live agent's membership (one event when it joins or leaves,
-		// none while it runs): joiners go into running rollouts.
-		host := strings.TrimPrefix(key, c.agentsRoot())
-		if del {
-			delete(st.members, host)
-			return
-		}
-		ms := c.decodeMembers([]*mvccpb.KeyValue{kv})
-		if len(ms) == 1 && slices.Contains(ms[0].Groups, co.group) {
-			st.members[host] = true
-		} else {
-			delete(st.members, host)
-		}
 	case strings.HasPrefix(key, c.progressRoot()):
 		rest := strings.TrimPrefix(key, c.progressRoot())
 		host, id, ok := strings.Cut(rest, "/")

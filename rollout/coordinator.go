@@ -171,7 +171,7 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 			if _, ok := t.written[r.ID]; !ok && g.Summaries[r.ID] != nil {
 				t.written[r.ID] = writtenSummary{s: g.Summaries[r.ID]} // a former term's
 			}
-			d := Decide(r, GroupView{Progress: g.Progress[r.ID], Admitted: g.Admitted[r.ID], Entries: g.Entries, Members: g.Members}, term.Host(), now)
+			d := Decide(r, GroupView{Progress: g.Progress[r.ID], Admitted: g.Admitted[r.ID], Entries: g.Entries}, term.Host(), now)
 			todo = append(todo, decided{r, d})
 		}
 	})

@@ -148,8 +148,6 @@ type GroupView struct {
 	Progress map[string]*Progress
 	Admitted map[string]bool
 	Entries  []reconcile.Entry
-	// Members are the group's live agents (nil: not known).
-	Members map[string]bool
 }
 
 // Decide is the coordinator's one decision about r at now. Pure. It ends
@@ -191,7 +189,7 @@ func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision 
 		d.Gate = ph.Wave
 	}
 	if end == nil && d.End == nil {
-		d.Join = r.joiners(g.Members)
+		d.Join = r.joiners(g.Progress)
 	}
 	d.Summary = r.summarize(g, ph, offenders, d.Admit, coordinator, now)
 	return d
@@ -249,9 +247,13 @@ func (r *Record) phase(g GroupView, w int, now time.Time) (Phase, []Offender, ti
 	return Phase{State: Running, Wave: w}, nil, due
 }
 
-// joiners are the members not among r's hosts, sorted.
-func (r *Record) joiners(members map[string]bool) []string {
-	if len(members) == 0 {
+// joiners are the hosts with progress in r that are not among its
+// hosts, sorted: an agent that joined the group after the start says so
+// with its own progress key (Step), the one key it may write, so the
+// coordinator needs no read of the group's membership (which a host's
+// least-privilege role does not grant).
+func (r *Record) joiners(progress map[string]*Progress) []string {
+	if len(progress) == 0 {
 		return nil
 	}
 	in := make(map[string]bool, len(r.Hosts))
@@ -259,7 +261,7 @@ func (r *Record) joiners(members map[string]bool) []string {
 		in[h] = true
 	}
 	var out []string
-	for h := range members {
+	for h := range progress {
 		if !in[h] {
 			out = append(out, h)
 		}
@@ -366,7 +368,7 @@ func (r *Record) admit(g GroupView, w int) []string {
 		if room <= 0 {
 			break
 		}
-		if !g.Admitted[h] && g.Progress[h] == nil {
+		if !g.Admitted[h] && g.Progress[h].StateOf() == HostPending {
 			out = append(out, h)
 			room--
 		}
@@ -409,7 +411,5 @@ type GroupState struct {
 	Admitted  map[string]map[string]bool
 	Summaries map[string]*Summary
 	Entries   []reconcile.Entry
-	// Members are the group's live agents.
-	Members  map[string]bool
-	Revision int64
+	Revision  int64
 }

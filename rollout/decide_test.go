@@ -548,36 +548,52 @@ func TestDecideAndStepRunToTheEnd(t *testing.T) {
 	}
 }
 
-// A live agent of the group that is not among the rollout's hosts (it
-// joined since the start) goes into the last wave while the rollout runs,
-// and into none once it ended.
+// A host that is not among the rollout's hosts (it joined since the
+// start) and says so with its own progress goes into the last wave while
+// the rollout runs, and into none once it ended.
 func TestDecideJoiners(t *testing.T) {
 	now := time.Unix(1000, 0)
 	for _, tc := range []struct {
-		name    string
-		members []string
-		end     *End
-		want    []string
+		name     string
+		progress []string // hosts with a progress key
+		end      *End
+		want     []string
 	}{
-		{"no member outside its hosts: nobody joins", []string{"h1", "h2"}, nil, nil},
-		{"two joined since the start: both join, sorted", []string{"h1", "h9", "h10"}, nil, []string{"h10", "h9"}},
-		{"members not known: nobody joins", nil, nil, nil},
+		{"progress of its own hosts only: nobody joins", []string{"h1", "h2"}, nil, nil},
+		{"two said they joined: both join, sorted", []string{"h1", "h9", "h10"}, nil, []string{"h10", "h9"}},
+		{"no progress at all: nobody joins", nil, nil, nil},
 		{"ended failed: nobody joins (it keeps the last good content)", []string{"h9"}, &End{State: Failed}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, entries := fixture(Strategy{Canary: Count{N: 1}}, 5)
 			r.End = tc.end
-			var members map[string]bool
-			if tc.members != nil {
-				members = map[string]bool{}
-				for _, h := range tc.members {
-					members[h] = true
-				}
+			progress := map[string]*Progress{}
+			for _, h := range tc.progress {
+				progress[h] = &Progress{State: HostPending}
 			}
-			d := Decide(r, GroupView{Entries: entries, Members: members}, "h1", now)
+			d := Decide(r, GroupView{Entries: entries, Progress: progress}, "h1", now)
 			if !slices.Equal(d.Join, tc.want) {
 				t.Errorf("join %v, want %v", d.Join, tc.want)
 			}
 		})
+	}
+}
+
+// A joiner says it is here once (a pending progress key); added to the
+// last wave, it is admitted with a pending key as without one.
+func TestJoinerSaysItIsHereThenIsAdmitted(t *testing.T) {
+	r, entries := fixture(Strategy{Canary: Count{N: 1}}, 2)
+	w := Step(r, HostInput{Host: "h9", Entries: entries}, t0)
+	if w.Progress == nil || w.Progress.State != HostPending {
+		t.Fatalf("a joiner's first step: %+v, want a pending progress key", w.Progress)
+	}
+	if again := Step(r, HostInput{Host: "h9", Mine: w.Progress, Entries: entries}, t0); !again.IsZero() {
+		t.Errorf("a joiner says it is here again: %+v", again)
+	}
+	r.Hosts, r.WaveEnds = append(r.Hosts, "h9"), []int{1, 3}
+	healthy := &Progress{State: HostHealthy}
+	d := Decide(r, GroupView{Entries: entries, Progress: map[string]*Progress{"h1": healthy, "h9": w.Progress}, Admitted: map[string]bool{"h1": true}}, "h1", t0)
+	if !slices.Equal(d.Admit, []string{"h2", "h9"}) {
+		t.Errorf("admit %v, want h2 and the joiner h9", d.Admit)
 	}
 }

@@ -173,9 +173,6 @@ func (h *Participant) step(ctx context.Context, now time.Time) (next time.Time) 
 	runs := Overlay(snap.Entries, h.host, v.Records, v.Mine)
 	h.countInFlight(snap, v)
 	for _, r := range v.Records {
-		if r.Wave(h.host) < 0 {
-			continue
-		}
 		if at, ok := h.sent[r.ID]; ok && snap.Revision <= at {
 			continue
 		}

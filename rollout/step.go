@@ -42,6 +42,12 @@ type HostInput struct {
 func Step(r *Record, in HostInput, now time.Time) Write {
 	var out Write
 	if r.Wave(in.Host) < 0 {
+		// Not one of its hosts: this host joined the group since the
+		// start. It keeps the previous content (Overlay) and says it is
+		// here, once, so the coordinator adds it to the last wave.
+		if r.End == nil && in.Mine == nil && !r.Overwritten(in.Entries) {
+			out.Progress = &Progress{State: HostPending, Since: now, Reason: "joined the group after the rollout started"}
+		}
 		return out
 	}
 	if r.Overwritten(in.Entries) {

@@ -83,7 +83,7 @@ func TestStep(t *testing.T) {
 			name: "admitted with no statuses yet: applying", strategy: canary, admitted: true,
 			want: HostApplying,
 		},
-		{name: "admitted, not one of its hosts: nothing", strategy: canary, host: "h9", admitted: true, statuses: healthyStatuses(oldContent)},
+		{name: "not one of its hosts (joined since): says it is here, pending", strategy: canary, host: "h9", admitted: true, statuses: healthyStatuses(oldContent), want: HostPending, wantReason: "joined the group after the rollout started"},
 		{name: "admitted, keys written again since: nothing", strategy: canary, admitted: true, entries: overwritten(), statuses: healthyStatuses(oldContent)},
 		{name: "admitted, the rollout failed since: nothing", strategy: canary, edit: failedEnd, admitted: true, statuses: healthyStatuses(oldContent)},
 		{name: "admitted, the rollout aborted since: nothing", strategy: canary, edit: abort(false), admitted: true, statuses: healthyStatuses(oldContent)},

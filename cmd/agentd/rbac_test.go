@@ -20,6 +20,7 @@ import (
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
+	"github.com/agentd/agentd/rollout"
 )
 
 // rbacOut runs `agentd rbac args…` in-process.
@@ -279,6 +280,23 @@ func TestAgentUnderLeastPrivilegeRole(t *testing.T) {
 		t.Fatalf("halts of groups/web = %+v, %v; want the one a recorded", halts, err)
 	}
 
+	// A rollout to the group, coordinated by a (the group's only agent)
+	// on its own rights: the election, every host's progress read, its
+	// admission, summary and end written, its own progress.
+	roll := []byte("[Service]\nType=exec\nExecStart=/bin/sleep 1002\n[X-Agentd]\nHealthySec=0\n")
+	s := rollout.Strategy{Canary: rollout.Count{N: 1}, MaxRestarts: -1}
+	rec := &rollout.Record{ID: registry.NewRolloutID(time.Now()), Strategy: s, Hosts: []string{"a"}, WaveEnds: s.WaveEnds(1), By: "test"}
+	if _, err := root.Put(ctx, registry.Target{Group: "web"}, map[string][]byte{"roll.service": roll}, registry.WithRollout(rec, false)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a rollout coordinated by a under its role ends done", func() bool {
+		v, err := root.Rollout(ctx, rec.ID, false)
+		return err == nil && v.Record.End != nil && v.Record.End.State == rollout.Done && v.Coordinator == "a" && v.Count(rollout.HostHealthy) == 1
+	})
+	waitStatus("a runs the rollout's unit", "roll.service", func(s reconcile.Status) bool {
+		return s.Hash == reconcile.Hash(roll) && s.ActiveState == "active"
+	})
+
 	// Host a's credentials, as a stolen copy would use them.
 	stolen, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
 		Username: registry.AgentRole("a"), Password: "secret-of-a"})
@@ -302,6 +320,9 @@ func TestAgentUnderLeastPrivilegeRole(t *testing.T) {
 		"/agentd/groups/db/units/x.service",
 		"/agentd/halts/groups/db/x.service", // another group's halts and slots
 		"/agentd/locks/groups/db/x.service/a",
+		"/agentd/rollouts/hosts/b/r1",          // another host's rollout progress
+		"/agentd/rollouts/admit/db/b/r1",       // another group's admissions
+		"/agentd/rollouts/coordinator/db/1234", // another group's election
 		"/agentd/other",
 	} {
 		if _, err := stolen.Put(ctx, k, "[Service]\nExecStart=/bin/sh -c 'id > /tmp/pwned'\n"); !isDenied(err) {

@@ -33,10 +33,8 @@ forget H"). A group --wait waits for all of them. The first line counts them;
 RUNS is what each runs: its units and the version (hash) of each.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if group != "" {
-				if err := registry.ValidateName("group", group); err != nil {
-					return withCode(exitUsage, err)
-				}
+			if err := groupFilter(group); err != nil {
+				return err
 			}
 			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
 				reg.SetLogger(cliWarnings(cmd.ErrOrStderr())) // keys skipped as garbage
@@ -56,6 +54,18 @@ RUNS is what each runs: its units and the version (hash) of each.`,
 	cmd.Flags().StringVar(&group, "group", "", "only the members of this group")
 	cmd.AddCommand(newHostsForgetCmd())
 	return cmd
+}
+
+// groupFilter checks an optional --group (of `hosts`, `locks`, `rollout
+// ls`): "" is every group; a bad name is a usage error (exit 2).
+func groupFilter(group string) error {
+	if group == "" {
+		return nil
+	}
+	if err := registry.ValidateName("group", group); err != nil {
+		return withCode(exitUsage, fmt.Errorf("--group: %w", err))
+	}
+	return nil
 }
 
 // hostRow is one line of `agentd hosts`: a host that joined, and for a

@@ -51,10 +51,10 @@ not shown either.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			scope := ""
+			if err := groupFilter(group); err != nil {
+				return err
+			}
 			if group != "" {
-				if err := registry.ValidateName("group", group); err != nil {
-					return withCode(exitUsage, fmt.Errorf("--group: %w", err))
-				}
 				scope = "groups/" + group
 			}
 			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {

@@ -261,10 +261,8 @@ func newRolloutLsCmd() *cobra.Command {
 		Short: "List rollouts, newest first",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if group != "" {
-				if err := registry.ValidateName("group", group); err != nil {
-					return withCode(exitUsage, err)
-				}
+			if err := groupFilter(group); err != nil {
+				return err
 			}
 			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
 				all, err := reg.Rollouts(ctx, group, false)

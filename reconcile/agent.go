@@ -558,7 +558,7 @@ func (a *Agent) do(ctx context.Context, f func(context.Context) error) error {
 // when ctx ends, once the goroutines it started (jobs, probes, confirm
 // tries, slot waits) have returned.
 func (a *Agent) Run(ctx context.Context) error {
-	resync := time.NewTimer(jitter(a.cfg.ResyncInterval))
+	resync := time.NewTimer(Jitter(a.cfg.ResyncInterval))
 	defer resync.Stop()
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
@@ -627,7 +627,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		}
 		hot = false
-		resync.Reset(jitter(a.cfg.ResyncInterval))
+		resync.Reset(Jitter(a.cfg.ResyncInterval))
 		_, err := a.observedPass(ctx)
 		lastEnd = time.Now()
 		a.cfg.Observer.Heartbeat()
@@ -643,7 +643,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.view.forgetAll() // the retry reads everything again
 			backoff = min(max(2*backoff, 250*time.Millisecond), 30*time.Second)
 			a.log.Warn("pass failed; retrying", "err", err, "retry_in", backoff)
-			retry.Reset(jitter(backoff))
+			retry.Reset(Jitter(backoff))
 		} else {
 			backoff = 0
 		}
@@ -690,7 +690,11 @@ func (a *Agent) settle(ctx context.Context, lastEnd time.Time) {
 	}
 }
 
-func jitter(d time.Duration) time.Duration {
+// Jitter spreads a periodic interval by ±10 %, so that agents restarted
+// together do not act in step (the loop's resync and retry, the
+// registry's lease renewal and resync, the rollout coordinator's
+// retries): one rule for all of them.
+func Jitter(d time.Duration) time.Duration {
 	return d - d/10 + rand.N(d/5+1)
 }
 

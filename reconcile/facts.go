@@ -223,7 +223,7 @@ func (o *factsOut) run(ctx context.Context, log *slog.Logger) {
 			// At most a few seconds: before the agent has joined, and while
 			// its lease is re-created, trying costs no round trip.
 			backoff = min(max(2*backoff, 250*time.Millisecond), 5*time.Second)
-			retry.Reset(jitter(backoff))
+			retry.Reset(Jitter(backoff))
 			continue
 		}
 		backoff, done, gone = 0, gen, g

@@ -110,7 +110,7 @@ func (p *publisher) run(ctx context.Context) {
 				p.log.Warn("publishing statuses failed; retrying", "err", err, "retry_in", backoff)
 			}
 			failing = true
-			retry.Reset(jitter(backoff))
+			retry.Reset(Jitter(backoff))
 			p.settled(func() { p.failed, p.err = gen, err })
 			continue
 		}

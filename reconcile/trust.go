@@ -524,7 +524,7 @@ func (o *marksOut) run(ctx context.Context) {
 				o.log.Warn("cannot save the sequence numbers of the signed changes accepted; retrying (until saved, a restart would accept older signed versions again)", "err", err)
 			}
 			backoff = min(max(2*backoff, 250*time.Millisecond), 5*time.Second)
-			retry.Reset(jitter(backoff))
+			retry.Reset(Jitter(backoff))
 			continue
 		}
 		backoff = 0

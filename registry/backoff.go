@@ -21,11 +21,6 @@ func backoffDelay(n int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
-// jitter spreads a periodic interval by ±10 %.
-func jitter(d time.Duration) time.Duration {
-	return d - d/10 + rand.N(d/5+1)
-}
-
 // sleepCtx waits d or until ctx is done, returning ctx.Err() in that case.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

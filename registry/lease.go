@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/agentd/agentd/reconcile"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -59,7 +60,7 @@ func (k *leaseKeeper) run(ctx context.Context, cli *clientv3.Client, ttl time.Du
 	s := &keepAliveStream{cli: cli}
 	defer s.close()
 	// Jittered (±10 %): agents restarted together do not renew in step.
-	t := time.NewTimer(jitter(interval))
+	t := time.NewTimer(reconcile.Jitter(interval))
 	defer t.Stop()
 	for fails := 0; ; {
 		select {
@@ -77,7 +78,7 @@ func (k *leaseKeeper) run(ctx context.Context, cli *clientv3.Client, ttl time.Du
 		case err == nil:
 			fails = 0
 			deadline = sent.Add(time.Duration(newTTL) * time.Second)
-			t.Reset(jitter(interval))
+			t.Reset(reconcile.Jitter(interval))
 		case errors.Is(err, errLeaseGone), ctx.Err() != nil:
 			return
 		default:

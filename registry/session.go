@@ -91,7 +91,7 @@ func (c *Client) Join(ctx context.Context, m reconcile.Member, ttl time.Duration
 func (s *Session) renewMember(ctx context.Context) {
 	// Jittered (±10 %): 10,000 agents restarted together do not rewrite
 	// their member records in step.
-	t := time.NewTimer(jitter(memberRefresh))
+	t := time.NewTimer(reconcile.Jitter(memberRefresh))
 	defer t.Stop()
 	warned := false
 	for {
@@ -109,7 +109,7 @@ func (s *Session) renewMember(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			t.Reset(jitter(memberRefresh))
+			t.Reset(reconcile.Jitter(memberRefresh))
 		}
 	}
 }

@@ -348,7 +348,7 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 		})
 	}
 
-	resync := time.NewTimer(jitter(w.c.resyncInterval))
+	resync := time.NewTimer(reconcile.Jitter(w.c.resyncInterval))
 	defer resync.Stop()
 	// catchUp fires when a snapshot went out with the rollouts known only
 	// up to a revision below its own (a unit change held back for them):

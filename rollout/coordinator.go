@@ -3,11 +3,12 @@ package rollout
 import (
 	"context"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"runtime/pprof"
 	"strconv"
 	"time"
+
+	"github.com/agentd/agentd/reconcile"
 )
 
 // Elector lets a host stand for coordinating a group (the registry
@@ -77,7 +78,7 @@ func (c *Coordinator) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		el := c.elect()
 		if el == nil {
-			sleep(ctx, jittered(time.Second))
+			sleep(ctx, reconcile.Jitter(time.Second))
 			continue
 		}
 		term, err := el.Campaign(ctx, c.group)
@@ -85,7 +86,7 @@ func (c *Coordinator) run(ctx context.Context) {
 			if ctx.Err() == nil {
 				fails++
 				c.log.Debug("campaign for the group's rollout coordinator failed; trying again", "err", err)
-				sleep(ctx, jittered(min(time.Duration(fails)*500*time.Millisecond, 10*time.Second)))
+				sleep(ctx, reconcile.Jitter(min(time.Duration(fails)*500*time.Millisecond, 10*time.Second)))
 			}
 			continue
 		}
@@ -119,7 +120,7 @@ func (c *Coordinator) serve(ctx context.Context, term Term) {
 				return
 			}
 			c.log.Info("following the group's rollouts ended; reading them again", "err", err)
-			sleep(tctx, jittered(min(time.Duration(fails+1)*100*time.Millisecond, 5*time.Second)))
+			sleep(tctx, reconcile.Jitter(min(time.Duration(fails+1)*100*time.Millisecond, 5*time.Second)))
 		}
 	}()
 	defer func() { cancel(); <-done }()
@@ -188,7 +189,7 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 			switch {
 			case err != nil:
 				log.Warn("rollout "+r.ID+": could not add the hosts that joined the group; trying again", "err", err)
-				soonest(now.Add(jittered(time.Second)))
+				soonest(now.Add(reconcile.Jitter(time.Second)))
 			case ok:
 				log.Info("rollout "+r.ID+": "+NameHosts(d.Join, len(d.Join))+" joined the group since it started: added to its last wave", "hosts", len(d.Join))
 			}
@@ -202,7 +203,7 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 			a := Admission{Wave: d.Summary.Phase.Wave, At: now, By: term.Host()}
 			if err := term.Admit(ctx, r, d.Admit, a); err != nil {
 				log.Warn("rollout "+r.ID+": could not admit hosts; trying again", "err", err)
-				soonest(now.Add(jittered(time.Second)))
+				soonest(now.Add(reconcile.Jitter(time.Second)))
 				continue
 			}
 			log.Info("rollout "+r.ID+": admitted "+NameHosts(d.Admit, len(d.Admit))+" to wave "+itoa(a.Wave+1), "hosts", len(d.Admit), "wave", a.Wave+1)
@@ -212,7 +213,7 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 			switch {
 			case err != nil:
 				log.Warn("rollout "+r.ID+": could not write its end; trying again", "err", err)
-				soonest(now.Add(jittered(time.Second)))
+				soonest(now.Add(reconcile.Jitter(time.Second)))
 				continue
 			case !ok:
 				continue // the record moved: the next pass sees it
@@ -232,7 +233,7 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 			}
 			if err := term.WriteSummary(ctx, d.Summary); err != nil {
 				log.Warn("rollout "+r.ID+": could not write its summary; trying again", "err", err)
-				soonest(now.Add(jittered(time.Second)))
+				soonest(now.Add(reconcile.Jitter(time.Second)))
 				continue
 			}
 			s := d.Summary
@@ -284,14 +285,6 @@ func prefixed(s string) string {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
-
-// jittered is d ± 10 %: agents restarted together do not act in step.
-func jittered(d time.Duration) time.Duration {
-	if d <= 0 {
-		return d
-	}
-	return d - d/10 + time.Duration(rand.Int64N(int64(d/5)+1))
-}
 
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

@@ -206,7 +206,7 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 				soonest(now.Add(reconcile.Jitter(time.Second)))
 				continue
 			}
-			log.Info("rollout "+r.ID+": admitted "+NameHosts(d.Admit, len(d.Admit))+" to wave "+itoa(a.Wave+1), "hosts", len(d.Admit), "wave", a.Wave+1)
+			log.Info("rollout "+r.ID+": admitted "+NameHosts(d.Admit, len(d.Admit))+" to wave "+strconv.Itoa(a.Wave+1), "hosts", len(d.Admit), "wave", a.Wave+1)
 		}
 		if d.End != nil {
 			ok, err := term.End(ctx, r, *d.End)
@@ -253,7 +253,7 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 // opens the wave without it).
 func (c *Coordinator) runGate(ctx context.Context, term Term, r *Record, wave int, now time.Time) {
 	log := c.log.With("rollout", r.ID, "wave", wave+1)
-	log.Info("rollout " + r.ID + ": running the gate before wave " + itoa(wave+1) + ": " + r.Strategy.gateName())
+	log.Info("rollout " + r.ID + ": running the gate before wave " + strconv.Itoa(wave+1) + ": " + r.Strategy.gateName())
 	ok, why := CheckGate(ctx, c.http, r.Strategy)
 	if ctx.Err() != nil {
 		return
@@ -263,7 +263,7 @@ func (c *Coordinator) runGate(ctx context.Context, term Term, r *Record, wave in
 		next.Gated = max(next.Gated, wave)
 	} else {
 		next.Paused, next.PausedAt = true, time.Now().UTC()
-		next.PauseReason = "the gate before wave " + itoa(wave+1) + " failed: " + why
+		next.PauseReason = "the gate before wave " + strconv.Itoa(wave+1) + " failed: " + why
 	}
 	written, err := term.WriteRecord(ctx, &next)
 	switch {
@@ -271,7 +271,7 @@ func (c *Coordinator) runGate(ctx context.Context, term Term, r *Record, wave in
 		log.Warn("rollout "+r.ID+": could not record the gate's result; running it again", "err", err)
 	case !written:
 	case ok:
-		log.Info("rollout " + r.ID + ": the gate passed: wave " + itoa(wave+1) + " opens")
+		log.Info("rollout " + r.ID + ": the gate passed: wave " + strconv.Itoa(wave+1) + " opens")
 	default:
 		log.Warn("rollout "+r.ID+" paused: "+next.PauseReason, "reason", next.PauseReason)
 	}
@@ -283,8 +283,6 @@ func prefixed(s string) string {
 	}
 	return ": " + s
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }
 
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

@@ -123,6 +123,11 @@ func (a *Summary) same(b *Summary) bool {
 	return reflect.DeepEqual(x, y)
 }
 
+// overwrittenReason is why a rollout whose keys a plain put wrote again
+// is superseded (Record.Overwritten), said by the coordinator's end and by
+// a reader before it is written.
+const overwrittenReason = "its keys were written again since, without a rollout"
+
 // Decision is what a group's coordinator does for one rollout.
 type Decision struct {
 	// Admit are the hosts let take the change now, in rollout order.
@@ -162,7 +167,7 @@ func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision 
 	d := Decision{Gate: -1}
 	end := r.End
 	if end == nil && r.Overwritten(g.Entries) {
-		end = &End{State: Superseded, Reason: "its keys were written again since, without a rollout", At: now}
+		end = &End{State: Superseded, Reason: overwrittenReason, At: now}
 		d.End = end
 	}
 	w := r.openWave(g.Progress)

@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/agentd/agentd/reconcile"
@@ -43,7 +44,7 @@ func (v View) Phase() Phase {
 		}
 		return Phase{State: r.End.State, Wave: wave, Reason: r.End.Reason}
 	case r.Overwritten(v.Entries):
-		return Phase{State: Superseded, Wave: wave, Reason: "its keys were written again since, without a rollout"}
+		return Phase{State: Superseded, Wave: wave, Reason: overwrittenReason}
 	case r.Paused:
 		return Phase{State: Paused, Wave: wave, Reason: r.PauseReason}
 	case s == nil:
@@ -53,7 +54,7 @@ func (v View) Phase() Phase {
 		s.Phase.State == WaitingGate && r.Gated >= wave: // its gate passed since
 		return Phase{State: Running, Wave: wave}
 	case s.Phase.State == WaitingGate && r.Strategy.GateCmd != "" && v.GateRunner == "":
-		return Phase{State: WaitingGate, Wave: wave, Reason: "waiting for the gate command before wave " + itoa(wave+1) +
+		return Phase{State: WaitingGate, Wave: wave, Reason: "waiting for the gate command before wave " + strconv.Itoa(wave+1) +
 			"; no command is running it: `agentd rollout resume " + r.ID + "` runs it here, `agentd rollout promote " + r.ID + "` skips it"}
 	}
 	return s.Phase

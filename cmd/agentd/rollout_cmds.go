@@ -145,7 +145,7 @@ func printRolloutStatus(out io.Writer, v rollout.View, ph rollout.Phase, which h
 	fmt.Fprintf(&b, "rollout %s of group %s: %s\n", r.ID, r.Group, strings.Join(slices.Sorted(maps.Keys(r.Units)), ", "))
 	fmt.Fprintf(&b, "phase:    %s\n", describePhase(v, ph))
 	fmt.Fprintf(&b, "strategy: %s\n", describeStrategy(r.Strategy))
-	fmt.Fprintf(&b, "waves:    %s of %d %s\n", joinWaveEnds(r.WaveEnds), len(r.Hosts), plural(len(r.Hosts), "host", "hosts"))
+	fmt.Fprintf(&b, "waves:    %s of %d %s\n", joinInts(r.WaveEnds), len(r.Hosts), plural(len(r.Hosts), "host", "hosts"))
 	started := fmt.Sprintf("started:  %s (%s ago)", r.CreatedAt.Local().Format(time.DateTime), ago(now.Sub(r.CreatedAt)))
 	if r.By != "" {
 		started += " by " + r.By
@@ -208,15 +208,6 @@ func describeCoordinator(v rollout.View, now time.Time) string {
 		return fmt.Sprintf("none for group %s since %s (its last summary, by %s); the rollout goes on when one of its agents runs", v.Record.Group, ago(now.Sub(s.At)), orDash(s.Coordinator))
 	}
 	return "none for group " + v.Record.Group + " yet; the rollout starts when one of its agents runs"
-}
-
-// joinWaveEnds is "1, 3, 5".
-func joinWaveEnds(ns []int) string {
-	s := make([]string, len(ns))
-	for i, n := range ns {
-		s[i] = strconv.Itoa(n)
-	}
-	return strings.Join(s, ", ")
 }
 
 // statusSignature changes when anything `rollout status` shows changes,

@@ -55,7 +55,8 @@ func TestOverlaySignatures(t *testing.T) {
 		{&Progress{State: HostReverting}, u.BackSig},
 		{&Progress{State: HostReverted}, u.BackSig},
 	} {
-		got := OverlaySignatures(sigs, entries, "h1", []*Record{r}, map[string]*Progress{"r1": tc.mine})
+		mine := map[string]*Progress{"r1": tc.mine}
+		got := OverlaySignatures(sigs, entries, Overlay(entries, "h1", []*Record{r}, mine), []*Record{r}, mine)
 		if len(got) != 1 || string(got[0].Value) != tc.want {
 			t.Errorf("%s: %v, want %s", tc.mine.StateOf(), got, tc.want)
 		}

@@ -98,24 +98,24 @@ func (r *Record) previous(entries []reconcile.Entry, prev func(key string) (*str
 // that ran it accepted that record already, and a host that joined since
 // needs it; its sequence is below the change's, so the host takes the
 // change when its wave comes (a way back, at a higher sequence, would
-// make it refuse it).
-func OverlaySignatures(sigs, entries []reconcile.Entry, host string, records []*Record, mine map[string]*Progress) []reconcile.Entry {
+// make it refuse it). runs are what host runs (Overlay of entries).
+func OverlaySignatures(sigs, entries, runs []reconcile.Entry, records []*Record, mine map[string]*Progress) []reconcile.Entry {
 	byID := make(map[string]*Record, len(records))
 	for _, r := range records {
 		byID[r.ID] = r
 	}
 	var out []reconcile.Entry
-	var runs map[[2]string]reconcile.Entry // group, key → what host runs; read once, when needed
+	var byKey map[[2]string]reconcile.Entry // group, key → what host runs; indexed once, when needed
 	run := func(group, key string) ([]byte, bool) {
-		if runs == nil {
-			runs = map[[2]string]reconcile.Entry{}
-			for _, e := range Overlay(entries, host, records, mine) {
+		if byKey == nil {
+			byKey = map[[2]string]reconcile.Entry{}
+			for _, e := range runs {
 				if e.Scope == reconcile.ScopeGroup {
-					runs[[2]string{e.Group, e.Unit}] = e
+					byKey[[2]string{e.Group, e.Unit}] = e
 				}
 			}
 		}
-		e, ok := runs[[2]string{group, key}]
+		e, ok := byKey[[2]string{group, key}]
 		return e.Value, ok
 	}
 	for _, r := range records {

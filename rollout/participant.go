@@ -44,6 +44,7 @@ type Participant struct {
 	mu       sync.Mutex
 	snap     *reconcile.Snapshot // as stored (not overlaid)
 	view     HostView
+	runs     []reconcile.Entry // snap's entries under the rollouts (Overlay), before any hold
 	statuses map[string]reconcile.Status
 	handed   *reconcile.Snapshot // the last snapshot handed on (overlaid)
 	mark     uint64              // HostView.mark of the last snapshot
@@ -76,9 +77,11 @@ func (h *Participant) Overlay(s reconcile.Snapshot, v HostView) (reconcile.Snaps
 	}
 	h.mu.Unlock()
 	stored := s
+	runs := s.Entries
 	if len(v.Records) > 0 {
-		s.Signatures = OverlaySignatures(s.Signatures, s.Entries, h.host, v.Records, v.Mine)
-		s.Entries = Overlay(s.Entries, h.host, v.Records, v.Mine)
+		runs = Overlay(s.Entries, h.host, v.Records, v.Mine)
+		s.Signatures = OverlaySignatures(s.Signatures, s.Entries, runs, v.Records, v.Mine)
+		s.Entries = runs
 	}
 	var held bool
 	if s.Entries, held = HoldUnconfirmed(s.Entries, prev, v.KnownUpTo); held {
@@ -89,7 +92,7 @@ func (h *Participant) Overlay(s reconcile.Snapshot, v HostView) (reconcile.Snaps
 	h.mu.Lock()
 	handOn := last == nil || mark == h.mark || !sameEntries(last.Entries, s.Entries) || !slices.Equal(last.Halts, s.Halts) ||
 		!sameEntries(last.Signatures, s.Signatures)
-	h.snap, h.view, h.mark = &stored, v, mark
+	h.snap, h.view, h.mark, h.runs = &stored, v, mark, runs
 	if handOn {
 		h.handed = &s
 	}
@@ -161,7 +164,7 @@ func (h *Participant) Run(ctx context.Context) {
 // returns when it should look again without news (zero: not before news).
 func (h *Participant) step(ctx context.Context, now time.Time) (next time.Time) {
 	h.mu.Lock()
-	snap, v, statuses := h.snap, h.view, h.statuses
+	snap, v, runs, statuses := h.snap, h.view, h.runs, h.statuses
 	h.mu.Unlock()
 	port := h.port()
 	if snap == nil || port == nil || statuses == nil {
@@ -170,7 +173,6 @@ func (h *Participant) step(ctx context.Context, now time.Time) (next time.Time) 
 		// that as its unit gone unhealthy.
 		return time.Time{}
 	}
-	runs := Overlay(snap.Entries, h.host, v.Records, v.Mine)
 	h.countInFlight(snap, v)
 	for _, r := range v.Records {
 		if at, ok := h.sent[r.ID]; ok && snap.Revision <= at {

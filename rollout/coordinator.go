@@ -42,6 +42,9 @@ type Term interface {
 	WriteSummary(ctx context.Context, s Summary) error
 }
 
+// PassEvery is the shortest time between two of a coordinator's passes.
+const PassEvery = 20 * time.Millisecond
+
 // SummaryEvery is the shortest time between two writes of one rollout's
 // summary: readers see counts at most this old, and a wave of 1,000 hosts
 // costs a few summary writes, not 1,000.
@@ -127,6 +130,7 @@ func (c *Coordinator) serve(ctx context.Context, term Term) {
 	t := &termState{written: map[string]writtenSummary{}, settled: map[string]bool{}}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-tctx.Done():
@@ -136,7 +140,14 @@ func (c *Coordinator) serve(ctx context.Context, term Term) {
 		case <-wake:
 		case <-timer.C:
 		}
-		next := c.pass(tctx, term, t, time.Now())
+		// A pass costs O(hosts), and every host's progress write wakes
+		// it: at most one pass per PassEvery, the writes of that time
+		// folded into it (at 10,000 hosts a wave is thousands of writes).
+		if wait := time.Until(last.Add(PassEvery)); wait > 0 {
+			sleep(tctx, wait)
+		}
+		last = time.Now()
+		next := c.pass(tctx, term, t, last)
 		timer.Stop()
 		if !next.IsZero() {
 			timer.Reset(max(time.Until(next), time.Millisecond))

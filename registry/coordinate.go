@@ -196,10 +196,25 @@ func (co *Coordination) Join(ctx context.Context, r *rollout.Record, hosts []str
 
 // WriteRecord writes next, if its record is still at next.ModRevision
 // (false: it moved; look again), in this term only.
+//
+// Written, the record is in the followed state at once, as admissions are:
+// a pass before the watch shows it must not decide on the record as it was
+// (run the gate again, write the end again).
 func (co *Coordination) WriteRecord(ctx context.Context, next *rollout.Record) (bool, error) {
-	ok, err := co.c.writeRollout(ctx, next, []clientv3.Cmp{co.guard()})
+	w := *next
+	ok, err := co.c.writeRollout(ctx, &w, []clientv3.Cmp{co.guard()})
 	if err == nil && !ok && !co.elected(ctx) {
 		return false, ErrNotCoordinator
+	}
+	if ok {
+		co.mu.Lock()
+		if st := co.st; st != nil {
+			key := co.c.rolloutKey(w.Group, w.ID)
+			if cur := st.records[key]; cur == nil || cur.ModRevision < w.ModRevision {
+				st.records[key] = &w
+			}
+		}
+		co.mu.Unlock()
 	}
 	return ok, err
 }

@@ -457,7 +457,7 @@ func (c *Client) UpdateRollout(ctx context.Context, id string, change func(v rol
 }
 
 // writeRollout writes r if its record is still at r.ModRevision (and the
-// guards hold).
+// guards hold); written, r.ModRevision is the write's revision.
 func (c *Client) writeRollout(ctx context.Context, r *rollout.Record, guards []clientv3.Cmp) (bool, error) {
 	b, err := json.Marshal(r)
 	if err != nil {
@@ -470,6 +470,9 @@ func (c *Client) writeRollout(ctx context.Context, r *rollout.Record, guards []c
 	resp, err := c.cli.Txn(rctx).If(guards...).Then(clientv3.OpPut(key, string(b))).Commit()
 	if err != nil {
 		return false, fmt.Errorf("write rollout %s: %w", r.ID, err)
+	}
+	if resp.Succeeded {
+		r.ModRevision = resp.Header.Revision
 	}
 	return resp.Succeeded, nil
 }

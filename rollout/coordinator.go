@@ -207,6 +207,9 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 			continue // decided again on the record that says so
 		}
 		if d.Gate >= 0 {
+			// Said before the check, which may take up to its timeout:
+			// readers see the rollout wait for the gate at its wave.
+			soonest(c.summarize(ctx, term, t, r, d, now, true))
 			c.runGate(ctx, term, r, d.Gate, now)
 			continue // decided again on the record that says how it went
 		}
@@ -232,30 +235,38 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 			log.Info("rollout "+r.ID+" ended: "+string(d.End.State)+prefixed(d.End.Reason), "state", d.End.State)
 		}
 		soonest(d.Due)
-		last := t.written[r.ID]
-		if !d.Summary.same(last.s) {
-			// The summary that ends a rollout is written at once: it names
-			// the hosts that failed it, which a revert may take out of
-			// the failed state within SummaryEvery, so that no reader
-			// would see them.
-			if wait := last.at.Add(SummaryEvery); now.Before(wait) && d.End == nil {
-				soonest(wait)
-				continue
-			}
-			if err := term.WriteSummary(ctx, d.Summary); err != nil {
-				log.Warn("rollout "+r.ID+": could not write its summary; trying again", "err", err)
-				soonest(now.Add(reconcile.Jitter(time.Second)))
-				continue
-			}
-			s := d.Summary
-			t.written[r.ID] = writtenSummary{s: &s, at: now}
-			last = t.written[r.ID]
+		// The summary that ends a rollout is written at once: it names the
+		// hosts that failed it, which a revert may take out of the failed
+		// state within SummaryEvery, so that no reader would see them.
+		if retry := c.summarize(ctx, term, t, r, d, now, d.End != nil); !retry.IsZero() {
+			soonest(retry)
+			continue
 		}
-		if r.End != nil && last.s != nil && last.s.Phase.State.Ended() && (!r.Reverts() || last.s.Holding() == 0) {
+		if last := t.written[r.ID]; r.End != nil && last.s != nil && last.s.Phase.State.Ended() && (!r.Reverts() || last.s.Holding() == 0) {
 			t.settled[r.ID] = true
 		}
 	}
 	return next
+}
+
+// summarize writes d's summary of r when it says something new, at most
+// once per SummaryEvery unless now; it returns when to try again (zero:
+// written, or nothing to write).
+func (c *Coordinator) summarize(ctx context.Context, term Term, t *termState, r *Record, d Decision, now time.Time, force bool) time.Time {
+	last := t.written[r.ID]
+	if d.Summary.same(last.s) {
+		return time.Time{}
+	}
+	if wait := last.at.Add(SummaryEvery); now.Before(wait) && !force {
+		return wait
+	}
+	if err := term.WriteSummary(ctx, d.Summary); err != nil {
+		c.log.Warn("rollout "+r.ID+": could not write its summary; trying again", "rollout", r.ID, "err", err)
+		return now.Add(reconcile.Jitter(time.Second))
+	}
+	s := d.Summary
+	t.written[r.ID] = writtenSummary{s: &s, at: now}
+	return time.Time{}
 }
 
 // runGate runs the coordinator's gate before wave (from 0) of r and

@@ -565,7 +565,11 @@ func TestRolloutControl(t *testing.T) {
 	if r := e.view(t, id).Record; !r.Promoted || r.Paused {
 		t.Errorf("after promote: promoted %v, paused %v", r.Promoted, r.Paused)
 	}
-	e.summarized(t, id, func(v rollout.View) bool { ph := v.Phase(); return ph.State == rollout.Running && ph.Wave == 1 })
+	// The coordinator's own word (the summary), not View.Phase, which
+	// reads the promote from the record at once, before any admission.
+	e.summarized(t, id, func(v rollout.View) bool {
+		return v.Summary.Phase.State == rollout.Running && v.Summary.Phase.Wave == 1 && v.Summary.Admitted == 3
+	})
 	for _, h := range []string{"h2", "h3"} {
 		if a := e.admission(t, id, h); a == nil || a.Wave != 1 {
 			t.Errorf("%s's admission after the promote: %+v", h, a)

@@ -179,8 +179,17 @@ func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision 
 		if end.Wave > 0 {
 			ph.Wave = end.Wave - 1 // the hosts going back since do not move it
 		}
+		// The same offenders as the pass that ended it, for as long as
+		// they are: the hosts that failed it, or, for a failure, the
+		// admitted hosts that never became healthy (what the progress
+		// deadline named), and the hosts that could not go back.
 		offenders, _ = r.failed(g.Progress)
+		if end.State == Failed {
+			stuck, _ := r.stuck(g, now)
+			offenders = append(offenders, stuck...)
+		}
 		offenders = append(offenders, r.revertFailed(g.Progress)...)
+		offenders = offenders[:min(len(offenders), SampleSize)]
 	default:
 		ph, offenders, d.Due = r.phase(g, w, now)
 		if ph.State.Ended() {
@@ -312,7 +321,8 @@ func (r *Record) revertFailed(progress map[string]*Progress) []Offender {
 	return out
 }
 
-// stuck are the first SampleSize admitted hosts not healthy, each with
+// stuck are the first SampleSize admitted hosts still taking the change
+// (pending, applying, soaking: never healthy on it), each with
 // the state its agent last reported and for how long, and how many there
 // are.
 func (r *Record) stuck(g GroupView, now time.Time) ([]Offender, int) {
@@ -320,7 +330,7 @@ func (r *Record) stuck(g GroupView, now time.Time) ([]Offender, int) {
 	n := 0
 	for i, h := range r.Hosts {
 		p := g.Progress[h]
-		if !g.Admitted[h] || p.StateOf() == HostHealthy {
+		if st := p.StateOf(); !g.Admitted[h] || (st != HostPending && st != HostApplying && st != HostSoaking) {
 			continue
 		}
 		if n++; len(out) == SampleSize {

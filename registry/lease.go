@@ -3,9 +3,9 @@ package registry
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"time"
 
-	"github.com/agentd/agentd/reconcile"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -50,6 +50,14 @@ func (k *leaseKeeper) Done() <-chan struct{} { return k.done }
 // after its TTL unless someone revokes it.
 func (k *leaseKeeper) Orphan() { k.cancel() }
 
+// early spreads the renewals of agents restarted together over the last
+// tenth before interval (half the TTL), never after it: a renewal later
+// than half the TTL would leave less than half of it to the next, and
+// etcd counts a lease's time left in whole seconds.
+func early(interval time.Duration) time.Duration {
+	return interval - rand.N(interval/10+1)
+}
+
 // errLeaseGone is a keep-alive answered with TTL 0: revoked or expired.
 var errLeaseGone = errors.New("lease not found")
 
@@ -59,8 +67,8 @@ func (k *leaseKeeper) run(ctx context.Context, cli *clientv3.Client, ttl time.Du
 	deadline := time.Now().Add(ttl) // the lease was granted just before
 	s := &keepAliveStream{cli: cli}
 	defer s.close()
-	// Jittered (±10 %): agents restarted together do not renew in step.
-	t := time.NewTimer(reconcile.Jitter(interval))
+	// Spread (early): agents restarted together do not renew in step.
+	t := time.NewTimer(early(interval))
 	defer t.Stop()
 	for fails := 0; ; {
 		select {
@@ -78,7 +86,7 @@ func (k *leaseKeeper) run(ctx context.Context, cli *clientv3.Client, ttl time.Du
 		case err == nil:
 			fails = 0
 			deadline = sent.Add(time.Duration(newTTL) * time.Second)
-			t.Reset(reconcile.Jitter(interval))
+			t.Reset(early(interval))
 		case errors.Is(err, errLeaseGone), ctx.Err() != nil:
 			return
 		default:

@@ -379,8 +379,16 @@ func (s *Session) syncLocked(ctx context.Context) error {
 		}
 		s.published = map[string]pubEntry{}
 		for _, kv := range resp.Kvs {
-			s.published[strings.TrimPrefix(string(kv.Key), root)] = pubEntry{}
+			u := strings.TrimPrefix(string(kv.Key), root)
+			if u == reconcile.PassKey {
+				// Not a status: an earlier lease's pass record is
+				// written over by this one's (pubPass is unknown), not
+				// deleted in the same transaction as that put.
+				continue
+			}
+			s.published[u] = pubEntry{}
 		}
+		s.pubPass = pubPass{}
 	}
 	lease := s.sess.Lease()
 	for round := range syncRounds {

@@ -724,17 +724,11 @@ type busMonitor struct {
 // startBusMonitor monitors the bus at addr for the processes pids (label →
 // pid) until stop.
 func startBusMonitor(ctx context.Context, addr string, pids map[string]int) (*busMonitor, error) {
-	conn, err := godbus.Dial(addr, godbus.WithContext(ctx))
+	conn, err := systemd.AddressDialer(addr)(ctx)
 	if err != nil {
 		return nil, err
 	}
 	fail := func(err error) (*busMonitor, error) { conn.Close(); return nil, err }
-	if err := conn.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
-		return fail(err)
-	}
-	if err := conn.Hello(); err != nil {
-		return fail(err)
-	}
 	var names []string
 	bus := conn.BusObject()
 	if err := bus.CallWithContext(ctx, "org.freedesktop.DBus.ListNames", 0).Store(&names); err != nil {

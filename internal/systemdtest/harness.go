@@ -257,22 +257,11 @@ func (h *Harness) ping(ctx context.Context) error {
 		CallWithContext(ctx, "org.freedesktop.DBus.Peer.Ping", 0).Err
 }
 
-// rawConn opens a godbus connection to the harness's bus. ctx bounds the
+// rawConn opens a godbus connection to the harness's bus, authenticated and
+// introduced by the systemd package's own dialer. ctx bounds the
 // connection's whole lifetime.
 func (h *Harness) rawConn(ctx context.Context) (*godbus.Conn, error) {
-	conn, err := godbus.Dial(h.BusAddress, godbus.WithContext(ctx))
-	if err != nil {
-		return nil, err
-	}
-	if err := conn.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	if err := conn.Hello(); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	return conn, nil
+	return systemd.AddressDialer(h.BusAddress)(ctx)
 }
 
 // Dial opens a go-systemd connection to this manager through its bus

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"encoding/base64"
 	"fmt"
-	"github.com/agentd/agentd/internal/citest"
 	"io"
 	"net/url"
 	"os"
@@ -19,7 +18,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/agentd/agentd/internal/citest"
 	"github.com/agentd/agentd/internal/systemdtest"
+	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
@@ -47,12 +48,12 @@ const (
 type doorAgent struct {
 	h    *systemdtest.Harness
 	rt   string
-	logs *lockedBuffer
+	logs *testlog.Buffer
 }
 
 func newDoorAgent(t *testing.T) *doorAgent {
 	t.Helper()
-	return &doorAgent{h: systemdtest.Start(t), rt: filepath.Join(runtimeBase(t), "agentd"), logs: &lockedBuffer{}}
+	return &doorAgent{h: systemdtest.Start(t), rt: filepath.Join(runtimeBase(t), "agentd"), logs: &testlog.Buffer{}}
 }
 
 // start runs the agent until the test ends (or the returned stop).

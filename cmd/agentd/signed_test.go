@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/agentd/agentd/internal/citest"
 	"io"
 	"os"
 	"os/exec"
@@ -16,6 +15,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/agentd/agentd/internal/citest"
+	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 )
@@ -61,13 +62,13 @@ type signedEnv struct {
 	*env
 	alice, mallory sshKey
 	allowed        string
-	log            *lockedBuffer
+	log            *testlog.Buffer
 	raw            *clientv3.Client
 }
 
 func newSignedEnv(t *testing.T) *signedEnv {
 	t.Helper()
-	e := &signedEnv{env: newEnv(t), log: &lockedBuffer{}}
+	e := &signedEnv{env: newEnv(t), log: &testlog.Buffer{}}
 	dir := t.TempDir()
 	e.alice, e.mallory = newSSHKey(t, dir, "alice@example.com"), newSSHKey(t, dir, "mallory")
 	e.allowed = filepath.Join(dir, "allowed_signers")

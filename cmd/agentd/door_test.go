@@ -96,11 +96,7 @@ func (d *doorAgent) start(t *testing.T, edit func(o *runOptions)) (stop func()) 
 // socket is a client of the embedded etcd over its socket, as root.
 func (d *doorAgent) socket(t *testing.T) *clientv3.Client {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"unix://" + filepath.Join(d.rt, etcdSocket)}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	cli := registrytest.RawClient(t, "unix://"+filepath.Join(d.rt, etcdSocket))
 	return cli
 }
 

@@ -242,16 +242,6 @@ func unitKey(host, unit string) string {
 	return registry.DefaultPrefix + "/hosts/" + host + "/units/" + unit
 }
 
-func newRawEtcd(tb testing.TB, endpoint string) *clientv3.Client {
-	tb.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { cli.Close() })
-	return cli
-}
-
 // putTxn writes kvs (key → value) in one etcd transaction. It writes the
 // unit keys only, no history records: registry.Put adds two operations
 // per unit, so 1,000 units would not fit etcd's 1,024 operations per

@@ -29,6 +29,7 @@ import (
 	"github.com/agentd/agentd/metrics"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/unitdir"
 )
@@ -1084,12 +1085,11 @@ func (e *scaleEtcd) stop() {
 	os.RemoveAll(e.dir)
 }
 
+// scaleClient dials a bare client to a scale test's etcd, which may take
+// longer to answer than a test's.
 func scaleClient(tb testing.TB, endpoint string) *clientv3.Client {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return cli
+	tb.Helper()
+	return registrytest.RawClientConfig(tb, clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 10 * time.Second})
 }
 
 // cpu is the CPU time etcd used so far (user + system, from

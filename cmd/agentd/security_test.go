@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/agentd/agentd/internal/citest"
 	"io"
 	"net"
 	"os"
@@ -16,8 +15,7 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
+	"github.com/agentd/agentd/internal/citest"
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
@@ -369,10 +367,7 @@ func TestSecurityPasswordFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cli := registrytest.RawClient(t, ep)
 	for _, step := range []func() error{
 		func() error { _, err := cli.RoleAdd(t.Context(), "root"); return err },
 		func() error { _, err := cli.UserAdd(t.Context(), "root", "pa55"); return err },

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/crypto/ssh"
@@ -19,6 +18,7 @@ import (
 	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // sshTool is the path of an OpenSSH tool (ssh-keygen, ssh-agent,
@@ -75,11 +75,7 @@ func newSignedEnv(t *testing.T) *signedEnv {
 	if err := os.WriteFile(e.allowed, []byte("# who may change units\n"+e.alice.line+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{e.endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
+	raw := registrytest.RawClient(t, e.endpoint)
 	e.raw = raw
 	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) {
 		o.allowedSigners = e.allowed
@@ -334,11 +330,7 @@ func TestSignKeyFromSSHAgent(t *testing.T) {
 	}
 	e.putFile("a.service", helloV1, "--sign-key", "ssh-agent", "--sign-key-id", b.fingerprint)
 	var rec reconcile.SignatureRecord
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := registrytest.RawClient(t, e.endpoint)
 	resp, err := cli.Get(t.Context(), "/agentd/hosts/h1/signatures/a.service")
 	if err != nil || len(resp.Kvs) != 1 || json.Unmarshal(resp.Kvs[0].Value, &rec) != nil {
 		t.Fatalf("signature record: %v %v", resp, err)

@@ -44,7 +44,7 @@ var etcdBin struct {
 	users int
 }
 
-func etcdServerBinary(t *testing.T) string {
+func etcdServerBinary(t testing.TB) string {
 	t.Helper()
 	etcdBin.Lock()
 	defer etcdBin.Unlock()

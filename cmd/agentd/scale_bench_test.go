@@ -73,7 +73,7 @@ func BenchmarkScale(b *testing.B) {
 		floorRounds:  5,
 	}
 	scaleRaiseNoFile(b, uint64(8*slices.Max(sizes)+4096))
-	bin := scaleEtcdBinary(b)
+	bin := etcdServerBinary(b)
 	var results []scaleResult
 	for _, n := range sizes {
 		var r scaleResult
@@ -986,36 +986,6 @@ type scaleEtcd struct {
 	exited chan struct{}
 	client string
 	dir    string
-}
-
-// scaleEtcdBinary builds the etcd server as etcdServerBinary does, sharing
-// its build (that helper takes a *testing.T).
-func scaleEtcdBinary(tb testing.TB) string {
-	tb.Helper()
-	etcdBin.Lock()
-	defer etcdBin.Unlock()
-	if etcdBin.path == "" {
-		dir, err := os.MkdirTemp("", "agentd-etcd-bin")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		bin := filepath.Join(dir, "etcd")
-		if out, err := exec.Command("go", "build", "-o", bin, "go.etcd.io/etcd/server/v3").CombinedOutput(); err != nil {
-			os.RemoveAll(dir)
-			tb.Fatalf("go build go.etcd.io/etcd/server/v3: %v\n%s", err, out)
-		}
-		etcdBin.path = bin
-	}
-	etcdBin.users++
-	tb.Cleanup(func() {
-		etcdBin.Lock()
-		defer etcdBin.Unlock()
-		if etcdBin.users--; etcdBin.users == 0 {
-			os.RemoveAll(filepath.Dir(etcdBin.path))
-			etcdBin.path = ""
-		}
-	})
-	return etcdBin.path
 }
 
 // startScaleEtcd starts a single-member etcd with its defaults (fsync on,

@@ -184,9 +184,10 @@ const (
 	WaitRolling      // the rolling update of its template: one instance at a time
 	WaitSlot         // a MaxUnavailable= slot
 	WaitHeld         // the group's rollout of this version is halted
+	WaitWriter       // another unit to write a config file its trigger names
 )
 
-var waitNames = [...]string{"none", "job", "rolling", "slot", "held"}
+var waitNames = [...]string{"none", "job", "rolling", "slot", "held", "writer"}
 
 func (w Wait) String() string {
 	if int(w) < len(waitNames) {

@@ -22,10 +22,15 @@ type DesiredFile struct {
 
 // DesiredUnit is everything the registry says about one unit on this host.
 type DesiredUnit struct {
-	Name     string
-	File     *DesiredFile           // the unit file itself; nil for an instance key or drop-ins only
-	DropIns  map[string]DesiredFile // by path: the drop-ins and the config files (configfile.go)
-	Instance bool                   // an empty-valued instance key: run Name from its template
+	Name    string
+	File    *DesiredFile           // the unit file itself; nil for an instance key or drop-ins only
+	DropIns map[string]DesiredFile // by path: the drop-ins and the config files (configfile.go)
+	// Reads are the config files of other units of this host that its
+	// RestartTriggers= or ReloadTriggers= name (by key, as in DropIns):
+	// part of the version it runs, so their change restarts or reloads
+	// it, and written only by the unit whose set holds them (shared.go).
+	Reads    map[string]DesiredFile
+	Instance bool // an empty-valued instance key: run Name from its template
 	Policy   Policy
 	// Err, when set, blocks the unit: it is reported and nothing is applied.
 	// A change not signed as --allowed-signers asks is a *RefusedError.
@@ -50,6 +55,20 @@ func (u *DesiredUnit) Files() []DesiredFile {
 	for _, p := range slices.Sorted(maps.Keys(u.DropIns)) {
 		fs = append(fs, u.DropIns[p])
 	}
+	return fs
+}
+
+// VersionFiles are Files and Reads, sorted by path: every file the unit
+// runs on, the ones it writes and the ones of other units it reads.
+func (u *DesiredUnit) VersionFiles() []DesiredFile {
+	fs := u.Files()
+	if len(u.Reads) == 0 {
+		return fs
+	}
+	for _, p := range slices.Sorted(maps.Keys(u.Reads)) {
+		fs = append(fs, u.Reads[p])
+	}
+	slices.SortFunc(fs, func(x, y DesiredFile) int { return strings.Compare(x.Path, y.Path) })
 	return fs
 }
 
@@ -86,6 +105,13 @@ type desiredState struct {
 	entries []Entry            // the last snapshot's, sorted
 	byUnit  map[string][]Entry // the same, by the unit they are for, sorted
 	units   map[string]*DesiredUnit
+	// base holds each unit as its own keys make it; units the same
+	// linked to the others (link: what it reads of them, a path two
+	// units write). Most units are the same pointer in both.
+	base map[string]*DesiredUnit
+	// linking holds the units of base with config files or triggers:
+	// the only ones link looks at.
+	linking map[string]bool
 	// trust checks the signatures (trust.go); nil: not asked for.
 	trust *trustState
 }
@@ -102,6 +128,7 @@ type desiredChange struct {
 func (d *desiredState) update(s Snapshot) []desiredChange {
 	if d.units == nil {
 		d.byUnit, d.units = map[string][]Entry{}, map[string]*DesiredUnit{}
+		d.base, d.linking = map[string]*DesiredUnit{}, map[string]bool{}
 	}
 	now := SortedEntries(s.Entries)
 	dirty := map[string]bool{}
@@ -121,16 +148,18 @@ func (d *desiredState) update(s Snapshot) []desiredChange {
 			c.now = d.trust.check(name, es, c.now)
 		}
 		if c.now != nil {
-			d.units[name] = c.now
+			d.units[name], d.base[name] = c.now, c.now
 		} else {
 			delete(d.units, name)
+			delete(d.base, name)
 		}
+		d.noteLinking(name, c.now)
 		if c.old == nil && c.now == nil {
 			continue // a signature record of nothing this host runs
 		}
 		changes = append(changes, c)
 	}
-	return changes
+	return d.link(changes)
 }
 
 // keyUnit is the unit a registry key is for; an invalid key stands for a
@@ -225,11 +254,7 @@ func desireUnit(name string, es []Entry) *DesiredUnit {
 		}
 		p.Probe.User, p.Probe.Group = serviceCreds(all...)
 	}
-	if err := checkTriggers(u.Name, p, u.DropIns); err != nil {
-		u.Err = err
-		return u
-	}
-	u.Policy = p
+	u.Policy = p // its triggers are checked against every unit's set (link)
 	return u
 }
 
@@ -258,22 +283,6 @@ func PolicyOf(unit string, keys map[string][]byte) (Policy, error) {
 		}
 	}
 	return ParsePolicy(policySource(keys[unit], dropIns))
-}
-
-// checkTriggers refuses a RestartTriggers= or ReloadTriggers= that names a
-// file outside the unit's set: a trigger that can never fire is a typo.
-func checkTriggers(name string, p Policy, files map[string]DesiredFile) error {
-	for _, t := range []struct {
-		key   string
-		paths string
-	}{{"RestartTriggers", p.RestartTriggers}, {"ReloadTriggers", p.ReloadTriggers}} {
-		for _, dest := range strings.Fields(t.paths) {
-			if _, ok := files[ConfigKey(name, dest)]; !ok {
-				return fmt.Errorf("[X-Agentd] %s= names %s, which is not a file of %s's set (put it with the unit: agentd unit put --file %s=SRC)", t.key, dest, name, dest)
-			}
-		}
-	}
-	return nil
 }
 
 // StatusName is the name an invalid registry key is reported under: escaped

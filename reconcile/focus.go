@@ -191,6 +191,14 @@ func sameDesired(x, y *DesiredUnit) bool {
 			return false
 		}
 	}
+	if len(x.Reads) != len(y.Reads) {
+		return false
+	}
+	for p, f := range x.Reads {
+		if g, ok := y.Reads[p]; !ok || !sameFile(f, g) {
+			return false
+		}
+	}
 	return true
 }
 

@@ -106,7 +106,7 @@ func (v *view) rescan() {
 // the registry wants and the ones it manages (an instance's entry is none).
 func (v *view) addPaths(paths map[string]bool, unit string) {
 	if d := v.desired.units[unit]; d != nil {
-		for _, f := range d.Files() {
+		for _, f := range d.VersionFiles() {
 			paths[f.Path] = true
 		}
 	}

@@ -32,7 +32,7 @@ func ContentKey(u *DesiredUnit) string {
 	if u.Instance && len(u.DropIns) == 0 {
 		return instanceKey
 	}
-	return KeyOf(fileHashes(u.Files()))
+	return KeyOf(fileHashes(u.VersionFiles()))
 }
 
 func fileHashes(fs []DesiredFile) map[string]string {
@@ -109,6 +109,7 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		}
 		out = append(out, a)
 	}
+	holdReaders(out, cur)
 	orderSocketServices(out, desired)
 	return out
 }
@@ -306,7 +307,7 @@ func planFiles(a *Action, d *DesiredUnit, managed []string, cur Current) (why st
 // ran before the failure) — with the policy, scope and hash of that version.
 func planEffective(a *Action, d *DesiredUnit, desired map[string]*DesiredUnit, cur Current) (backToOld bool) {
 	name := a.Unit
-	effective := fileHashes(d.Files())
+	effective := fileHashes(d.VersionFiles())
 	p := d.Policy
 	if IsInstance(name) {
 		a.Record.Instance = d.Instance
@@ -745,7 +746,7 @@ func filesForClassify(name string, rec UnitRecord, effective map[string]string, 
 		old = append(old, File{p, b})
 	}
 	byPath := map[string][]byte{}
-	for _, f := range d.Files() {
+	for _, f := range d.VersionFiles() {
 		byPath[f.Path] = f.Content
 	}
 	if t := desired[TemplateOf(name)]; IsInstance(name) && t != nil {

@@ -150,7 +150,9 @@ func planRollback(a Action, rec UnitRecord, managed []string, cur Current) (Acti
 	r := a
 	r.Kind, r.Steps, r.Record.Adopt = KindRollback, Steps{Job: JobRestart}, false
 	r.Reason = rec.FailReason + "; rolling back to " + short(headHash(a.Unit, rec.Previous)) + " (the version that ran before)"
-	writes, why := restoreWrites(rec.Previous, cur)
+	own := maps.Clone(rec.Previous)
+	maps.DeleteFunc(own, func(p, _ string) bool { return readsOnly(a.Unit, p) })
+	writes, why := restoreWrites(own, cur)
 	if why != "" {
 		return blocked(a, rec.FailReason+"; "+why), true
 	}
@@ -165,7 +167,7 @@ func planRollback(a Action, rec UnitRecord, managed []string, cur Current) (Acti
 		gone[p] = true
 	}
 	for _, p := range slices.Sorted(maps.Keys(gone)) {
-		if _, keep := rec.Previous[p]; !keep && cur.Memory.Managed[p].Hash != "" {
+		if _, keep := rec.Previous[p]; !keep && cur.Memory.Managed[p].Hash != "" && !readsOnly(a.Unit, p) {
 			r.Steps.Removes = append(r.Steps.Removes, p)
 		}
 	}

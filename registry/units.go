@@ -101,6 +101,9 @@ func (c *Client) putTxn(ctx context.Context, t Target, units map[string][]byte, 
 	if err := checkValues(t, units); err != nil {
 		return writeTxn{}, err
 	}
+	if err := c.checkOneWriter(ctx, t, units); err != nil {
+		return writeTxn{}, err
+	}
 	root := c.targetUnits(t)
 	names := slices.Sorted(maps.Keys(units))
 	ops := make([]clientv3.Op, len(names))

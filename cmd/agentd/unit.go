@@ -430,7 +430,7 @@ func newUnitCatCmd() *cobra.Command {
 // over a size limit, or leaving drop-ins without their unit — the usage
 // exit code: the arguments as given cannot be written, and nothing was.
 func writeError(err error) error {
-	if errors.Is(err, registry.ErrTooLarge) || errors.Is(err, registry.ErrDropInsStay) {
+	if errors.Is(err, registry.ErrTooLarge) || errors.Is(err, registry.ErrDropInsStay) || errors.Is(err, registry.ErrTwoWriters) {
 		return withCode(exitUsage, err)
 	}
 	return err

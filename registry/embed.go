@@ -14,9 +14,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	"github.com/agentd/agentd/internal/privdir"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -249,7 +249,7 @@ func parseEmbedURL(s string, forTests bool) (*url.URL, error) {
 		if len(ep.Path) > maxSocketPath {
 			return nil, fmt.Errorf("socket path %s is %d bytes long, more than a unix socket address holds (%d)", ep.Path, len(ep.Path), maxSocketPath)
 		}
-		if err := checkPrivateDir(filepath.Dir(ep.Path)); err != nil {
+		if err := privdir.Check(filepath.Dir(ep.Path)); err != nil {
 			return nil, fmt.Errorf("socket %s: %w", ep.Path, err)
 		}
 		if err := checkNotServed(ep.Path); err != nil {
@@ -320,25 +320,6 @@ func parseEmbedTLSURL(cfg EmbedConfig) (*url.URL, error) {
 	}
 	u.Path = ""
 	return u, nil
-}
-
-// checkPrivateDir checks that dir is a directory that only its owner, this
-// process's user, may enter.
-func checkPrivateDir(dir string) error {
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory", dir)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("directory %s belongs to uid %d, not to this process (uid %d)", dir, st.Uid, os.Geteuid())
-	}
-	if m := fi.Mode().Perm(); m&0o077 != 0 {
-		return fmt.Errorf("directory %s is mode %04o: other users could reach the socket; make it 0700", dir, m)
-	}
-	return nil
 }
 
 // checkNotServed refuses a socket path some process still listens on

@@ -126,9 +126,7 @@ func (co *Coordination) Lost() <-chan struct{} { return co.lost }
 // Resign ends the term (or the candidacy): the next candidate takes over
 // at once.
 func (co *Coordination) Resign(ctx context.Context) {
-	rctx, cancel := co.c.reqCtx(context.WithoutCancel(ctx))
-	defer cancel()
-	_, _ = co.c.cli.Txn(rctx).If(co.guard()).Then(clientv3.OpDelete(co.key)).Commit()
+	_ = co.commit(context.WithoutCancel(ctx), "resign", clientv3.OpDelete(co.key))
 }
 
 // Host is the coordinating host (this one).
@@ -231,7 +229,8 @@ func (co *Coordination) WriteSummary(ctx context.Context, s rollout.Summary) err
 func (co *Coordination) commit(ctx context.Context, what string, ops ...clientv3.Op) error {
 	rctx, cancel := co.c.reqCtx(ctx)
 	defer cancel()
-	resp, err := co.c.cli.Txn(rctx).If(co.guard()).Then(ops...).Commit()
+	x := txn{ifs: []clientv3.Cmp{co.guard()}, ops: ops}
+	resp, err := x.commit(rctx, co.c.cli)
 	switch {
 	case err != nil:
 		return fmt.Errorf("%s: %w", what, err)

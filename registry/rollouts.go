@@ -362,15 +362,7 @@ func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]roll
 	if err != nil {
 		return nil, fmt.Errorf("read rollouts: %w", err)
 	}
-	summaries := map[string]*rollout.Summary{}
-	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
-		var s rollout.Summary
-		if err := json.Unmarshal(kv.Value, &s); err != nil {
-			c.skipKey(kv.Key, "not a rollout summary", err)
-			continue
-		}
-		summaries[s.ID] = &s
-	}
+	summaries := c.decodeSummaries(resp.Responses[1].GetResponseRange().GetKvs())
 	var entries []reconcile.Entry
 	for _, kv := range resp.Responses[2].GetResponseRange().GetKvs() {
 		if t, unit, ok := c.parseUnitKey(string(kv.Key)); ok && t.Group != "" {
@@ -388,16 +380,9 @@ func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]roll
 	for _, kv := range resp.Responses[4].GetResponseRange().GetKvs() {
 		gateRunners[string(kv.Key[strings.LastIndexByte(string(kv.Key), '/')+1:])] = string(kv.Value)
 	}
-	progress := map[string]map[string]*rollout.Progress{}
+	var progress map[string]map[string]*rollout.Progress
 	if hosts {
-		for _, kv := range resp.Responses[5].GetResponseRange().GetKvs() {
-			if host, id, p, ok := c.decodeProgress(kv.Key, kv.Value); ok {
-				if progress[id] == nil {
-					progress[id] = map[string]*rollout.Progress{}
-				}
-				progress[id][host] = p
-			}
-		}
+		progress = c.decodeAllProgress(resp.Responses[5].GetResponseRange().GetKvs())
 	}
 	var out []rollout.View
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
@@ -422,6 +407,36 @@ func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]roll
 		return strings.Compare(b.Record.ID, a.Record.ID)
 	})
 	return out, nil
+}
+
+// decodeSummaries decodes rollout summaries by ID, skipping (with a
+// warning) a value that does not decode.
+func (c *Client) decodeSummaries(kvs []*mvccpb.KeyValue) map[string]*rollout.Summary {
+	summaries := map[string]*rollout.Summary{}
+	for _, kv := range kvs {
+		var s rollout.Summary
+		if err := json.Unmarshal(kv.Value, &s); err != nil {
+			c.skipKey(kv.Key, "not a rollout summary", err)
+			continue
+		}
+		summaries[s.ID] = &s
+	}
+	return summaries
+}
+
+// decodeAllProgress decodes hosts' progress keys (see decodeProgress),
+// by rollout ID and host.
+func (c *Client) decodeAllProgress(kvs []*mvccpb.KeyValue) map[string]map[string]*rollout.Progress {
+	progress := map[string]map[string]*rollout.Progress{}
+	for _, kv := range kvs {
+		if host, id, p, ok := c.decodeProgress(kv.Key, kv.Value); ok {
+			if progress[id] == nil {
+				progress[id] = map[string]*rollout.Progress{}
+			}
+			progress[id][host] = p
+		}
+	}
+	return progress
 }
 
 // RunGate says that who runs rollout r's gate command, until release is

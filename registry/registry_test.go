@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/testport"
 	"github.com/agentd/agentd/reconcile"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -312,7 +313,7 @@ func TestWatchSurvivesEtcdRestart(t *testing.T) {
 	dir := t.TempDir()
 	cfg := EmbedConfig{
 		Dir:       dir,
-		ClientURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+		ClientURL: fmt.Sprintf("http://127.0.0.1:%d", testport.Restartable(t)),
 		PeerURL:   "http://127.0.0.1:0",
 		ForTests:  true,
 		Logger:    slog.New(slog.NewTextHandler(t.Output(), nil)),

@@ -275,12 +275,7 @@ func TestWatchFromCompactedRevision(t *testing.T) {
 func TestWatchPeriodicResync(t *testing.T) {
 	t.Parallel()
 	e := StartTestEtcd(t)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := New(cli, "/custom/", WithResyncInterval(100*time.Millisecond))
-	t.Cleanup(func() { c.Close() })
+	c := New(RawTestClient(t, e.Endpoint()), "/custom/", WithResyncInterval(100*time.Millisecond)) // closed with the raw client
 	if c.Prefix() != "/custom" {
 		t.Errorf("Prefix() = %q", c.Prefix())
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/agentd/agentd/internal/testport"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // Issue 11, item 7: a real etcd cluster. Three etcd members run as
@@ -41,7 +42,7 @@ var etcdBin struct {
 	users int
 }
 
-func etcdServerBinary(t *testing.T) string {
+func etcdServerBinary(t testing.TB) string {
 	t.Helper()
 	etcdBin.Lock()
 	defer etcdBin.Unlock()
@@ -431,11 +432,7 @@ func TestClusterLeaderLossDuringRollout(t *testing.T) {
 	c.waitLeader(c.members...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{leader.client}, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := registrytest.RawClient(t, leader.client)
 	resp, err := cli.Get(ctx, registry.DefaultPrefix+"/groups/web/units/app.service", clientv3.WithSerializable())
 	for err == nil && (len(resp.Kvs) == 0 || string(resp.Kvs[0].Value) != v2) && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)

@@ -126,9 +126,7 @@ func (co *Coordination) Lost() <-chan struct{} { return co.lost }
 // Resign ends the term (or the candidacy): the next candidate takes over
 // at once.
 func (co *Coordination) Resign(ctx context.Context) {
-	rctx, cancel := co.c.reqCtx(context.WithoutCancel(ctx))
-	defer cancel()
-	_, _ = co.c.cli.Txn(rctx).If(co.guard()).Then(clientv3.OpDelete(co.key)).Commit()
+	_ = co.commit(context.WithoutCancel(ctx), "resign", clientv3.OpDelete(co.key))
 }
 
 // Host is the coordinating host (this one).
@@ -231,7 +229,8 @@ func (co *Coordination) WriteSummary(ctx context.Context, s rollout.Summary) err
 func (co *Coordination) commit(ctx context.Context, what string, ops ...clientv3.Op) error {
 	rctx, cancel := co.c.reqCtx(ctx)
 	defer cancel()
-	resp, err := co.c.cli.Txn(rctx).If(co.guard()).Then(ops...).Commit()
+	x := txn{ifs: []clientv3.Cmp{co.guard()}, ops: ops}
+	resp, err := x.commit(rctx, co.c.cli)
 	switch {
 	case err != nil:
 		return fmt.Errorf("%s: %w", what, err)
@@ -299,25 +298,11 @@ func (co *Coordination) Read(fn func(rollout.GroupState)) {
 // (then it returns the error; call it again to read afresh).
 func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 	c := co.c
-	prefixes := []string{c.rolloutGroup(co.group), c.summaryRoot() + co.group + "/", c.admitGroup(co.group), c.progressRoot(),
-		c.targetUnits(Target{Group: co.group})}
-	ops := make([]clientv3.Op, len(prefixes))
-	for i, p := range prefixes {
-		ops[i] = clientv3.OpGet(p, clientv3.WithPrefix())
-	}
-	rctx, cancel := c.reqCtx(ctx)
-	resp, err := c.cli.Txn(rctx).Then(ops...).Commit()
-	cancel()
+	units := c.targetUnits(Target{Group: co.group})
+	prefixes := []string{c.rolloutGroup(co.group), c.summaryRoot() + co.group + "/", c.admitGroup(co.group), c.progressRoot(), units}
+	st, err := co.readState(ctx, prefixes)
 	if err != nil {
-		return fmt.Errorf("read the rollouts of group %s: %w", co.group, err)
-	}
-	st := &groupState{records: map[string]*rollout.Record{}, summaries: map[string]*rollout.Summary{},
-		progress: map[string]map[string]*rollout.Progress{}, admitted: map[string]map[string]bool{}, entries: map[string]reconcile.Entry{}, rev: resp.Header.Revision,
-		created: map[string]int64{}, entriesAt: resp.Header.Revision}
-	for _, r := range resp.Responses {
-		for _, kv := range r.GetResponseRange().GetKvs() {
-			co.apply(st, clientv3.EventTypePut, kv)
-		}
+		return err
 	}
 	co.mu.Lock()
 	co.st = st
@@ -325,40 +310,21 @@ func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 	poke()
 
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer wcancel()
-	type watched struct {
-		resp    clientv3.WatchResponse
-		entries bool // from the watch of the group's keys
-	}
-	merged := make(chan watched)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer wcancel()
-	for _, p := range prefixes {
-		ch := c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(st.rev+1))
-		entries := p == c.targetUnits(Target{Group: co.group})
-		wg.Go(func() {
-			for resp := range ch {
-				select {
-				case merged <- watched{resp, entries}:
-				case <-wctx.Done():
-					return
-				}
-			}
-			select {
-			case merged <- watched{clientv3.WatchResponse{Canceled: true, CancelReason: "watch channel closed"}, entries}:
-			case <-wctx.Done():
-			}
-		})
-	}
+	merged := c.watchPrefixes(wctx, &wg, prefixes, st.rev)
 	for {
-		var w watched
+		var it watchItem
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case w = <-merged:
+		case it = <-merged:
 		}
-		resp := w.resp
+		resp := it.resp
+		if it.closed {
+			resp = clientv3.WatchResponse{Canceled: true, CancelReason: "watch channel closed"}
+		}
 		if err := resp.Err(); err != nil {
 			return fmt.Errorf("follow the rollouts of group %s: %w", co.group, err)
 		}
@@ -373,12 +339,37 @@ func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 			co.apply(st, ev.Type, ev.Kv)
 			st.rev = max(st.rev, ev.Kv.ModRevision)
 		}
-		if w.entries {
+		if prefixes[it.from] == units { // the group's keys
 			st.entriesAt = max(st.entriesAt, resp.Header.Revision)
 		}
 		co.mu.Unlock()
 		poke()
 	}
+}
+
+// readState reads the group's state: every key under prefixes, at one
+// revision.
+func (co *Coordination) readState(ctx context.Context, prefixes []string) (*groupState, error) {
+	c := co.c
+	ops := make([]clientv3.Op, len(prefixes))
+	for i, p := range prefixes {
+		ops[i] = clientv3.OpGet(p, clientv3.WithPrefix())
+	}
+	rctx, cancel := c.reqCtx(ctx)
+	resp, err := c.cli.Txn(rctx).Then(ops...).Commit()
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("read the rollouts of group %s: %w", co.group, err)
+	}
+	st := &groupState{records: map[string]*rollout.Record{}, summaries: map[string]*rollout.Summary{},
+		progress: map[string]map[string]*rollout.Progress{}, admitted: map[string]map[string]bool{}, entries: map[string]reconcile.Entry{}, rev: resp.Header.Revision,
+		created: map[string]int64{}, entriesAt: resp.Header.Revision}
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().GetKvs() {
+			co.apply(st, clientv3.EventTypePut, kv)
+		}
+	}
+	return st, nil
 }
 
 // apply folds one key into st.

@@ -14,9 +14,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	"github.com/agentd/agentd/internal/privdir"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -104,46 +104,108 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("start embedded etcd: no data directory given")
 	}
-	curl, err := parseEmbedURL(cfg.ClientURL, cfg.ForTests)
+	l, err := parseEmbedListeners(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("start embedded etcd: %w", err)
 	}
-	urls := []url.URL{*curl}
-	var (
-		tlsInfo    transport.TLSInfo
-		turl, iurl *url.URL
-	)
-	if cfg.TLSURL != "" || cfg.CertFile != "" || cfg.KeyFile != "" || cfg.ClientCAFile != "" {
-		if turl, err = parseEmbedTLSURL(cfg); err != nil {
+	em := &Embedded{grace: closeGrace}
+	timeout := embedStartTimeout
+	if cfg.ForTests {
+		timeout = embedTestStartTimeout
+		em.grace = closeGraceForTests
+	}
+	e, err := embed.StartEtcd(em.etcdConfig(cfg, l))
+	if err != nil {
+		return nil, fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, err)
+	}
+	if l.client.Scheme == "unix" {
+		// The directory already keeps others out; the socket's own mode
+		// is a second lock (connect(2) needs write permission on it).
+		if err := os.Chmod(l.client.Path, 0o600); err != nil {
+			e.Close()
 			return nil, fmt.Errorf("start embedded etcd: %w", err)
 		}
-		if curl.Scheme != "unix" {
-			return nil, errors.New("start embedded etcd: with a TLS listener the local one must be a unix socket")
+	}
+	if err := waitReady(ctx, e, timeout); err != nil {
+		return nil, fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, err)
+	}
+	em.etcd = e
+	for _, ln := range e.Clients { // in no particular order
+		switch {
+		case ln.Addr().Network() == "unix":
+			em.endpoint = "unix://" + l.client.Path
+		case l.client.Scheme == "http":
+			em.endpoint = "http://" + ln.Addr().String()
+		case l.insecure != nil && isListenerOf(ln.Addr(), l.insecure, l.tls):
+			em.insecureEndpoint = "http://" + ln.Addr().String()
+		default:
+			em.tlsEndpoint = "https://" + ln.Addr().String()
 		}
-		urls = append(urls, *turl)
-		tlsInfo = transport.TLSInfo{
+	}
+	return em, nil
+}
+
+// embedListeners are the client listeners of an embedded etcd, checked:
+// the local one (a unix socket, or plaintext TCP in tests), and the TLS
+// and plaintext TCP ones beside it (nil when not asked for).
+type embedListeners struct {
+	client, tls, insecure *url.URL
+	tlsInfo               transport.TLSInfo
+}
+
+func (l embedListeners) urls() []url.URL {
+	urls := []url.URL{*l.client}
+	for _, u := range []*url.URL{l.tls, l.insecure} {
+		if u != nil {
+			urls = append(urls, *u)
+		}
+	}
+	return urls
+}
+
+// parseEmbedListeners checks the listeners cfg asks for.
+func parseEmbedListeners(cfg EmbedConfig) (embedListeners, error) {
+	var l embedListeners
+	var err error
+	if l.client, err = parseEmbedURL(cfg.ClientURL, cfg.ForTests); err != nil {
+		return l, err
+	}
+	if cfg.TLSURL != "" || cfg.CertFile != "" || cfg.KeyFile != "" || cfg.ClientCAFile != "" {
+		if l.tls, err = parseEmbedTLSURL(cfg); err != nil {
+			return l, err
+		}
+		if l.client.Scheme != "unix" {
+			return l, errors.New("with a TLS listener the local one must be a unix socket")
+		}
+		l.tlsInfo = transport.TLSInfo{
 			CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, TrustedCAFile: cfg.ClientCAFile, ClientCertAuth: true,
 		}
 	}
 	if cfg.InsecureURL != "" {
-		if iurl, err = parseEmbedInsecureURL(cfg.InsecureURL, cfg.ForTests); err != nil {
-			return nil, fmt.Errorf("start embedded etcd: %w", err)
+		if l.insecure, err = parseEmbedInsecureURL(cfg.InsecureURL, cfg.ForTests); err != nil {
+			return l, err
 		}
-		if curl.Scheme != "unix" {
-			return nil, errors.New("start embedded etcd: with a plaintext TCP listener the local one must be a unix socket")
+		if l.client.Scheme != "unix" {
+			return l, errors.New("with a plaintext TCP listener the local one must be a unix socket")
 		}
-		if turl != nil && turl.Port() == "0" && iurl.Port() == "0" {
-			return nil, errors.New("start embedded etcd: port 0 for the TLS or the plaintext TCP listener, not both (their real ports could not be told apart)")
+		if l.tls != nil && l.tls.Port() == "0" && l.insecure.Port() == "0" {
+			return l, errors.New("port 0 for the TLS or the plaintext TCP listener, not both (their real ports could not be told apart)")
 		}
-		urls = append(urls, *iurl)
 	}
+	return l, nil
+}
+
+// etcdConfig is the configuration of the embedded etcd: one member
+// listening on l, its gRPC servers captured in em and its log in
+// cfg.Logger (errors only).
+func (em *Embedded) etcdConfig(cfg EmbedConfig, l embedListeners) *embed.Config {
 	purl, _ := url.Parse(placeholderPeerURL)
 	ec := embed.NewConfig()
 	ec.Name = "agentd"
 	ec.Dir = cfg.Dir
-	ec.ListenClientUrls = urls
-	ec.AdvertiseClientUrls = urls
-	ec.ClientTLSInfo = tlsInfo
+	ec.ListenClientUrls = l.urls()
+	ec.AdvertiseClientUrls = l.urls()
+	ec.ClientTLSInfo = l.tlsInfo
 	ec.ListenPeerUrls = nil
 	ec.AdvertisePeerUrls = []url.URL{*purl}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
@@ -153,7 +215,6 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 	// request size is etcd's default, set here so that the two agree.
 	ec.MaxTxnOps = MaxTxnOps
 	ec.MaxRequestBytes = MaxRequestBytes
-	em := &Embedded{grace: closeGrace}
 	// Capture the client gRPC servers: etcd's own Close waits ~5 s for
 	// open watch and keep-alive streams; Close cuts them after a short
 	// grace instead.
@@ -167,58 +228,36 @@ func StartEmbedded(ctx context.Context, cfg EmbedConfig) (*Embedded, error) {
 		core := &slogCore{log: cfg.Logger.With("component", "etcd"), min: zapcore.ErrorLevel, mute: &em.closing}
 		ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(core))
 	}
-	timeout := embedStartTimeout
 	if cfg.ForTests {
 		ec.TickMs, ec.ElectionMs = 10, 100
 		ec.UnsafeNoFsync = true
-		timeout = embedTestStartTimeout
-		em.grace = closeGraceForTests
 	} else {
 		ec.AutoCompactionMode = embed.CompactorModePeriodic
 		ec.AutoCompactionRetention = "1h"
 	}
-	e, err := embed.StartEtcd(ec)
-	if err != nil {
-		return nil, fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, err)
-	}
-	if curl.Scheme == "unix" {
-		// The directory already keeps others out; the socket's own mode
-		// is a second lock (connect(2) needs write permission on it).
-		if err := os.Chmod(curl.Path, 0o600); err != nil {
-			e.Close()
-			return nil, fmt.Errorf("start embedded etcd: %w", err)
-		}
-	}
+	return ec
+}
+
+// waitReady waits until e serves clients, for at most timeout or until
+// ctx is done; it closes e when it does not.
+func waitReady(ctx context.Context, e *embed.Etcd, timeout time.Duration) error {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
 	select {
 	case <-e.Server.ReadyNotify():
+		return nil
 	case err := <-e.Err():
 		e.Close()
-		return nil, fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, err)
+		return err
 	case <-t.C:
 		e.Server.Stop()
 		e.Close()
-		return nil, fmt.Errorf("start embedded etcd in %s: not ready after %s", cfg.Dir, timeout)
+		return fmt.Errorf("not ready after %s", timeout)
 	case <-ctx.Done():
 		e.Server.Stop()
 		e.Close()
-		return nil, fmt.Errorf("start embedded etcd in %s: %w", cfg.Dir, ctx.Err())
+		return ctx.Err()
 	}
-	em.etcd = e
-	for _, l := range e.Clients { // in no particular order
-		switch {
-		case l.Addr().Network() == "unix":
-			em.endpoint = "unix://" + curl.Path
-		case curl.Scheme == "http":
-			em.endpoint = "http://" + l.Addr().String()
-		case iurl != nil && isListenerOf(l.Addr(), iurl, turl):
-			em.insecureEndpoint = "http://" + l.Addr().String()
-		default:
-			em.tlsEndpoint = "https://" + l.Addr().String()
-		}
-	}
-	return em, nil
 }
 
 // isListenerOf reports whether the TCP listener at addr is the one asked
@@ -249,7 +288,7 @@ func parseEmbedURL(s string, forTests bool) (*url.URL, error) {
 		if len(ep.Path) > maxSocketPath {
 			return nil, fmt.Errorf("socket path %s is %d bytes long, more than a unix socket address holds (%d)", ep.Path, len(ep.Path), maxSocketPath)
 		}
-		if err := checkPrivateDir(filepath.Dir(ep.Path)); err != nil {
+		if err := privdir.Check(filepath.Dir(ep.Path)); err != nil {
 			return nil, fmt.Errorf("socket %s: %w", ep.Path, err)
 		}
 		if err := checkNotServed(ep.Path); err != nil {
@@ -320,25 +359,6 @@ func parseEmbedTLSURL(cfg EmbedConfig) (*url.URL, error) {
 	}
 	u.Path = ""
 	return u, nil
-}
-
-// checkPrivateDir checks that dir is a directory that only its owner, this
-// process's user, may enter.
-func checkPrivateDir(dir string) error {
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory", dir)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("directory %s belongs to uid %d, not to this process (uid %d)", dir, st.Uid, os.Geteuid())
-	}
-	if m := fi.Mode().Perm(); m&0o077 != 0 {
-		return fmt.Errorf("directory %s is mode %04o: other users could reach the socket; make it 0700", dir, m)
-	}
-	return nil
 }
 
 // checkNotServed refuses a socket path some process still listens on

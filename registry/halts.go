@@ -82,7 +82,7 @@ func (s *Session) Halt(ctx context.Context, h reconcile.Halt) error {
 		}
 		// Write only if nothing read has changed since: the decision
 		// below depends on all of it.
-		var guards []clientv3.Cmp
+		var x txn
 		var old []byte
 		current := map[string]bool{} // hashes of the unit's content now
 		for i, r := range resp.Responses {
@@ -99,7 +99,7 @@ func (s *Session) Halt(ctx context.Context, h reconcile.Halt) error {
 			if i > 0 {
 				k = srcs[i-1]
 			}
-			guards = append(guards, clientv3.Compare(clientv3.ModRevision(k), "=", mod))
+			x.guard(clientv3.Compare(clientv3.ModRevision(k), "=", mod))
 		}
 		if old != nil {
 			var prev reconcile.Halt
@@ -107,7 +107,8 @@ func (s *Session) Halt(ctx context.Context, h reconcile.Halt) error {
 				return nil
 			}
 		}
-		tr, err := c.cli.Txn(rctx).If(guards...).Then(clientv3.OpPut(key, string(val))).Commit()
+		x.then(clientv3.OpPut(key, string(val)))
+		tr, err := x.commit(rctx, c.cli)
 		if err != nil {
 			return fmt.Errorf("halt: put %s: %w", key, err)
 		}
@@ -194,6 +195,21 @@ func (c *Client) decodeHalt(key, value []byte) (h reconcile.Halt, ok bool, err e
 	}
 	h.Scope, h.Unit = "groups/"+group, unit
 	return h, true, nil
+}
+
+// clearHalts, for a group, deletes the group's halts that clears selects,
+// guarded by no halt of the group written since (see haltsToClear).
+func (w *writeTxn) clearHalts(ctx context.Context, clears func(reconcile.Halt) bool) error {
+	if w.target.Group == "" {
+		return nil
+	}
+	dels, guard, err := w.c.haltsToClear(ctx, w.target.Group, clears)
+	if err != nil {
+		return err
+	}
+	w.guard(guard)
+	w.then(dels...)
+	return nil
 }
 
 // haltsToClear reads the halts of group and returns a delete for each

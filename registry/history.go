@@ -284,32 +284,20 @@ func (c *Client) readKeys(ctx context.Context, t Target, names []string, dropIns
 	return st, resp.Header.Revision, nil
 }
 
-// historyOps returns the guards and operations that record the new
-// version of each of names (values[name], or a removal) next to the write
-// that makes it: a guard that the key is unchanged since st was read, the
-// new record, and the deletion of the records beyond o.keep.
-func (c *Client) historyOps(t Target, names []string, values map[string][]byte, removed bool, st map[string]*keyState, o writeOptions) ([]clientv3.Cmp, []clientv3.Op, error) {
-	for u, rev := range o.expect {
-		s, ok := st[u]
-		if !ok {
-			return nil, nil, fmt.Errorf("%w: IfModRevision(%s) for a key not written", ErrInvalid, u)
-		}
-		if s.modRev != rev {
-			return nil, nil, &ConflictError{Key: c.targetUnits(t) + u, Want: rev, Got: s.modRev}
-		}
-	}
+// recordHistory adds, for each key written, the record of its new version
+// (w.values[key], or a removal) and the deletion of its records beyond
+// the newest o.keep, the new one included.
+func (w *writeTxn) recordHistory() error {
+	c, t, o := w.c, w.target, w.o
 	now := o.now().UTC()
-	cmps := make([]clientv3.Cmp, 0, len(names))
-	var ops []clientv3.Op
-	for _, u := range names {
-		s := st[u]
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.targetUnits(t)+u), "=", s.modRev))
-		rec := historyRecord{User: o.by, EtcdUser: o.etcdUser, Reason: o.reason, Signer: o.signedBy, Time: now, Removed: removed}
+	for _, u := range w.names {
+		s := w.st[u]
+		rec := historyRecord{User: o.by, EtcdUser: o.etcdUser, Reason: o.reason, Signer: o.signedBy, Time: now, Removed: w.removal()}
 		if o.signer != nil && rec.Signer == "" {
 			rec.Signer = o.signer.Fingerprint() // the key that signs this write (SignWith)
 		}
-		if !removed {
-			v := values[u]
+		if !w.removal() {
+			v := w.values[u]
 			rec.Hash, rec.Size = reconcile.Hash(v), len(v)
 			if utf8.Valid(v) {
 				rec.Content = string(v)
@@ -319,23 +307,23 @@ func (c *Client) historyOps(t Target, names []string, values map[string][]byte, 
 		}
 		b, err := json.Marshal(rec)
 		if err != nil {
-			return nil, nil, fmt.Errorf("encode history of %s: %w", u, err)
+			return fmt.Errorf("encode history of %s: %w", u, err)
 		}
 		next := int64(1)
 		if n := len(s.seqs); n > 0 {
 			next = s.seqs[n-1] + 1
 		}
-		ops = append(ops, clientv3.OpPut(c.historyKey(t, u, next), string(b)))
+		w.then(clientv3.OpPut(c.historyKey(t, u, next), string(b)))
 		// Keep the newest o.keep-1 old records and the new one.
 		if old := len(s.seqs) - (o.keep - 1); old > 0 {
 			firstKept := next
 			if o.keep > 1 {
 				firstKept = s.seqs[old]
 			}
-			ops = append(ops, clientv3.OpDelete(c.historyDir(t, u), clientv3.WithRange(c.historyKey(t, u, firstKept))))
+			w.then(clientv3.OpDelete(c.historyDir(t, u), clientv3.WithRange(c.historyKey(t, u, firstKept))))
 		}
 	}
-	return cmps, ops, nil
+	return nil
 }
 
 // History returns what the registry holds for the unit key suffix unit of

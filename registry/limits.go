@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/agentd/agentd/reconcile"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -116,16 +117,6 @@ func binaryBytes(n int) string {
 	return fmt.Sprintf("%d bytes", n)
 }
 
-// writeTxn is one write of unit keys as it will be committed: what
-// checkLimits measures and commitWrite sends.
-type writeTxn struct {
-	op     string // "put" or "removal"
-	target Target
-	keys   int
-	ifs    []clientv3.Cmp
-	ops    []clientv3.Op
-}
-
 // checkValues refuses a value over reconcile.MaxValueSize: agents refuse
 // to write one (ValidateContent), so storing it would only fail later, on
 // every host.
@@ -141,11 +132,11 @@ func checkValues(t Target, units map[string][]byte) error {
 // checkLimits refuses w, before it is sent, when etcd would: more
 // compares or operations than MaxTxnOps, or more bytes than
 // MaxRequestBytes.
-func checkLimits(w writeTxn) error {
+func checkLimits(w *writeTxn) error {
 	if n := max(len(w.ifs), len(w.ops)); n > MaxTxnOps {
 		return &LimitError{Op: w.op, Target: w.target, Limit: LimitOps, Keys: w.keys, Size: n, Max: MaxTxnOps}
 	}
-	if n := requestBytes(w); n > MaxRequestBytes {
+	if n := requestBytes(*w); n > MaxRequestBytes {
 		return &LimitError{Op: w.op, Target: w.target, Limit: LimitRequest, Keys: w.keys, Size: n, Max: MaxRequestBytes}
 	}
 	return nil
@@ -154,15 +145,15 @@ func checkLimits(w writeTxn) error {
 // requestBytes is the size etcd compares with its --max-request-bytes:
 // the transaction inside a raft request with its header.
 func requestBytes(w writeTxn) int {
-	txn := &pb.TxnRequest{}
+	req := &pb.TxnRequest{}
 	for i := range w.ifs {
-		txn.Compare = append(txn.Compare, w.ifs[i].GetCompare())
+		req.Compare = append(req.Compare, w.ifs[i].GetCompare())
 	}
 	for _, op := range w.ops {
-		txn.Success = append(txn.Success, requestOp(op))
+		req.Success = append(req.Success, requestOp(op))
 	}
-	req := &pb.InternalRaftRequest{Header: &pb.RequestHeader{ID: math.MaxUint64, AuthRevision: math.MaxInt64}, Txn: txn}
-	return proto.Size(req) + raftHeaderSlack
+	raft := &pb.InternalRaftRequest{Header: &pb.RequestHeader{ID: math.MaxUint64, AuthRevision: math.MaxInt64}, Txn: req}
+	return proto.Size(raft) + raftHeaderSlack
 }
 
 // requestOp is op as the client sends it (clientv3 keeps its own
@@ -179,12 +170,14 @@ func requestOp(op clientv3.Op) *pb.RequestOp {
 
 // commitWrite checks w against the limits, then commits it. An error
 // etcd still returns for its size (a server whose limits are lower than
-// agentd's) comes back as the same LimitError, with Server set.
-func (c *Client) commitWrite(ctx context.Context, w writeTxn) (*clientv3.TxnResponse, error) {
+// agentd's) comes back as the same LimitError, with Server set; a
+// LimitError says what and where in its own words, any other error is
+// wrapped with the keys.
+func (c *Client) commitWrite(ctx context.Context, w *writeTxn) (*clientv3.TxnResponse, error) {
 	if err := checkLimits(w); err != nil {
 		return nil, err
 	}
-	resp, err := c.cli.Txn(ctx).If(w.ifs...).Then(w.ops...).Commit()
+	resp, err := w.commit(ctx, c.cli)
 	if err == nil {
 		return resp, nil
 	}
@@ -192,7 +185,11 @@ func (c *Client) commitWrite(ctx context.Context, w writeTxn) (*clientv3.TxnResp
 	case errors.Is(err, rpctypes.ErrTooManyOps):
 		return nil, &LimitError{Op: w.op, Target: w.target, Limit: LimitOps, Keys: w.keys, Size: max(len(w.ifs), len(w.ops)), Max: MaxTxnOps, Server: true}
 	case errors.Is(err, rpctypes.ErrRequestTooLarge) || status.Code(err) == codes.ResourceExhausted:
-		return nil, &LimitError{Op: w.op, Target: w.target, Limit: LimitRequest, Keys: w.keys, Size: requestBytes(w), Max: MaxRequestBytes, Server: true}
+		return nil, &LimitError{Op: w.op, Target: w.target, Limit: LimitRequest, Keys: w.keys, Size: requestBytes(*w), Max: MaxRequestBytes, Server: true}
 	}
-	return nil, err
+	verb := "put"
+	if w.removal() {
+		verb = "remove"
+	}
+	return nil, fmt.Errorf("%s %s (%s): %w", verb, c.targetUnits(w.target), strings.Join(w.names, ", "), err)
 }

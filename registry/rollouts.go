@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -75,40 +74,96 @@ func WithRollout(r *rollout.Record, supersede bool) WriteOption {
 	return func(o *writeOptions) { o.rollout, o.supersede = r, supersede }
 }
 
-// rolloutOps fills o.rollout's Units from the keys' current values and
-// returns the guards and operations that write it (and end the rollouts
-// it supersedes). to is each key the write changes, with the hash it
-// holds after it ("": the write removes it).
-func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string, st map[string]*keyState, o writeOptions) ([]clientv3.Cmp, []clientv3.Op, error) {
-	r := o.rollout
-	if err := rolloutTarget(t); err != nil {
-		return nil, nil, err
+// stageRollout, for a write WithRollout, fills o.rollout's Units from
+// what the keys hold now and writes it, guarded by their ModRevisions, and
+// ends the rollouts it supersedes.
+func (w *writeTxn) stageRollout(ctx context.Context) error {
+	r := w.o.rollout
+	if r == nil {
+		return nil
 	}
-	r.Group, r.After = t.Group, "" // After is found again on each attempt (a retried write)
-	names := slices.Sorted(maps.Keys(to))
+	if err := rolloutTarget(w.target); err != nil {
+		return err
+	}
+	r.Group, r.After = w.target.Group, "" // After is found again on each attempt (a retried write)
+	base, err := w.readRolloutBase(ctx)
+	if err != nil {
+		return err
+	}
+	now := w.o.now().UTC()
+	olds, err := w.follow(base, now)
+	if err != nil {
+		return err
+	}
+	r.Units = map[string]rollout.Unit{}
+	for _, u := range w.names {
+		ru, err := w.rolloutUnit(u, base, olds)
+		if err != nil {
+			return err
+		}
+		r.Units[u] = ru
+	}
+	if r.CreatedAt.IsZero() {
+		r.CreatedAt = now
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	key := w.c.rolloutKey(w.target.Group, r.ID)
+	w.guard(clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+	w.then(clientv3.OpPut(key, string(b)))
+	return nil
+}
+
+// rolloutBase is what a staged write reads, at one revision, before it
+// stages its rollout: the group's rollout records, and each key written
+// with its signature record (absent: not in the map).
+type rolloutBase struct {
+	records    []*mvccpb.KeyValue
+	keys, sigs map[string]*mvccpb.KeyValue
+}
+
+func (w *writeTxn) readRolloutBase(ctx context.Context) (rolloutBase, error) {
+	c, t := w.c, w.target
 	ops := []clientv3.Op{clientv3.OpGet(c.rolloutGroup(t.Group), clientv3.WithPrefix())}
-	for _, u := range names {
+	for _, u := range w.names {
 		ops = append(ops, clientv3.OpGet(c.targetUnits(t)+u))
 	}
-	for _, u := range names {
+	for _, u := range w.names {
 		ops = append(ops, clientv3.OpGet(c.signatureRoot(t)+u))
 	}
 	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return nil, nil, fmt.Errorf("read the rollouts of %s: %w", t, err)
+		return rolloutBase{}, fmt.Errorf("read the rollouts of %s: %w", t, err)
 	}
-	var cmps []clientv3.Cmp
-	var out []clientv3.Op
-	now := o.now().UTC()
-	held := map[string]string{} // key → hash of what it holds now ("": absent)
-	var afterAt time.Time
-	for i, u := range names {
-		if kvs := resp.Responses[i+1].GetResponseRange().GetKvs(); len(kvs) > 0 {
-			held[u] = reconcile.Hash(kvs[0].Value)
+	base := rolloutBase{records: resp.Responses[0].GetResponseRange().GetKvs(), keys: map[string]*mvccpb.KeyValue{}, sigs: map[string]*mvccpb.KeyValue{}}
+	for i, u := range w.names {
+		if kvs := resp.Responses[1+i].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			base.keys[u] = kvs[0]
+		}
+		if kvs := resp.Responses[1+len(w.names)+i].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			base.sigs[u] = kvs[0]
 		}
 	}
-	olds := map[string]*rollout.Record{} // by ID: the chain of After, for the ways back
-	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
+	return base, nil
+}
+
+// follow finds the rollout of the group this one follows (After): the
+// newest that has not ended done and shares a key with it that no write
+// without a rollout has written since (a rollout so overwritten no longer
+// runs). A running one that shares a key is refused (ErrRolloutRunning)
+// or, with supersede, ended in the same transaction. It returns the
+// group's rollouts not done, by ID: the chain of After, for the ways back.
+func (w *writeTxn) follow(base rolloutBase, now time.Time) (map[string]*rollout.Record, error) {
+	r := w.o.rollout
+	held := map[string]string{} // key → hash of what it holds now ("": absent)
+	for u, kv := range base.keys {
+		held[u] = reconcile.Hash(kv.Value)
+	}
+	var afterAt time.Time
+	olds := map[string]*rollout.Record{}
+	for _, kv := range base.records {
 		old, err := decodeRollout(kv)
 		if err != nil || (old.End != nil && old.End.State == rollout.Done) {
 			continue
@@ -116,7 +171,7 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 		olds[old.ID] = old
 		var shared []string
 		overwritten := false
-		for _, u := range names {
+		for _, u := range w.names {
 			if ou, ok := old.Units[u]; ok {
 				shared = append(shared, u)
 				overwritten = overwritten || held[u] != ou.ToHash
@@ -133,87 +188,86 @@ func (c *Client) rolloutOps(ctx context.Context, t Target, to map[string]string,
 		if old.End != nil {
 			continue // failed or aborted: it still holds back the hosts it did not reach
 		}
-		if !supersedes(o) {
-			return nil, nil, fmt.Errorf("%w: %s (%s) since %s; wait for it, abort it (agentd rollout abort %s), or pass --supersede to end it and start this one",
+		if !supersedes(w.o) {
+			return nil, fmt.Errorf("%w: %s (%s) since %s; wait for it, abort it (agentd rollout abort %s), or pass --supersede to end it and start this one",
 				ErrRolloutRunning, old.ID, strings.Join(shared, ", "), old.CreatedAt.Local().Format(time.DateTime), old.ID)
 		}
 		old.End = &rollout.End{State: rollout.Superseded, Reason: "superseded by " + r.ID, At: now, SupersededBy: r.ID}
 		b, err := json.Marshal(old)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
-		out = append(out, clientv3.OpPut(string(kv.Key), string(b)))
+		w.guard(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))
+		w.then(clientv3.OpPut(string(kv.Key), string(b)))
 	}
-	r.Units = map[string]rollout.Unit{}
-	for i, u := range names {
-		ru := rollout.Unit{ToHash: to[u]}
-		if kvs := resp.Responses[i+1].GetResponseRange().GetKvs(); len(kvs) > 0 {
-			from := string(kvs[0].Value)
-			ru.From, ru.FromRevision = &from, kvs[0].ModRevision
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.targetUnits(t)+u), "=", kvs[0].ModRevision))
-		} else {
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.targetUnits(t)+u), "=", 0))
-		}
-		if o.signer != nil {
-			back, err := c.signBack(t, u, ru.From, st[u], o)
-			if err != nil {
-				return nil, nil, err
-			}
-			ru.BackSig = back
-			// The record that signs From: a host that never ran the key
-			// and joins before it takes the change runs From with it.
-			if kvs := resp.Responses[1+len(names)+i].GetResponseRange().GetKvs(); len(kvs) > 0 && ru.From != nil {
-				var rec reconcile.SignatureRecord
-				if json.Unmarshal(kvs[0].Value, &rec) == nil && rec.Signature != "" && rec.Hash == hashOf(ru.From) {
-					ru.FromSig = string(kvs[0].Value)
-				}
-			}
-			// A host that did not take the rollouts this one follows (or
-			// went back from them) goes back past From, to what they give
-			// it (rollout.Overlay): sign that way back too.
-			seen := map[string]bool{hashOf(ru.From): true}
-			for _, from := range chainFroms(olds, r.After, u) {
-				if seen[hashOf(from)] {
-					continue
-				}
-				seen[hashOf(from)] = true
-				back, err := c.signBack(t, u, from, st[u], o)
-				if err != nil {
-					return nil, nil, err
-				}
-				ru.BackSigs = append(ru.BackSigs, back)
-			}
-		}
-		r.Units[u] = ru
+	return olds, nil
+}
+
+// rolloutUnit is key u's part of the rollout: what it holds now (From,
+// guarded by its ModRevision), the hash it holds after the write, and for
+// a signed write the signed ways back.
+func (w *writeTxn) rolloutUnit(u string, base rolloutBase, olds map[string]*rollout.Record) (rollout.Unit, error) {
+	ru := rollout.Unit{}
+	if !w.removal() {
+		ru.ToHash = reconcile.Hash(w.values[u])
 	}
-	if r.CreatedAt.IsZero() {
-		r.CreatedAt = now
+	key := w.c.targetUnits(w.target) + u
+	if kv := base.keys[u]; kv != nil {
+		from := string(kv.Value)
+		ru.From, ru.FromRevision = &from, kv.ModRevision
+		w.guard(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
+	} else {
+		w.guard(clientv3.Compare(clientv3.ModRevision(key), "=", 0))
 	}
-	b, err := json.Marshal(r)
+	if w.o.signer == nil {
+		return ru, nil
+	}
+	back, err := w.signBack(u, ru.From)
 	if err != nil {
-		return nil, nil, err
+		return ru, err
 	}
-	key := c.rolloutKey(t.Group, r.ID)
-	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
-	out = append(out, clientv3.OpPut(key, string(b)))
-	return cmps, out, nil
+	ru.BackSig = back
+	// The record that signs From: a host that never ran the key and joins
+	// before it takes the change runs From with it.
+	if sig := base.sigs[u]; sig != nil && ru.From != nil {
+		var rec reconcile.SignatureRecord
+		if json.Unmarshal(sig.Value, &rec) == nil && rec.Signature != "" && rec.Hash == hashOf(ru.From) {
+			ru.FromSig = string(sig.Value)
+		}
+	}
+	// A host that did not take the rollouts this one follows (or went back
+	// from them) goes back past From, to what they give it
+	// (rollout.Overlay): sign that way back too.
+	seen := map[string]bool{hashOf(ru.From): true}
+	for _, from := range chainFroms(olds, w.o.rollout.After, u) {
+		if seen[hashOf(from)] {
+			continue
+		}
+		seen[hashOf(from)] = true
+		back, err := w.signBack(u, from)
+		if err != nil {
+			return ru, err
+		}
+		ru.BackSigs = append(ru.BackSigs, back)
+	}
+	return ru, nil
 }
 
 // signBack signs, for a signed rollout, the way back of key u: its
 // previous content (from; nil: the key did not exist, so the way back is
 // its removal), marked a revert, at a sequence above the write's own (the
-// write's is max(now, previous+1), see signatureOps). A host that took
-// the change and goes back (auto-revert, abort --revert) runs that
-// content with this record (rollout.OverlaySignatures): its agent accepts
-// it by the usual rules, where the old record would be "replayed".
-func (c *Client) signBack(t Target, u string, from *string, ks *keyState, o writeOptions) (string, error) {
+// write's is max(now, previous+1), see sign). A host that took the change
+// and goes back (auto-revert, abort --revert) runs that content with this
+// record (rollout.OverlaySignatures): its agent accepts it by the usual
+// rules, where the old record would be "replayed".
+func (w *writeTxn) signBack(u string, from *string) (string, error) {
 	var prev uint64
-	if ks != nil {
+	if ks := w.st[u]; ks != nil {
 		prev = ks.sigSeq
 	}
+	o := w.o
 	now := uint64(max(o.now().UnixMilli(), 0))
-	ch := reconcile.SignedChange{Key: c.targetUnits(t) + u, Target: t.String(), Seq: max(now, prev+1) + 1, Revert: true}
+	ch := reconcile.SignedChange{Key: w.c.targetUnits(w.target) + u, Target: w.target.String(), Seq: max(now, prev+1) + 1, Revert: true}
 	if from != nil {
 		ch.Hash = reconcile.Hash([]byte(*from))
 	}
@@ -308,15 +362,7 @@ func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]roll
 	if err != nil {
 		return nil, fmt.Errorf("read rollouts: %w", err)
 	}
-	summaries := map[string]*rollout.Summary{}
-	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
-		var s rollout.Summary
-		if err := json.Unmarshal(kv.Value, &s); err != nil {
-			c.skipKey(kv.Key, "not a rollout summary", err)
-			continue
-		}
-		summaries[s.ID] = &s
-	}
+	summaries := c.decodeSummaries(resp.Responses[1].GetResponseRange().GetKvs())
 	var entries []reconcile.Entry
 	for _, kv := range resp.Responses[2].GetResponseRange().GetKvs() {
 		if t, unit, ok := c.parseUnitKey(string(kv.Key)); ok && t.Group != "" {
@@ -334,16 +380,9 @@ func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]roll
 	for _, kv := range resp.Responses[4].GetResponseRange().GetKvs() {
 		gateRunners[string(kv.Key[strings.LastIndexByte(string(kv.Key), '/')+1:])] = string(kv.Value)
 	}
-	progress := map[string]map[string]*rollout.Progress{}
+	var progress map[string]map[string]*rollout.Progress
 	if hosts {
-		for _, kv := range resp.Responses[5].GetResponseRange().GetKvs() {
-			if host, id, p, ok := c.decodeProgress(kv.Key, kv.Value); ok {
-				if progress[id] == nil {
-					progress[id] = map[string]*rollout.Progress{}
-				}
-				progress[id][host] = p
-			}
-		}
+		progress = c.decodeAllProgress(resp.Responses[5].GetResponseRange().GetKvs())
 	}
 	var out []rollout.View
 	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
@@ -368,6 +407,36 @@ func (c *Client) Rollouts(ctx context.Context, group string, hosts bool) ([]roll
 		return strings.Compare(b.Record.ID, a.Record.ID)
 	})
 	return out, nil
+}
+
+// decodeSummaries decodes rollout summaries by ID, skipping (with a
+// warning) a value that does not decode.
+func (c *Client) decodeSummaries(kvs []*mvccpb.KeyValue) map[string]*rollout.Summary {
+	summaries := map[string]*rollout.Summary{}
+	for _, kv := range kvs {
+		var s rollout.Summary
+		if err := json.Unmarshal(kv.Value, &s); err != nil {
+			c.skipKey(kv.Key, "not a rollout summary", err)
+			continue
+		}
+		summaries[s.ID] = &s
+	}
+	return summaries
+}
+
+// decodeAllProgress decodes hosts' progress keys (see decodeProgress),
+// by rollout ID and host.
+func (c *Client) decodeAllProgress(kvs []*mvccpb.KeyValue) map[string]map[string]*rollout.Progress {
+	progress := map[string]map[string]*rollout.Progress{}
+	for _, kv := range kvs {
+		if host, id, p, ok := c.decodeProgress(kv.Key, kv.Value); ok {
+			if progress[id] == nil {
+				progress[id] = map[string]*rollout.Progress{}
+			}
+			progress[id][host] = p
+		}
+	}
+	return progress
 }
 
 // RunGate says that who runs rollout r's gate command, until release is
@@ -466,8 +535,10 @@ func (c *Client) writeRollout(ctx context.Context, r *rollout.Record, guards []c
 	key := c.rolloutKey(r.Group, r.ID)
 	rctx, cancel := c.reqCtx(ctx)
 	defer cancel()
-	guards = append(guards, clientv3.Compare(clientv3.ModRevision(key), "=", r.ModRevision))
-	resp, err := c.cli.Txn(rctx).If(guards...).Then(clientv3.OpPut(key, string(b))).Commit()
+	x := txn{ifs: guards}
+	x.guard(clientv3.Compare(clientv3.ModRevision(key), "=", r.ModRevision))
+	x.then(clientv3.OpPut(key, string(b)))
+	resp, err := x.commit(rctx, c.cli)
 	if err != nil {
 		return false, fmt.Errorf("write rollout %s: %w", r.ID, err)
 	}

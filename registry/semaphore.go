@@ -415,30 +415,7 @@ func (l *lock) wait(ctx context.Context, ahead map[string]bool, rev int64, limit
 		cancel()
 		wg.Wait()
 	}()
-	// clientv3's Watch call itself blocks while its stream is being
-	// (re)connected, and a cancelled watch's channel is only closed once
-	// the stream is back: follow it from a goroutine that also gives up
-	// on wctx, so that the probe below runs whatever the watch does.
-	wch := make(chan clientv3.WatchResponse)
-	wg.Go(func() {
-		defer close(wch)
-		in := c.cli.Watch(wctx, l.dir, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-		for {
-			select {
-			case <-wctx.Done():
-				return
-			case wr, ok := <-in:
-				if !ok {
-					return
-				}
-				select {
-				case wch <- wr:
-				case <-wctx.Done():
-					return
-				}
-			}
-		}
-	})
+	wch := l.watchQueue(wctx, &wg, rev)
 	probe := time.NewTicker(c.lockProbe)
 	defer probe.Stop()
 	for {
@@ -449,13 +426,7 @@ func (l *lock) wait(ctx context.Context, ahead map[string]bool, rev int64, limit
 			return false, fmt.Errorf("%w: the agent's lease was lost while waiting", ErrSlotLost)
 		case <-probe.C:
 			// The watch says nothing while etcd is away: ask.
-			rctx, cancel := c.reqCtx(ctx)
-			resp, err := c.cli.Get(rctx, l.key)
-			cancel()
-			if err != nil {
-				return false, fmt.Errorf("check the queue: %w", err)
-			}
-			if err := l.check(resp.Kvs); err != nil {
+			if err := l.probe(ctx); err != nil {
 				return false, err
 			}
 		case wr, ok := <-wch:
@@ -488,6 +459,46 @@ func (l *lock) wait(ctx context.Context, ahead map[string]bool, rev int64, limit
 			}
 		}
 	}
+}
+
+// watchQueue watches the queue from rev+1 in a goroutine of wg. clientv3's
+// Watch call itself blocks while its stream is being (re)connected, and a
+// cancelled watch's channel is only closed once the stream is back: the
+// goroutine also gives up on wctx (and closes the channel it returns), so
+// that the caller's probe runs whatever the watch does.
+func (l *lock) watchQueue(wctx context.Context, wg *sync.WaitGroup, rev int64) <-chan clientv3.WatchResponse {
+	wch := make(chan clientv3.WatchResponse)
+	wg.Go(func() {
+		defer close(wch)
+		in := l.c.cli.Watch(wctx, l.dir, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case wr, ok := <-in:
+				if !ok {
+					return
+				}
+				select {
+				case wch <- wr:
+				case <-wctx.Done():
+					return
+				}
+			}
+		}
+	})
+	return wch
+}
+
+// probe reads our key and checks it is our last write.
+func (l *lock) probe(ctx context.Context) error {
+	rctx, cancel := l.c.reqCtx(ctx)
+	resp, err := l.c.cli.Get(rctx, l.key)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("check the queue: %w", err)
+	}
+	return l.check(resp.Kvs)
 }
 
 // grant marks the key held, provided it is still exactly our last write

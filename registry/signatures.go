@@ -69,45 +69,44 @@ func (c *Client) SignedTargets(host string, groups []string) []reconcile.SignedT
 	return out
 }
 
-// signatureOps are the guards and operations that sign (or, unsigned,
-// clear the records of) names, written with values (or removed), as read
-// in st: a guard that each record is unchanged since, and its new record.
-func (c *Client) signatureOps(t Target, names []string, values map[string][]byte, removed bool, st map[string]*keyState, o writeOptions) ([]clientv3.Cmp, []clientv3.Op, error) {
-	var cmps []clientv3.Cmp
-	var ops []clientv3.Op
+// sign adds, for each key written, its signature record (or, unsigned,
+// clears the record it has), guarded by that record being unchanged since
+// it was read.
+func (w *writeTxn) sign() error {
+	c, t, o := w.c, w.target, w.o
 	now := uint64(max(o.now().UnixMilli(), 0))
-	for _, u := range names {
-		s, key := st[u], c.signatureRoot(t)+u
+	for _, u := range w.names {
+		s, key := w.st[u], c.signatureRoot(t)+u
 		if o.signer == nil {
 			if s.sigRev != 0 {
 				// No signature, but the sequence stays: the next signed
 				// write continues from it whatever its writer's clock says.
-				b, err := json.Marshal(reconcile.SignatureRecord{Key: c.targetUnits(t) + u, Seq: s.sigSeq, Removed: removed})
+				b, err := json.Marshal(reconcile.SignatureRecord{Key: c.targetUnits(t) + u, Seq: s.sigSeq, Removed: w.removal()})
 				if err != nil {
-					return nil, nil, err
+					return err
 				}
-				cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", s.sigRev))
-				ops = append(ops, clientv3.OpPut(key, string(b)))
+				w.guard(clientv3.Compare(clientv3.ModRevision(key), "=", s.sigRev))
+				w.then(clientv3.OpPut(key, string(b)))
 			}
 			continue
 		}
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", s.sigRev))
+		w.guard(clientv3.Compare(clientv3.ModRevision(key), "=", s.sigRev))
 		ch := reconcile.SignedChange{Key: c.targetUnits(t) + u, Target: t.String(), Seq: max(now, s.sigSeq+1), Revert: o.revert}
-		if !removed {
-			ch.Hash = reconcile.Hash(values[u])
+		if !w.removal() {
+			ch.Hash = reconcile.Hash(w.values[u])
 		}
 		sig, err := o.signer.SignChange(ch.Message())
 		if err != nil {
-			return nil, nil, fmt.Errorf("sign %s: %w", ch.Key, err)
+			return fmt.Errorf("sign %s: %w", ch.Key, err)
 		}
-		b, err := json.Marshal(reconcile.SignatureRecord{Key: ch.Key, Hash: ch.Hash, Removed: removed, Seq: ch.Seq, Revert: ch.Revert,
+		b, err := json.Marshal(reconcile.SignatureRecord{Key: ch.Key, Hash: ch.Hash, Removed: w.removal(), Seq: ch.Seq, Revert: ch.Revert,
 			Signer: o.signer.Fingerprint(), Signature: string(sig)})
 		if err != nil {
-			return nil, nil, fmt.Errorf("encode the signature of %s: %w", ch.Key, err)
+			return fmt.Errorf("encode the signature of %s: %w", ch.Key, err)
 		}
-		ops = append(ops, clientv3.OpPut(key, string(b)))
+		w.then(clientv3.OpPut(key, string(b)))
 	}
-	return cmps, ops, nil
+	return nil
 }
 
 // sizeOnly stands in for a signer where only the size of the write

@@ -47,12 +47,8 @@ func (c *Client) Put(ctx context.Context, t Target, units map[string][]byte, opt
 			return 0, err
 		}
 		resp, err := c.commitWrite(ctx, w)
-		var le *LimitError
-		if errors.As(err, &le) {
-			return 0, err // says what and where in its own words
-		}
 		if err != nil {
-			return 0, fmt.Errorf("put %s (%s): %w", c.targetUnits(t), strings.Join(slices.Sorted(maps.Keys(units)), ", "), err)
+			return 0, err
 		}
 		if resp.Succeeded {
 			return resp.Header.Revision, nil
@@ -80,69 +76,50 @@ func (c *Client) CheckPut(ctx context.Context, t Target, units map[string][]byte
 	return checkLimits(w)
 }
 
-// putTxn builds the transaction that puts units to t, guarded by the
-// keys (and the group's halts) as read now.
-func (c *Client) putTxn(ctx context.Context, t Target, units map[string][]byte, o writeOptions) (writeTxn, error) {
+// putTxn composes the write that puts units to t, guarded by the keys
+// (and the group's halts) as read now.
+func (c *Client) putTxn(ctx context.Context, t Target, units map[string][]byte, o writeOptions) (*writeTxn, error) {
+	names := slices.Sorted(maps.Keys(units))
+	if err := checkWrite(t, names, "put", "put"); err != nil {
+		return nil, err
+	}
+	if err := checkValues(t, units); err != nil {
+		return nil, err
+	}
+	if err := c.checkOneWriter(ctx, t, units); err != nil {
+		return nil, err
+	}
+	st, _, err := c.readKeys(ctx, t, names, false)
+	if err != nil {
+		return nil, fmt.Errorf("put %s: %w", t, err)
+	}
+	w := c.newWriteTxn("put", t, names, units, st, o)
+	if err := w.compose(ctx, func(h reconcile.Halt) bool { return putClears(h, units) }); err != nil {
+		return nil, fmt.Errorf("put %s: %w", t, err)
+	}
+	return w, nil
+}
+
+// checkWrite checks the target and the unit keys of a write: verb names
+// it in errors about the target ("put", "remove"), verbFrom in the others
+// ("put", "remove from").
+func checkWrite(t Target, units []string, verb, verbFrom string) error {
 	if err := t.Validate(); err != nil {
-		return writeTxn{}, fmt.Errorf("put: %w", err)
+		return fmt.Errorf("%s: %w", verb, err)
 	}
 	if len(units) == 0 {
-		return writeTxn{}, fmt.Errorf("put %s: %w: no units given", t, ErrInvalid)
+		return fmt.Errorf("%s %s: %w: no units given", verbFrom, t, ErrInvalid)
 	}
 	var errs []error
-	for u := range units {
+	for _, u := range units {
 		if err := ValidateUnit(u); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
+		return fmt.Errorf("%s %s: %w", verbFrom, t, err)
 	}
-	if err := checkValues(t, units); err != nil {
-		return writeTxn{}, err
-	}
-	if err := c.checkOneWriter(ctx, t, units); err != nil {
-		return writeTxn{}, err
-	}
-	root := c.targetUnits(t)
-	names := slices.Sorted(maps.Keys(units))
-	ops := make([]clientv3.Op, len(names))
-	for i, u := range names {
-		ops[i] = clientv3.OpPut(root+u, string(units[u]))
-	}
-	st, _, err := c.readKeys(ctx, t, names, false)
-	if err != nil {
-		return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
-	}
-	ifs, hist, err := c.historyOps(t, names, units, false, st, o)
-	if err != nil {
-		return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
-	}
-	ops = append(ops, hist...)
-	sifs, sops, err := c.signatureOps(t, names, units, false, st, o)
-	if err != nil {
-		return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
-	}
-	ifs, ops = append(ifs, sifs...), append(ops, sops...)
-	if t.Group != "" {
-		dels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool { return putClears(h, units) })
-		if err != nil {
-			return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
-		}
-		ifs, ops = append(ifs, guard), append(ops, dels...)
-	}
-	if o.rollout != nil {
-		to := make(map[string]string, len(units))
-		for u, v := range units {
-			to[u] = reconcile.Hash(v)
-		}
-		guards, rops, err := c.rolloutOps(ctx, t, to, st, o)
-		if err != nil {
-			return writeTxn{}, fmt.Errorf("put %s: %w", t, err)
-		}
-		ifs, ops = append(ifs, guards...), append(ops, rops...)
-	}
-	return writeTxn{op: "put", target: t, keys: len(names), ifs: ifs, ops: ops}, nil
+	return nil
 }
 
 // Remove deletes units of t in one transaction. If any of them does not
@@ -198,20 +175,8 @@ func (e *DropInsError) Error() string {
 func (e *DropInsError) Unwrap() error { return ErrDropInsStay }
 
 func (c *Client) remove(ctx context.Context, t Target, units []string, recursive bool, opts []WriteOption) (int64, []string, error) {
-	if err := t.Validate(); err != nil {
-		return 0, nil, fmt.Errorf("remove: %w", err)
-	}
-	if len(units) == 0 {
-		return 0, nil, fmt.Errorf("remove from %s: %w: no units given", t, ErrInvalid)
-	}
-	var errs []error
-	for _, u := range units {
-		if err := ValidateUnit(u); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
+	if err := checkWrite(t, units, "remove", "remove from"); err != nil {
+		return 0, nil, err
 	}
 	o, err := c.resolveWriteOptions(ctx, opts)
 	if err != nil {
@@ -225,114 +190,103 @@ func (c *Client) remove(ctx context.Context, t Target, units []string, recursive
 	named := slices.Clone(units)
 	slices.Sort(named)
 	named = slices.Compact(named)
-	root := c.targetUnits(t)
 	for range 10 {
-		st, readRev, err := c.readKeys(ctx, t, named, recursive || o.wholeUnits)
+		w, err := c.removeTxn(ctx, t, named, recursive, o)
 		if err != nil {
-			return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
+			return 0, nil, err
 		}
-		if c.testAfterKeysRead != nil {
-			c.testAfterKeysRead()
-		}
-		// The drop-ins of each named unit: with recursive they go too;
-		// without, those not named refuse the removal.
-		var (
-			names   []string
-			missing []string
-			stay    = map[string][]string{}
-			hasDrop = map[string]bool{}
-		)
-		for _, k := range slices.Sorted(maps.Keys(st)) {
-			owner := reconcile.UnitOfPath(k)
-			isDrop := owner != k // a drop-in or a config file of owner's set
-			switch {
-			case st[k].modRev != 0 && isDrop:
-				hasDrop[owner] = true
-				if recursive || slices.Contains(named, k) {
-					names = append(names, k)
-				} else if o.wholeUnits && slices.Contains(named, owner) && st[owner].modRev != 0 {
-					stay[owner] = append(stay[owner], k)
-				}
-			case st[k].modRev != 0:
-				names = append(names, k)
-			}
-		}
-		for _, u := range named {
-			if st[u].modRev == 0 && !(recursive && hasDrop[u]) {
-				missing = append(missing, u)
-			}
-		}
-		if len(missing) > 0 {
-			return 0, nil, fmt.Errorf("remove from %s: %w: %s (nothing removed)", t, ErrNotFound, strings.Join(missing, ", "))
-		}
-		if len(stay) > 0 {
-			return 0, nil, &DropInsError{Target: t, Stay: stay}
-		}
-		for k := range st {
-			if !slices.Contains(names, k) {
-				delete(st, k) // a drop-in read only to be judged: not written
-			}
-		}
-		// The guards (each key's ModRevision as read, never 0 here) also
-		// say that every key still exists; when its drop-ins were judged,
-		// one more per named unit says that none was written since.
-		ifs, hist, err := c.historyOps(t, names, nil, true, st, o)
+		resp, err := c.commitWrite(ctx, w)
 		if err != nil {
-			return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
-		}
-		for _, u := range named {
-			if (recursive || o.wholeUnits) && reconcile.UnitOfPath(u) == u {
-				for _, set := range []string{".d/", reconcile.FilesDir} {
-					ifs = append(ifs, clientv3.Compare(clientv3.ModRevision(root+u+set), "<", readRev+1).WithPrefix())
-				}
-			}
-		}
-		sifs, sops, err := c.signatureOps(t, names, nil, true, st, o)
-		if err != nil {
-			return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
-		}
-		ifs = append(ifs, sifs...)
-		ops := make([]clientv3.Op, 0, len(names)+len(hist)+len(sops))
-		for _, u := range names {
-			ops = append(ops, clientv3.OpDelete(root+u))
-		}
-		ops = append(ops, hist...)
-		ops = append(ops, sops...)
-		if t.Group != "" {
-			haltDels, guard, err := c.haltsToClear(ctx, t.Group, func(h reconcile.Halt) bool {
-				return slices.ContainsFunc(names, func(u string) bool { return partOf(u, h.Unit) })
-			})
-			if err != nil {
-				return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
-			}
-			ifs, ops = append(ifs, guard), append(ops, haltDels...)
-		}
-		if o.rollout != nil {
-			to := make(map[string]string, len(names))
-			for _, u := range names {
-				to[u] = "" // removed
-			}
-			guards, rops, err := c.rolloutOps(ctx, t, to, st, o)
-			if err != nil {
-				return 0, nil, fmt.Errorf("remove from %s: %w", t, err)
-			}
-			ifs, ops = append(ifs, guards...), append(ops, rops...)
-		}
-		resp, err := c.commitWrite(ctx, writeTxn{op: "removal", target: t, keys: len(names), ifs: ifs, ops: ops})
-		var le *LimitError
-		if errors.As(err, &le) {
-			return 0, nil, err // says what and where in its own words
-		}
-		if err != nil {
-			return 0, nil, fmt.Errorf("remove %s (%s): %w", root, strings.Join(names, ", "), err)
+			return 0, nil, err
 		}
 		if resp.Succeeded {
-			return resp.Header.Revision, names, nil
+			return resp.Header.Revision, w.names, nil
 		}
 		// A key, a drop-in or a halt of the group was written in between:
 		// read again.
 	}
 	return 0, nil, fmt.Errorf("remove from %s: its keys or the group's halts keep changing; nothing removed, retry", t)
+}
+
+// removeTxn composes the write that removes named (sorted, no
+// duplicates) from t, with their drop-ins when recursive, guarded by the
+// keys, the drop-ins judged and the group's halts as read now.
+func (c *Client) removeTxn(ctx context.Context, t Target, named []string, recursive bool, o writeOptions) (*writeTxn, error) {
+	judged := recursive || o.wholeUnits
+	st, readRev, err := c.readKeys(ctx, t, named, judged)
+	if err != nil {
+		return nil, fmt.Errorf("remove from %s: %w", t, err)
+	}
+	if c.testAfterKeysRead != nil {
+		c.testAfterKeysRead()
+	}
+	names, err := removedKeys(t, st, named, recursive, o.wholeUnits)
+	if err != nil {
+		return nil, err
+	}
+	for k := range st {
+		if !slices.Contains(names, k) {
+			delete(st, k) // a drop-in read only to be judged: not written
+		}
+	}
+	w := c.newWriteTxn("removal", t, names, nil, st, o)
+	if judged {
+		// Guarded too on none of their drop-ins written since.
+		for _, u := range named {
+			if reconcile.UnitOfPath(u) == u {
+				w.wholeUnits = append(w.wholeUnits, u)
+			}
+		}
+		w.readRev = readRev
+	}
+	clears := func(h reconcile.Halt) bool {
+		return slices.ContainsFunc(names, func(u string) bool { return partOf(u, h.Unit) })
+	}
+	if err := w.compose(ctx, clears); err != nil {
+		return nil, fmt.Errorf("remove from %s: %w", t, err)
+	}
+	return w, nil
+}
+
+// removedKeys are the keys of st (read for named) that a removal of named
+// deletes, sorted: each named key, and with recursive every drop-in and
+// config file of a named unit. Nothing is removed when a named key is
+// missing (an error wrapping ErrNotFound), or with wholeUnits when a named
+// unit's drop-in would stay (a *DropInsError).
+func removedKeys(t Target, st map[string]*keyState, named []string, recursive, wholeUnits bool) ([]string, error) {
+	var (
+		names   []string
+		missing []string
+		stay    = map[string][]string{}
+		hasDrop = map[string]bool{}
+	)
+	for _, k := range slices.Sorted(maps.Keys(st)) {
+		owner := reconcile.UnitOfPath(k)
+		isDrop := owner != k // a drop-in or a config file of owner's set
+		switch {
+		case st[k].modRev != 0 && isDrop:
+			hasDrop[owner] = true
+			if recursive || slices.Contains(named, k) {
+				names = append(names, k)
+			} else if wholeUnits && slices.Contains(named, owner) && st[owner].modRev != 0 {
+				stay[owner] = append(stay[owner], k)
+			}
+		case st[k].modRev != 0:
+			names = append(names, k)
+		}
+	}
+	for _, u := range named {
+		if st[u].modRev == 0 && !(recursive && hasDrop[u]) {
+			missing = append(missing, u)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("remove from %s: %w: %s (nothing removed)", t, ErrNotFound, strings.Join(missing, ", "))
+	}
+	if len(stay) > 0 {
+		return nil, &DropInsError{Target: t, Stay: stay}
+	}
+	return names, nil
 }
 
 // List returns the unit keys of t, or of every host and group when t is

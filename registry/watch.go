@@ -326,27 +326,7 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 		cancel()
 		wg.Wait()
 	}()
-	merged := make(chan watchItem)
-	for i, p := range w.prefixes {
-		ch := w.c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-		wg.Go(func() {
-			defer func() {
-				for range ch { // drain until the client closes it after cancel
-				}
-			}()
-			for resp := range ch {
-				select {
-				case merged <- watchItem{from: i, resp: resp}:
-				case <-wctx.Done():
-					return
-				}
-			}
-			select {
-			case merged <- watchItem{closed: true}:
-			case <-wctx.Done():
-			}
-		})
-	}
+	merged := w.c.watchPrefixes(wctx, &wg, w.prefixes, rev)
 
 	resync := time.NewTimer(reconcile.Jitter(w.c.resyncInterval))
 	defer resync.Stop()
@@ -409,6 +389,35 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 		onSnapshot(w.snapshot(state, rev))
 		armCatchUp()
 	}
+}
+
+// watchPrefixes watches every prefix from rev+1, each in a goroutine of
+// wg, and merges their responses into one channel (from: the prefix's
+// index), until wctx ends; a watch whose channel closes sends one item
+// marked closed.
+func (c *Client) watchPrefixes(wctx context.Context, wg *sync.WaitGroup, prefixes []string, rev int64) <-chan watchItem {
+	merged := make(chan watchItem)
+	for i, p := range prefixes {
+		ch := c.cli.Watch(wctx, p, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		wg.Go(func() {
+			defer func() {
+				for range ch { // drain until the client closes it after cancel
+				}
+			}()
+			for resp := range ch {
+				select {
+				case merged <- watchItem{from: i, resp: resp}:
+				case <-wctx.Done():
+					return
+				}
+			}
+			select {
+			case merged <- watchItem{closed: true}:
+			case <-wctx.Done():
+			}
+		})
+	}
+	return merged
 }
 
 // requestProgress asks etcd for a progress notification on every watcher

@@ -26,7 +26,8 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
+
+	"github.com/agentd/agentd/internal/privdir"
 )
 
 // ErrNotRegular is returned when the target exists but is not a regular file
@@ -88,22 +89,15 @@ func MkdirPrivate(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	fi, err := os.Stat(dir)
-	if err != nil {
-		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory", dir)
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("%s belongs to uid %d, not to this process's user (uid %d): refusing to keep private files there", dir, st.Uid, os.Geteuid())
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		if err := os.Chmod(dir, fi.Mode().Perm()&0o700|0o700); err != nil {
+	err := privdir.Check(dir)
+	var wide *privdir.ModeError
+	if errors.As(err, &wide) {
+		if err := os.Chmod(dir, wide.Mode&0o700|0o700); err != nil {
 			return fmt.Errorf("tighten %s to 0700: %w", dir, err)
 		}
+		return nil
 	}
-	return nil
+	return err
 }
 
 // tighten removes group and other permissions from the regular files and

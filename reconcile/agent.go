@@ -419,8 +419,8 @@ func New(cfg Config) *Agent {
 		ledger:   newLedger(cfg.Manifest),
 		exec:     executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
 		jobs:     newJobs(cfg.Systemd, cfg.Log),
-		probes:   newProbes(cfg.Prober),
-		confirms: newConfirms(cfg.Confirmer),
+		probes:   newProbes(cfg.Prober, cfg.Observer, cfg.Log),
+		confirms: newConfirms(cfg.Confirmer, cfg.Log),
 		slots:    slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
 		managed:  newManagedIndex(cfg.Manifest.Managed()),
 		facts:    newFactsState(cfg.Facts, cfg.Files, fileRoots(cfg.Files), cfg.Log),
@@ -614,11 +614,11 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.launchProbes(ctx)
 				continue
 			case r := <-a.confirms.done:
-				if !a.confirmDone(ctx, r) {
+				if !a.confirmed(ctx, r) {
 					continue
 				}
 			case <-a.confirms.wake():
-				a.confirmWake(ctx)
+				a.confirms.woken(ctx)
 				continue
 			case <-resync.C:
 				a.view.resyncCache(ctx)
@@ -631,7 +631,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		_, err := a.observedPass(ctx)
 		lastEnd = time.Now()
 		a.cfg.Observer.Heartbeat()
-		if next, ok := a.nextWake(time.Now()); ok {
+		// The loop looks again by the clock at the next end of a
+		// HealthySec window or of a ConfirmSec window.
+		next, ok := a.ledger.nextDeadline(time.Now())
+		if c, cok := a.confirms.nextDeadline(); cok && (!ok || c.Before(next)) {
+			next, ok = c, true
+		}
+		if ok {
 			wake.Reset(time.Until(next) + 10*time.Millisecond)
 		}
 		select {

@@ -38,7 +38,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 		plan := Plan(desired, cur)
 		plan, cur = a.gate(ctx, failures, desired, cur, plan)
 		a.view.planned(units, plan)
-		a.setProbes(plan, look, cur)
+		a.probes.follow(plan, look, cur)
 		if a.cfg.CheckFocus && units != nil {
 			all := a.view.everyUnit()
 			full, err := a.view.current(ctx, all)
@@ -50,7 +50,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 		if round == 0 {
 			first = plan
 			a.resumeVerification(plan, cur)
-			a.resumeConfirm(plan)
+			a.confirms.resume(plan, a.ledger.records, a.jobs.running)
 		}
 		tPlanned := time.Now()
 		more, err := a.execute(ctx, plan, cur, round == maxRounds-1)
@@ -71,7 +71,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	a.facts.update(a.managed.paths, a.ledger.refused, a.ledger.records)
 	a.view.endPass()
 	a.launchProbes(ctx)
-	a.launchConfirm(ctx)
+	a.confirms.tryIfDue(ctx)
 	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
 	err := errors.Join(applyErr, reportErr)
 	if err != nil {
@@ -90,7 +90,7 @@ func (a *Agent) drainResults(ctx context.Context) {
 		case r := <-a.probes.done:
 			a.probeDone(r)
 		case r := <-a.confirms.done:
-			a.confirmDone(ctx, r)
+			a.confirmed(ctx, r)
 		default:
 			return
 		}
@@ -213,7 +213,7 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 			continue
 		}
 		if act.Steps.Job == JobNone {
-			if _, inflight := a.jobs.inflight[act.Unit]; !inflight {
+			if !a.jobs.running(act.Unit) {
 				a.ledger.noJob(act.Unit)
 			}
 			continue
@@ -233,8 +233,8 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 		// version is not judged by what the new job does to the unit. Its
 		// confirmation too, when the job is for other content.
 		a.ledger.supersede(act.Unit)
-		if w := a.ledger.confirm[act.Unit]; w != nil && (w.act.ContentKey != act.ContentKey || act.Kind == KindRollback) {
-			a.ledger.endConfirm(act.Unit)
+		if a.confirms.supersede(act) {
+			a.ledger.unmarkConfirming(act.Unit)
 		}
 		a.probes.reset(act.Unit) // and its probes start afresh
 		a.jobs.launch(ctx, act, cur.Host.Units[act.Unit], gates, a.view.stateReader(act.Unit), a.hand.mutedOf)
@@ -269,7 +269,9 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 				job = JobRestart // the owed job was the agent's start or restart
 			}
 			change := a.ledger.applied(act, job, a.view.manager())
-			a.awaitConfirm(act, change, time.Now())
+			if a.confirms.await(act, change, a.ledger.records[u], time.Now()) {
+				a.ledger.markConfirming(u, act.ContentKey)
+			}
 			if act.Record.Ran {
 				// The owed job ran before the agent died: judged as if it
 				// had just ended (HealthySec from now).
@@ -309,6 +311,62 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 				a.record(act, "done", nil)
 			}
 			a.ledger.drop(u)
+			a.confirms.forget(u)
+		}
+	}
+}
+
+// launchProbes starts the probe rounds that are due (probes.launchDue):
+// on units systemd says are active (as the view last saw them) with no
+// job of the agent's in flight.
+func (a *Agent) launchProbes(ctx context.Context) {
+	a.probes.launchDue(ctx, time.Now(), func(u string) bool {
+		if a.jobs.running(u) {
+			return false
+		}
+		st, err := a.view.state(ctx, u)
+		return err == nil && st.ActiveState == "active"
+	})
+}
+
+// probeDone takes a probe round's result (probes.take), the unit looked
+// at again when its status changed. It says whether a pass is owed.
+func (a *Agent) probeDone(r probeResult) bool {
+	changed, pass := a.probes.take(r, a.ledger.verifying(r.unit))
+	if changed {
+		a.view.touch(r.unit)
+	}
+	return pass
+}
+
+// confirmed takes a try of the Confirmer (confirms.take) and tells the
+// ledger of the changes it confirmed, each unit looked at again. It says
+// whether a pass is owed (a status changed).
+func (a *Agent) confirmed(ctx context.Context, r ConfirmTry) bool {
+	units := a.confirms.take(ctx, r)
+	for _, u := range units {
+		a.ledger.confirmed(u)
+		a.view.touch(u)
+	}
+	return len(units) > 0
+}
+
+// expireConfirms ends the windows whose ConfirmSec= ran out unconfirmed
+// (confirms.expire): each change is a failure (ledger.unconfirmed) that
+// the planner of this round rolls back, its unit touched so the round
+// plans it. It runs before the round observes.
+func (a *Agent) expireConfirms() {
+	for _, x := range a.confirms.expire(time.Now()) {
+		rec, template := a.ledger.unconfirmed(x.act, x.reason)
+		a.view.touch(x.act.Unit)
+		if template != "" {
+			a.view.touch(template)
+		}
+		if why := rollbackWhyNot(x.act.Policy, rec); why != "" {
+			a.recordAs(x.act, x.act.Kind.Word(), "failed", errors.New(x.reason+"; "+why))
+		} else {
+			// Not final: this round's plan rolls it back.
+			a.recordAs(x.act, ActionRollingBack, "pending", errors.New(x.reason))
 		}
 	}
 }

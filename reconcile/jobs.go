@@ -206,6 +206,12 @@ func underDeadline(ctx context.Context, deadline time.Duration, f func(context.C
 	return err
 }
 
+// running says whether a job of the agent's on unit is in flight.
+func (j *jobs) running(unit string) bool {
+	_, ok := j.inflight[unit]
+	return ok
+}
+
 func (j *jobs) runJob(ctx context.Context, act Action) error {
 	if act.Steps.Job == JobRestart {
 		for _, other := range act.Steps.AlsoStop {
@@ -285,7 +291,10 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		return
 	}
 	change := a.ledger.applied(act, act.Steps.Job, a.view.manager())
-	a.awaitConfirm(act, change, r.ended) // before the HealthySec window: it keeps what ran before
+	// Before the HealthySec window: it keeps what ran before.
+	if a.confirms.await(act, change, a.ledger.records[act.Unit], r.ended) {
+		a.ledger.markConfirming(act.Unit, act.ContentKey)
+	}
 	if outcome == JobDone {
 		a.record(act, "done", nil)
 	} else {

@@ -176,7 +176,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		in.Last = &o
 	}
 	in.Record, in.Verifying, in.EnableErr = a.ledger.records[name], a.ledger.verifying(name), a.ledger.enableErr[name]
-	in.Confirming = a.ledger.confirming(name)
+	in.Confirming = a.confirms.awaiting(name)
 	if t := a.probes.targets[name]; t != nil {
 		in.Probes, in.Probe = t.spec, t.state
 	}

@@ -19,6 +19,7 @@ func (a *Agent) judge(cur Current) (failures []judged) {
 			a.recordAs(w.act, w.op.Word(), "unknown", errors.New(j.why))
 		case VerdictUnhealthy:
 			failures = append(failures, j)
+			a.confirms.forget(u) // a failed change awaits no confirmation
 			if j.template != "" {
 				a.view.touch(j.template)
 			}

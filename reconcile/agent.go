@@ -283,15 +283,14 @@ type Config struct {
 type Agent struct {
 	cfg  Config
 	log  *slog.Logger
-	poke chan struct{}
-	reqs chan func(context.Context)
+	reqs requests
 
-	hand   handoff  // the snapshot in, statuses out
-	view   view     // what the loop sees: systemd's and the disk's state, the desired units, which units a pass looks at
-	ledger ledger   // the records, intent and HealthySec windows: its only writer
-	exec   executor // does the steps of a plan
-	jobs   jobs     // jobs in flight, and what runs them
-	probes probes   // health probes, and what runs them
+	handoff handoff  // the snapshot in, statuses out, the pokes
+	view    view     // what the loop sees: systemd's and the disk's state, the desired units, which units a pass looks at
+	ledger  ledger   // the records, intent and HealthySec windows: its only writer
+	exec    executor // does the steps of a plan
+	jobs    jobs     // jobs in flight, and what runs them
+	probes  probes   // health probes, and what runs them
 	// confirms are the tries to confirm the changes awaiting it (ConfirmSec=)
 	confirms confirms
 	slots    slotTable // MaxUnavailable slots
@@ -326,8 +325,11 @@ func (r agentMemory) managedPaths() map[string]Owned    { return r.m.paths }
 func (r agentMemory) managedUnits() map[string][]string { return r.m.byUnit }
 func (r agentMemory) slotsHeld() map[string]string      { return r.s.held() }
 
-// handoff is where other goroutines meet the loop.
+// handoff is where other goroutines meet the loop ("handoff" means this
+// alone): they hand it a snapshot, what changed (signals, fsnotify) and
+// pokes; the loop hands back the statuses.
 type handoff struct {
+	poke     chan struct{} // a coalescing trigger: size 1, sent to without blocking
 	mu       sync.Mutex
 	snap     *Snapshot
 	relevant map[string]bool // units the agent cares about, for filtering D-Bus signals
@@ -343,6 +345,92 @@ type handoff struct {
 	dirty    dirty // what signals and fsnotify said changed since the last look
 	statuses []Status
 	revision int64
+}
+
+// trigger pokes the loop: a pass comes soon (Run batches the pokes).
+func (h *handoff) trigger() {
+	select {
+	case h.poke <- struct{}{}:
+	default:
+	}
+}
+
+// setSnapshot keeps s as the registry's newest snapshot.
+func (h *handoff) setSnapshot(s *Snapshot) {
+	h.mu.Lock()
+	h.snap = s
+	h.mu.Unlock()
+	h.trigger()
+}
+
+// unitChanged notes systemd's change of unit ("": anything) and pokes the
+// loop, unless its signals are muted (a job of the agent's is in flight)
+// or the agent does not care about unit.
+func (h *handoff) unitChanged(unit string) {
+	h.mu.Lock()
+	if h.jobbing[unit] {
+		if h.muted == nil {
+			h.muted = map[string]int{}
+		}
+		h.muted[unit]++
+		h.mu.Unlock()
+		return
+	}
+	rel := unit == "" || h.relevant[unit]
+	switch {
+	case unit == "":
+		h.dirty.all = true
+	case rel:
+		h.dirty.unit(unit)
+	}
+	h.mu.Unlock()
+	if rel {
+		h.trigger()
+	}
+}
+
+// fileChanged notes a change in the unit directory (path "": anything)
+// and pokes the loop.
+func (h *handoff) fileChanged(path string) {
+	h.mu.Lock()
+	if path == "" {
+		h.dirty.all = true
+	} else {
+		h.dirty.path(path)
+	}
+	h.mu.Unlock()
+	h.trigger()
+}
+
+// published keeps the statuses a pass computed, and the revision of the
+// snapshot then newest; it returns that revision.
+func (h *handoff) published(list []Status) int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.statuses = list
+	if h.snap != nil {
+		h.revision = h.snap.Revision
+	}
+	return h.revision
+}
+
+// lastStatuses are the statuses the last pass computed.
+func (h *handoff) lastStatuses() (revision int64, st []Status) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.revision, append([]Status(nil), h.statuses...)
+}
+
+// jobEnded takes unit's signals again once its job ended, and says whether
+// none came since the state was read after the job (muted, as counted
+// then: that state is still the newest).
+func (h *handoff) jobEnded(unit string, muted int) (fresh bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	fresh = h.muted[unit] == muted
+	delete(h.jobbing, unit)
+	delete(h.muted, unit)
+	return fresh
 }
 
 func (h *handoff) snapshot() *Snapshot {
@@ -409,13 +497,15 @@ func New(cfg Config) *Agent {
 	if cfg.Observer == nil {
 		cfg.Observer = NopObserver{}
 	}
+	if cfg.Pause == nil {
+		cfg.Pause = func(context.Context, string) {}
+	}
 	a := &Agent{
 		out:      newReports(cfg.Reporter, cfg.Log),
 		cfg:      cfg,
 		log:      cfg.Log,
-		poke:     make(chan struct{}, 1),
-		reqs:     make(chan func(context.Context)),
-		hand:     handoff{relevant: map[string]bool{}},
+		reqs:     make(requests),
+		handoff:  handoff{poke: make(chan struct{}, 1), relevant: map[string]bool{}},
 		ledger:   newLedger(cfg.Manifest),
 		exec:     executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
 		jobs:     newJobs(cfg.Systemd, cfg.Log),
@@ -425,8 +515,8 @@ func New(cfg Config) *Agent {
 		managed:  newManagedIndex(cfg.Manifest.Managed()),
 		facts:    newFactsState(cfg.Facts, cfg.Files, fileRoots(cfg.Files), cfg.Log),
 	}
-	a.slots.poke = a.trigger
-	a.view = newView(cfg, agentMemory{&a.ledger, &a.jobs, &a.managed, &a.slots}, &a.hand, a.facts.notePaths)
+	a.slots.poke = a.handoff.trigger
+	a.view = newView(cfg, agentMemory{&a.ledger, &a.jobs, &a.managed, &a.slots}, &a.handoff, a.facts.notePaths)
 	return a
 }
 
@@ -438,76 +528,32 @@ func New(cfg Config) *Agent {
 // each time and shares only unchanged values).
 func (a *Agent) SetSnapshot(s Snapshot) {
 	a.log.Debug("registry snapshot", "revision", s.Revision)
-	a.hand.mu.Lock()
-	a.hand.snap = &s
-	a.hand.mu.Unlock()
-	a.trigger()
+	a.handoff.setSnapshot(&s)
 }
 
 // UnitChanged tells the agent systemd reported a change of unit ("" means
 // anything may have changed, e.g. after a D-Bus reconnect).
-func (a *Agent) UnitChanged(unit string) {
-	a.hand.mu.Lock()
-	if a.hand.jobbing[unit] {
-		if a.hand.muted == nil {
-			a.hand.muted = map[string]int{}
-		}
-		a.hand.muted[unit]++
-		a.hand.mu.Unlock()
-		return
-	}
-	rel := unit == "" || a.hand.relevant[unit]
-	switch {
-	case unit == "":
-		a.hand.dirty.all = true
-	case rel:
-		a.hand.dirty.unit(unit)
-	}
-	a.hand.mu.Unlock()
-	if rel {
-		a.trigger()
-	}
-}
+func (a *Agent) UnitChanged(unit string) { a.handoff.unitChanged(unit) }
 
 // FileChanged tells the agent something changed in the unit directory
 // (fsnotify; path is relative to it, "" means anything may have): a managed
 // file edited by hand is restored on the next pass.
-func (a *Agent) FileChanged(path string) {
-	a.hand.mu.Lock()
-	if path == "" {
-		a.hand.dirty.all = true
-	} else {
-		a.hand.dirty.path(path)
-	}
-	a.hand.mu.Unlock()
-	a.trigger()
-}
-
-func (a *Agent) trigger() {
-	select {
-	case a.poke <- struct{}{}:
-	default:
-	}
-}
+func (a *Agent) FileChanged(path string) { a.handoff.fileChanged(path) }
 
 // Statuses returns the statuses computed by the last pass.
-func (a *Agent) Statuses() (revision int64, st []Status) {
-	a.hand.mu.Lock()
-	defer a.hand.mu.Unlock()
-	return a.hand.revision, append([]Status(nil), a.hand.statuses...)
-}
+func (a *Agent) Statuses() (revision int64, st []Status) { return a.handoff.lastStatuses() }
 
 // DryRun computes the plan Sync would execute, with the same code and from
 // everything read afresh, and changes nothing.
 func (a *Agent) DryRun(ctx context.Context) ([]Action, error) {
 	var plan []Action
-	err := a.do(ctx, func(ctx context.Context) error {
+	err := a.reqs.do(ctx, func(ctx context.Context) error {
 		a.view.forgetAll()
 		desired, _, _, cur, err := a.view.observe(ctx)
 		if err != nil {
 			return err
 		}
-		plan, _ = a.gate(ctx, nil, desired, cur, Plan(desired, cur))
+		plan, _ = a.slots.recheck(ctx, nil, desired, cur, Plan(desired, cur))
 		a.view.lookAtAll() // nothing was kept of this plan: the next pass plans every unit
 		return nil
 	})
@@ -519,7 +565,7 @@ func (a *Agent) DryRun(ctx context.Context) ([]Action, error) {
 func (a *Agent) Sync(ctx context.Context) ([]Action, error) {
 	var plan []Action
 	var gen uint64
-	err := a.do(ctx, func(ctx context.Context) error {
+	err := a.reqs.do(ctx, func(ctx context.Context) error {
 		a.view.forgetAll()
 		var err error
 		plan, err = a.observedPass(ctx)
@@ -535,11 +581,16 @@ func (a *Agent) Sync(ctx context.Context) ([]Action, error) {
 // ErrNoRegistry is returned when no registry snapshot has arrived yet.
 var ErrNoRegistry = errors.New("no registry snapshot yet: the agent has not read the registry since it started")
 
-func (a *Agent) do(ctx context.Context, f func(context.Context) error) error {
+// requests carry work into the loop: a request runs in Run's goroutine,
+// between passes.
+type requests chan func(context.Context)
+
+// do has the loop run f and waits for its error.
+func (r requests) do(ctx context.Context, f func(context.Context) error) error {
 	done := make(chan error, 1)
 	req := func(ctx context.Context) { done <- f(ctx) }
 	select {
-	case a.reqs <- req:
+	case r <- req:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -584,7 +635,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	wake.Stop()
 	defer wake.Stop()
 	backoff := time.Duration(0)
-	a.trigger()
+	a.handoff.trigger()
 	hot := false // an event came in during the last pass
 	var lastEnd time.Time
 	for {
@@ -603,7 +654,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			case r := <-a.jobs.done:
 				a.finish(ctx, r)
 				a.settle(ctx, lastEnd)
-			case <-a.poke:
+			case <-a.handoff.poke:
 				a.settle(ctx, lastEnd)
 			case r := <-a.probes.done:
 				if !a.probeDone(r) {
@@ -641,7 +692,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			wake.Reset(time.Until(next) + 10*time.Millisecond)
 		}
 		select {
-		case <-a.poke:
+		case <-a.handoff.poke:
 			hot = err == nil // a failed pass waits for its retry
 		default:
 		}
@@ -684,7 +735,7 @@ func (a *Agent) settle(ctx context.Context, lastEnd time.Time) {
 			return
 		case r := <-a.jobs.done:
 			a.finish(ctx, r)
-		case <-a.poke:
+		case <-a.handoff.poke:
 		case <-t.C:
 			return
 		}
@@ -723,8 +774,8 @@ type FileDiff struct {
 // units the agent knows), for `agentd diff`.
 func (a *Agent) Diff(ctx context.Context, unit string) ([]FileDiff, error) {
 	var out []FileDiff
-	err := a.do(ctx, func(ctx context.Context) error {
-		snap := a.hand.snapshot()
+	err := a.reqs.do(ctx, func(ctx context.Context) error {
+		snap := a.handoff.snapshot()
 		if snap == nil {
 			return ErrNoRegistry
 		}

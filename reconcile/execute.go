@@ -36,7 +36,7 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 		failures := a.judge(cur)
 		a.view.remember(&cur, look)
 		plan := Plan(desired, cur)
-		plan, cur = a.gate(ctx, failures, desired, cur, plan)
+		plan, cur = a.slots.recheck(ctx, failures, desired, cur, plan)
 		a.view.planned(units, plan)
 		a.probes.follow(plan, look, cur)
 		if a.cfg.CheckFocus && units != nil {
@@ -49,7 +49,11 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 		}
 		if round == 0 {
 			first = plan
-			a.resumeVerification(plan, cur)
+			// A unit that runs a version never judged healthy gets its
+			// HealthySec window back (ledger.resume).
+			for _, act := range a.ledger.resume(plan, cur, time.Now()) {
+				a.log.Info(act.Unit+": resuming the health check of a version not yet judged healthy", "unit", act.Unit, "healthy_sec", act.Policy.Healthy.Seconds())
+			}
 			a.confirms.resume(plan, a.ledger.records, a.jobs.running)
 		}
 		tPlanned := time.Now()
@@ -120,7 +124,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	}
 	// 5. One daemon-reload for the whole batch.
 	if reload {
-		a.pause(ctx, "files-written")
+		a.cfg.Pause(ctx, "files-written")
 		if err := a.exec.reload(ctx, why); err != nil {
 			return false, err // the intent keeps Reload: the next pass reloads first
 		}
@@ -195,7 +199,7 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, failed map[string]bool) error {
 	jobs := jobsToRun(plan)
 	if jobs {
-		a.pause(ctx, "reloaded")
+		a.cfg.Pause(ctx, "reloaded")
 	}
 	if ctx.Err() != nil {
 		return ctx.Err() // shutting down: start nothing new
@@ -228,7 +232,7 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 		if act.Steps.Job == JobStart || act.Steps.Job == JobRestart {
 			a.ledger.startedWith(act.Unit, act.ContentKey)
 		}
-		a.hand.jobStarted(act.Unit)
+		a.handoff.jobStarted(act.Unit)
 		// A new job supersedes the verification of what the unit ran: that
 		// version is not judged by what the new job does to the unit. Its
 		// confirmation too, when the job is for other content.
@@ -237,7 +241,7 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 			a.ledger.unmarkConfirming(act.Unit)
 		}
 		a.probes.reset(act.Unit) // and its probes start afresh
-		a.jobs.launch(ctx, act, cur.Host.Units[act.Unit], gates, a.view.stateReader(act.Unit), a.hand.mutedOf)
+		a.jobs.launch(ctx, act, cur.Host.Units[act.Unit], gates, a.view.stateReader(act.Unit), a.handoff.mutedOf)
 		delete(gates, act.Unit)
 	}
 	for _, g := range gates {
@@ -245,7 +249,7 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 	}
 	a.view.afterJobs()
 	if jobs {
-		a.pause(ctx, "jobs-started") // crash tests: jobs under way, the pass's records not written
+		a.cfg.Pause(ctx, "jobs-started") // crash tests: jobs under way, the pass's records not written
 	}
 	a.view.rememberInFlight(&cur)
 	a.slots.sync(ctx, SlotsNeeded(plan, cur))
@@ -387,12 +391,6 @@ func (a *Agent) keepBlobs() {
 		// Only a rollback of a later change needs them; writeFiles
 		// tries again from the file itself before it overwrites it.
 		a.log.Warn("keep unit file versions in the state directory", "err", err)
-	}
-}
-
-func (a *Agent) pause(ctx context.Context, at string) {
-	if a.cfg.Pause != nil {
-		a.cfg.Pause(ctx, at)
 	}
 }
 

@@ -250,12 +250,8 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 	}
 	delete(a.jobs.inflight, r.unit)
 	a.view.touch(r.unit)
-	defer a.pause(ctx, "job-done") // crash tests: the job ended, its outcome not yet recorded
-	a.hand.mu.Lock()
-	fresh := r.fresh && a.hand.muted[r.unit] == r.muted // no signal since the read
-	delete(a.hand.jobbing, r.unit)
-	delete(a.hand.muted, r.unit)
-	a.hand.mu.Unlock()
+	defer a.cfg.Pause(ctx, "job-done")                      // crash tests: the job ended, its outcome not yet recorded
+	fresh := a.handoff.jobEnded(r.unit, r.muted) && r.fresh // no signal since the read
 	// The job changed the unit, and its signals were not passed on: what
 	// was read right after the job ended is the state to plan from, unless
 	// a signal came after that read.

@@ -22,7 +22,7 @@ type ledger struct {
 	refused   map[string]Refusal
 	started   map[string]string // unit -> content key last started (see Memory.Started)
 	last      map[string]outcome
-	enableErr map[string]string         // unit -> the last failed enable/disable, until one succeeds
+	enableErr map[string]string  // unit -> the last failed enable/disable, until one succeeds
 	verify    map[string]*window // units inside HealthySec
 }
 

@@ -33,11 +33,3 @@ func (a *Agent) judge(cur Current) (failures []judged) {
 	}
 	return failures
 }
-
-// resumeVerification reopens the HealthySec window of a unit that runs a
-// version never judged healthy (ledger.resume), and says so.
-func (a *Agent) resumeVerification(plan []Action, cur Current) {
-	for _, act := range a.ledger.resume(plan, cur, time.Now()) {
-		a.log.Info(act.Unit+": resuming the health check of a version not yet judged healthy", "unit", act.Unit, "healthy_sec", act.Policy.Healthy.Seconds())
-	}
-}

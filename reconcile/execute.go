@@ -84,6 +84,38 @@ func (a *Agent) pass(ctx context.Context) ([]Action, error) {
 	return first, err
 }
 
+// judge ends the HealthySec windows Health has a verdict for (ledger.judge)
+// and says so. To judge, in this package, is this alone: to give a unit's
+// HealthySec window Health's verdict (healthy, unhealthy, unknown); a
+// status's standing is StandingOf, a host's progress Expectation.Assess, a
+// confirmation ConfirmationAt. healthy units are logged; unknown ones are shown as they
+// are; the planner rolls a failure back next. It returns the failures,
+// whose rollouts the gate halts.
+func (a *Agent) judge(cur Current) (failures []judged) {
+	for _, j := range a.ledger.judge(cur.Host.Units, a.probes.stateOf, time.Now()) {
+		w, u := j.w, j.w.act.Unit
+		switch j.verdict {
+		case VerdictHealthy:
+			a.log.Info(u+": healthy — "+j.why, "unit", u, "healthy_sec", w.act.Policy.Healthy.Seconds(), "action", "healthy")
+		case VerdictUnknown:
+			a.recordAs(w.act, w.op.Word(), "unknown", errors.New(j.why))
+		case VerdictUnhealthy:
+			failures = append(failures, j)
+			a.confirms.forget(u) // a failed change awaits no confirmation
+			if j.template != "" {
+				a.view.touch(j.template)
+			}
+			if why := rollbackWhyNot(w.act.Policy, j.rec); why != "" {
+				a.recordAs(w.act, w.op.Word(), "failed", errors.New(j.why+"; "+why))
+			} else {
+				// Not final: the next round of this pass rolls it back.
+				a.recordAs(w.act, ActionRollingBack, "pending", errors.New(j.why))
+			}
+		}
+	}
+	return failures
+}
+
 // drainResults takes the job and probe results that are waiting, so a
 // pass judges from the newest knowledge.
 func (a *Agent) drainResults(ctx context.Context) {
@@ -211,7 +243,7 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 			return err
 		}
 	}
-	gates := jobGates(plan, failed)
+	ends := jobEnds(plan, failed)
 	for _, act := range plan {
 		if failed[act.Unit] {
 			continue
@@ -241,11 +273,11 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 			a.ledger.unmarkConfirming(act.Unit)
 		}
 		a.probes.reset(act.Unit) // and its probes start afresh
-		a.jobs.launch(ctx, act, cur.Host.Units[act.Unit], gates, a.view.stateReader(act.Unit), a.handoff.mutedOf)
-		delete(gates, act.Unit)
+		a.jobs.launch(ctx, act, cur.Host.Units[act.Unit], ends, a.view.stateReader(act.Unit), a.handoff.mutedOf)
+		delete(ends, act.Unit)
 	}
-	for _, g := range gates {
-		close(g) // a job not launched after all: nothing to wait for
+	for _, e := range ends {
+		close(e) // a job not launched after all: nothing to wait for
 	}
 	a.view.afterJobs()
 	if jobs {
@@ -394,17 +426,17 @@ func (a *Agent) keepBlobs() {
 	}
 }
 
-// jobGates has a channel for each unit whose job another job of this plan
+// jobEnds has a channel for each unit whose job another job of this plan
 // runs after (Action.After; the planner sets it only beside a job):
 // closed when that unit's job has ended, or when it is not launched.
-func jobGates(plan []Action, failed map[string]bool) map[string]chan struct{} {
-	gates := map[string]chan struct{}{}
+func jobEnds(plan []Action, failed map[string]bool) map[string]chan struct{} {
+	ends := map[string]chan struct{}{}
 	for _, act := range plan {
 		if act.Steps.After != "" && act.Steps.Job != JobNone && !failed[act.Unit] {
-			gates[act.Steps.After] = make(chan struct{})
+			ends[act.Steps.After] = make(chan struct{})
 		}
 	}
-	return gates
+	return ends
 }
 
 func jobsToRun(plan []Action) bool {

@@ -107,13 +107,13 @@ func JobDeadline(job Job, st UnitState) time.Duration {
 }
 
 // launch starts act's job in the background: at once, or once the job of
-// act.After has ended when gates has that unit's gate. It closes act's own
-// gate, if any, when its job has ended. Then it reads the unit's state
+// act.After has ended when ends has that unit's channel. It closes act's
+// own channel, if any, when its job has ended. Then it reads the unit's state
 // (read) and hands the result to the loop with the count of the unit's
 // signals not passed on before that read (muted).
-func (j *jobs) launch(ctx context.Context, act Action, st UnitState, gates map[string]chan struct{},
+func (j *jobs) launch(ctx context.Context, act Action, st UnitState, ends map[string]chan struct{},
 	read func(context.Context) (UnitState, error), muted func(unit string) int) {
-	wait, done := gates[act.Steps.After], gates[act.Unit]
+	wait, done := ends[act.Steps.After], ends[act.Unit]
 	j.seq++
 	run := &jobRun{id: j.seq, act: act}
 	j.inflight[act.Unit] = run

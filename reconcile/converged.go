@@ -202,7 +202,7 @@ func (e Expectation) Assess(r HostReport, live func() bool) (Progress, string) {
 			return ProgressVerifying, "running " + e.version(st) + ", waiting out HealthySec"
 		case st.Confirming:
 			return ProgressVerifying, "running " + e.version(st) + ", waiting for the agent to confirm it still reaches the registry (ConfirmSec=)"
-		case st.Health == "healthy":
+		case st.Health == HealthHealthy:
 			return ProgressHealthy, fmt.Sprintf("%s (%s), %s", st.ActiveState, st.SubState, e.version(st))
 		case st.PendingRestart:
 			return ProgressHealthy, "file in place, restart pending (OnChange=none), " + e.version(st)
@@ -309,7 +309,7 @@ func (e Expectation) assessInstances(statuses map[string]Status) (Progress, stri
 			if why == "" {
 				why = name + ": " + DescribeFailure(st)
 			}
-		case st.RunsHash == e.Hash && st.Health == "healthy" && !st.Verifying && st.Job == "":
+		case st.RunsHash == e.Hash && st.Health == HealthHealthy && !st.Verifying && st.Job == "":
 			done++
 		default:
 			waiting++

@@ -57,7 +57,7 @@ func TestJudgeTemplateInstances(t *testing.T) {
 	h := Hash([]byte("tmpl v2"))
 	e := Expectation{Key: "w@.service", Unit: "w@.service", Hash: h, State: StatePresent}
 	tmpl := Status{Unit: "w@.service", Hash: h, DesiredHash: h}
-	inst := func(runs, health string, extra func(*Status)) Status {
+	inst := func(runs string, health HealthWord, extra func(*Status)) Status {
 		s := Status{RunsHash: runs, Health: health, ActiveState: "active"}
 		if extra != nil {
 			extra(&s)

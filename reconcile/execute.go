@@ -98,7 +98,7 @@ func (a *Agent) judge(cur Current) (failures []judged) {
 		case VerdictHealthy:
 			a.log.Info(u+": healthy — "+j.why, "unit", u, "healthy_sec", w.act.Policy.Healthy.Seconds(), "action", "healthy")
 		case VerdictUnknown:
-			a.recordAs(w.act, w.op.Word(), "unknown", errors.New(j.why))
+			a.recordAs(w.act, w.op.Word(), ResultUnknown, errors.New(j.why))
 		case VerdictUnhealthy:
 			failures = append(failures, j)
 			a.confirms.forget(u) // a failed change awaits no confirmation
@@ -106,10 +106,10 @@ func (a *Agent) judge(cur Current) (failures []judged) {
 				a.view.touch(j.template)
 			}
 			if why := rollbackWhyNot(w.act.Policy, j.rec); why != "" {
-				a.recordAs(w.act, w.op.Word(), "failed", errors.New(j.why+"; "+why))
+				a.recordAs(w.act, w.op.Word(), ResultFailed, errors.New(j.why+"; "+why))
 			} else {
 				// Not final: the next round of this pass rolls it back.
-				a.recordAs(w.act, ActionRollingBack, "pending", errors.New(j.why))
+				a.recordAs(w.act, ActionRollingBack, ResultPending, errors.New(j.why))
 			}
 		}
 	}
@@ -185,7 +185,7 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 		if act.Steps.Disable {
 			if err := disableErrs[act.Unit]; err != nil {
 				a.ledger.enableFailed(act.Unit, err.Error())
-				a.record(act, "failed", err)
+				a.record(act, ResultFailed, err)
 				failed[act.Unit] = act.Kind != KindRemove
 			} else if !act.Steps.Enable {
 				a.ledger.enableOK(act.Unit)
@@ -201,7 +201,7 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 	for _, act := range plan {
 		if err := w.errs[act.Unit]; err != nil {
 			failed[act.Unit] = true
-			a.record(act, "failed", err)
+			a.record(act, ResultFailed, err)
 		}
 	}
 	if w.any {
@@ -214,7 +214,7 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 		if act.Steps.Enable && !failed[act.Unit] {
 			if err := enableErrs[act.Unit]; err != nil {
 				a.ledger.enableFailed(act.Unit, err.Error())
-				a.record(act, "failed", err)
+				a.record(act, ResultFailed, err)
 				failed[act.Unit] = true
 			} else {
 				a.ledger.enableOK(act.Unit)
@@ -256,7 +256,7 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 		}
 		if act.Record.Instance && act.Steps.Job == JobStart {
 			if err := a.cfg.Manifest.Set(act.Unit, Owned{Instance: true}); err != nil {
-				a.record(act, "failed", err)
+				a.record(act, ResultFailed, err)
 				continue
 			}
 			a.managed.set(act.Unit, Owned{Instance: true})
@@ -311,7 +311,7 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 			if act.Record.Ran {
 				// The owed job ran before the agent died: judged as if it
 				// had just ended (HealthySec from now).
-				a.recordAs(act, ActionAdopt, "done", nil)
+				a.recordAs(act, ActionAdopt, ResultDone, nil)
 				a.ledger.begin(act, JobDone, "", cur.Host.Units[u], time.Now())
 			} else if !a.ledger.verifying(u) {
 				a.ledger.good(u, act.Record.Effective)
@@ -323,28 +323,28 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 		switch {
 		case act.Record.Refuse != nil:
 			a.ledger.refuse(u, *act.Record.Refuse)
-			a.record(act, "refused", errors.New(act.Err))
+			a.record(act, ResultRefused, errors.New(act.Err))
 		case act.Kind == KindBlocked:
 			// A rollback's verdict stays what the status says while its
 			// content is held; other content blocked after it is news.
 			p, ok := a.ledger.last[u]
 			held := p.action == ActionRolledBack && p.contentKey == act.ContentKey
 			if !ok || (p.err != act.Err && !held) {
-				a.record(act, "blocked", errors.New(act.Err))
+				a.record(act, ResultBlocked, errors.New(act.Err))
 			}
 		case act.Kind == KindUpdate && act.Err != "":
 			if prev, ok := a.ledger.last[u]; !ok || prev.err != act.Err {
-				a.record(act, "failed", errors.New(act.Err))
+				a.record(act, ResultFailed, errors.New(act.Err))
 			}
 		case act.Kind == KindUpdate:
-			a.record(act, "done", nil)
+			a.record(act, ResultDone, nil)
 		case act.Kind == KindRollback && act.Steps.Job == JobNone:
-			a.recordAs(act, ActionRolledBack, "done", errors.New(act.Reason))
+			a.recordAs(act, ActionRolledBack, ResultDone, errors.New(act.Reason))
 			a.ledger.rolledBackInPlace(u, act.Record.Effective)
 		}
 		if act.Record.DropRecord {
 			if act.Kind == KindRemove && (len(act.Steps.Removes) > 0 || len(act.Steps.Forget) > 0) {
-				a.record(act, "done", nil)
+				a.record(act, ResultDone, nil)
 			}
 			a.ledger.drop(u)
 			a.confirms.forget(u)
@@ -399,10 +399,10 @@ func (a *Agent) expireConfirms() {
 			a.view.touch(template)
 		}
 		if why := rollbackWhyNot(x.act.Policy, rec); why != "" {
-			a.recordAs(x.act, x.act.Kind.Word(), "failed", errors.New(x.reason+"; "+why))
+			a.recordAs(x.act, x.act.Kind.Word(), ResultFailed, errors.New(x.reason+"; "+why))
 		} else {
 			// Not final: this round's plan rolls it back.
-			a.recordAs(x.act, ActionRollingBack, "pending", errors.New(x.reason))
+			a.recordAs(x.act, ActionRollingBack, ResultPending, errors.New(x.reason))
 		}
 	}
 }

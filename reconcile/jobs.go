@@ -276,10 +276,10 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		}
 		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Record.Effective)) + " (the version that ran before)"
 		if r.err != nil {
-			a.recordAs(act, ActionRolledBack, "failed", fmt.Errorf("%s; restarting it failed: %w", msg, r.err))
+			a.recordAs(act, ActionRolledBack, ResultFailed, fmt.Errorf("%s; restarting it failed: %w", msg, r.err))
 			return
 		}
-		a.recordAs(act, ActionRolledBack, "done", errors.New(msg))
+		a.recordAs(act, ActionRolledBack, ResultDone, errors.New(msg))
 		return
 	}
 	if act.Record.Effective == nil {
@@ -292,7 +292,7 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 		a.ledger.markConfirming(act.Unit, act.ContentKey)
 	}
 	if outcome == JobDone {
-		a.record(act, "done", nil)
+		a.record(act, ResultDone, nil)
 	} else {
 		a.log.Debug("job did not finish done; judging the unit", "unit", r.unit, "job", act.Steps.Job.String(), "result", result, "err", r.err)
 	}
@@ -304,15 +304,15 @@ func (a *Agent) finish(ctx context.Context, r jobResult) {
 }
 
 // resultOf maps a job error to the status "result" word.
-func resultOf(err error) string {
+func resultOf(err error) ResultWord {
 	var jr interface{ JobResult() string }
 	switch {
 	case err == nil:
-		return "done"
+		return ResultDone
 	case errors.As(err, &jr):
-		return jr.JobResult()
+		return ResultWord(jr.JobResult())
 	case errors.Is(err, ErrOutcomeUnknown):
-		return "unknown"
+		return ResultUnknown
 	}
-	return "failed"
+	return ResultFailed
 }

@@ -29,7 +29,7 @@ type ledger struct {
 // outcome is the last thing the agent did to a unit, and how it went.
 type outcome struct {
 	action     ActionWord
-	result     string
+	result     ResultWord
 	err        string
 	contentKey string
 }

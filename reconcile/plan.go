@@ -104,8 +104,8 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		// Instances share their template's slot, and a template's new files
 		// wait for it too while instances run: the template set is the unit
 		// of rollout.
-		if (a.Kind.Disruptive() || templateChangeDisrupts(a, cur)) && a.Policy.MaxUnavailable > 0 && a.Scope != "" && cur.Fleet.Slots[SlotKey(name)] == "" {
-			a = waiting(a, WaitSlot, fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.MaxUnavailable, a.Scope, a.Reason))
+		if (a.Kind.Disruptive() || templateChangeDisrupts(a, cur)) && a.Policy.SlotLimit > 0 && a.Scope != "" && cur.Fleet.Slots[SlotKey(name)] == "" {
+			a = waiting(a, WaitSlot, fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.SlotLimit, a.Scope, a.Reason))
 		}
 		out = append(out, a)
 	}
@@ -170,13 +170,13 @@ type SlotNeed struct {
 func SlotsNeeded(plan []Action, cur Current) map[string]SlotNeed {
 	need := map[string]SlotNeed{}
 	for _, a := range plan {
-		if a.Policy.MaxUnavailable <= 0 || a.Scope == "" {
+		if a.Policy.SlotLimit <= 0 || a.Scope == "" {
 			continue
 		}
 		_, inflight := cur.Memory.Jobs[a.Unit]
 		confirming := cur.Memory.Records[a.Unit].Confirming != "" // ConfirmSec=: not done until confirmed
 		if a.Gate.On == WaitSlot || a.Kind.Disruptive() || inflight || cur.Memory.Verifying[a.Unit] || confirming {
-			need[SlotKey(a.Unit)] = SlotNeed{Scope: a.Scope, Hash: a.Hash, Limit: a.Policy.MaxUnavailable}
+			need[SlotKey(a.Unit)] = SlotNeed{Scope: a.Scope, Hash: a.Hash, Limit: a.Policy.SlotLimit}
 		}
 	}
 	return need

@@ -307,7 +307,7 @@ func TestParsePolicy(t *testing.T) {
 		t.Fatalf("State=present must not enable by default: %+v", p)
 	}
 	p, err = ParsePolicy([]byte("[X-Agentd]\n# comment\nState = stopped\nEnable=no\nOnChange=reload\nRollback=no\nHealthySec=2\nMaxUnavailable=3\n"))
-	if err != nil || p.State != StateStopped || p.Enable || p.OnChange != "reload" || p.Rollback || p.Healthy != 2*time.Second || p.MaxUnavailable != 3 {
+	if err != nil || p.State != StateStopped || p.Enable || p.OnChange != "reload" || p.Rollback || p.Healthy != 2*time.Second || p.SlotLimit != 3 {
 		t.Fatalf("explicit: %+v %v", p, err)
 	}
 	for _, bad := range []string{"State=run", "Enable=maybe", "OnChange=bounce", "HealthySec=-1", "MaxUnavailable=0", "Foo=1"} {

@@ -60,7 +60,7 @@ func TestParsePolicyTable(t *testing.T) {
 		{name: "enable without install", content: policySvc + "[X-Agentd]\nEnable=yes\n",
 			want: Policy{State: StateStarted, Enable: true, OnChange: "auto", Rollback: true, Healthy: 5 * time.Second}},
 		{name: "explicit", content: "[X-Agentd]\n# comment\n; other comment\nState = stopped\nEnable=no\nOnChange=reload\nRollback=no\nHealthySec=2\nMaxUnavailable=3\n",
-			want: Policy{State: StateStopped, OnChange: "reload", Healthy: 2 * time.Second, MaxUnavailable: 3}},
+			want: Policy{State: StateStopped, OnChange: "reload", Healthy: 2 * time.Second, SlotLimit: 3}},
 		{name: "booleans", content: "[X-Agentd]\nEnable=TRUE\nRollback=off\n",
 			want: Policy{State: StateStarted, Enable: true, OnChange: "auto", Healthy: 5 * time.Second}},
 		{name: "CRLF", content: "[Install]\r\nWantedBy=multi-user.target\r\n[X-Agentd]\r\nOnChange=none\r\nHealthySec=0\r\n",

@@ -20,17 +20,17 @@ func (a *Agent) persist() error {
 
 // record notes act's outcome in the ledger, tells the Observer and logs
 // it; recordAs under another action word than act's kind.
-func (a *Agent) record(act Action, result string, err error) {
+func (a *Agent) record(act Action, result ResultWord, err error) {
 	a.recordAs(act, act.Kind.Word(), result, err)
 }
 
-func (a *Agent) recordAs(act Action, action ActionWord, result string, err error) {
+func (a *Agent) recordAs(act Action, action ActionWord, result ResultWord, err error) {
 	o := outcome{action: action, result: result, contentKey: act.ContentKey}
 	if err != nil {
 		o.err = err.Error()
 	}
 	a.ledger.setOutcome(act.Unit, o)
-	a.cfg.Observer.Action(act.Unit, act.Kind, result)
+	a.cfg.Observer.Action(act.Unit, act.Kind, string(result))
 	log := a.log.With("unit", act.Unit, "action", action, "result", result)
 	if act.Reason != "" {
 		log = log.With("reason", act.Reason)
@@ -51,13 +51,13 @@ func (a *Agent) recordAs(act Action, action ActionWord, result string, err error
 		errText = err.Error()
 	}
 	switch {
-	case err != nil && result == "blocked":
+	case err != nil && result == ResultBlocked:
 		log.Warn(msg("not applied", errText), "err", err)
 	case action == ActionRolledBack:
 		log.Error(msg("change rolled back", errText), "err", err)
 	case action == ActionRollingBack:
 		log.Error(msg("change failed, rolling back", errText), "err", err)
-	case result == "unknown":
+	case result == ResultUnknown:
 		log.Warn(msg(string(action)+": outcome unknown", errText), "err", err)
 	case err != nil:
 		log.Error(msg(string(action)+" failed", errText), "err", err)

@@ -1,3 +1,6 @@
+// Executing a round's plan: the executor's steps in their order, and
+// what the ledger, the managed paths and the jobs take of them.
+
 package reconcile
 
 import (
@@ -5,133 +8,6 @@ import (
 	"errors"
 	"time"
 )
-
-// maxRounds bounds the plan → execute rounds of one pass. A round that
-// changes files ends with the daemon-reload and the next round plans again
-// from what systemd then says (a unit it refuses to load, the jobs to run);
-// a round without a reload runs the jobs. Normally two rounds.
-const maxRounds = 3
-
-// pass observes, judges health, plans and executes, in rounds, then
-// persists and reports. It returns the first round's plan: what the pass
-// decided.
-func (a *Agent) pass(ctx context.Context) ([]Action, error) {
-	t0 := time.Now()
-	var first []Action
-	var applyErr error
-	a.view.beginPass()
-	for round := 0; round < maxRounds; round++ {
-		a.drainResults(ctx)
-		a.expireConfirms() // before observing: a change put back is planned this round
-		tr := time.Now()
-		desired, units, look, cur, err := a.view.observe(ctx)
-		tObserved := time.Now()
-		if errors.Is(err, ErrNoRegistry) {
-			return nil, nil // nothing known yet: touch nothing
-		}
-		if err != nil {
-			a.view.lookAtAll() // what this round took to look at was not looked at
-			return nil, err
-		}
-		failures := a.judge(cur)
-		a.view.remember(&cur, look)
-		plan := Plan(desired, cur)
-		plan, cur = a.slots.recheck(ctx, failures, desired, cur, plan)
-		a.view.planned(units, plan)
-		a.probes.follow(plan, look, cur)
-		if a.cfg.CheckFocus && units != nil {
-			all := a.view.everyUnit()
-			full, err := a.view.current(ctx, all)
-			if err != nil {
-				return nil, err
-			}
-			a.view.checkFocus(units, full)
-		}
-		if round == 0 {
-			first = plan
-			// A unit that runs a version never judged healthy gets its
-			// HealthySec window back (ledger.resume).
-			for _, act := range a.ledger.resume(plan, cur, time.Now()) {
-				a.log.Info(act.Unit+": resuming the health check of a version not yet judged healthy", "unit", act.Unit, "healthy_sec", act.Policy.Healthy.Seconds())
-			}
-			a.confirms.resume(plan, a.ledger.records, a.jobs.running)
-		}
-		tPlanned := time.Now()
-		more, err := a.execute(ctx, plan, cur, round == maxRounds-1)
-		a.log.Debug("round", "n", round, "units", len(look), "observe", tObserved.Sub(tr), "plan", tPlanned.Sub(tObserved), "execute", time.Since(tPlanned))
-		if err != nil || !more {
-			applyErr = err
-			break
-		}
-	}
-	a.keepBlobs()
-	if err := a.persist(); err != nil {
-		// The pass stands: what it did is done, and a later pass saves
-		// the records it could not.
-		a.log.Error("persist the pass", "err", err)
-	}
-	t1 := time.Now()
-	reportErr := a.report(ctx)
-	a.facts.update(a.managed.paths, a.ledger.refused, a.ledger.records)
-	a.view.endPass()
-	a.launchProbes(ctx)
-	a.confirms.tryIfDue(ctx)
-	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
-	err := errors.Join(applyErr, reportErr)
-	if err != nil {
-		a.view.lookAtAll() // the next pass looks at every unit again
-	}
-	return first, err
-}
-
-// judge ends the HealthySec windows Health has a verdict for (ledger.judge)
-// and says so. To judge, in this package, is this alone: to give a unit's
-// HealthySec window Health's verdict (healthy, unhealthy, unknown); a
-// status's standing is StandingOf, a host's progress Expectation.Assess, a
-// confirmation ConfirmationAt. healthy units are logged; unknown ones are shown as they
-// are; the planner rolls a failure back next. It returns the failures,
-// whose rollouts the gate halts.
-func (a *Agent) judge(cur Current) (failures []judged) {
-	for _, j := range a.ledger.judge(cur.Host.Units, a.probes.stateOf, time.Now()) {
-		w, u := j.w, j.w.act.Unit
-		switch j.verdict {
-		case VerdictHealthy:
-			a.log.Info(u+": healthy — "+j.why, "unit", u, "healthy_sec", w.act.Policy.Healthy.Seconds(), "action", "healthy")
-		case VerdictUnknown:
-			a.recordAs(w.act, w.op.Word(), ResultUnknown, errors.New(j.why))
-		case VerdictUnhealthy:
-			failures = append(failures, j)
-			a.confirms.forget(u) // a failed change awaits no confirmation
-			if j.template != "" {
-				a.view.touch(j.template)
-			}
-			if why := rollbackWhyNot(w.act.Policy, j.rec); why != "" {
-				a.recordAs(w.act, w.op.Word(), ResultFailed, errors.New(j.why+"; "+why))
-			} else {
-				// Not final: the next round of this pass rolls it back.
-				a.recordAs(w.act, ActionRollingBack, ResultPending, errors.New(j.why))
-			}
-		}
-	}
-	return failures
-}
-
-// drainResults takes the job and probe results that are waiting, so a
-// pass judges from the newest knowledge.
-func (a *Agent) drainResults(ctx context.Context) {
-	for {
-		select {
-		case r := <-a.jobs.done:
-			a.finish(ctx, r)
-		case r := <-a.probes.done:
-			a.probeDone(r)
-		case r := <-a.confirms.done:
-			a.confirmed(ctx, r)
-		default:
-			return
-		}
-	}
-}
 
 // execute does what the plan says, in a fixed order: record the intent,
 // disable, write and remove files, enable, ONE daemon-reload; then, in a
@@ -348,61 +224,6 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 			}
 			a.ledger.drop(u)
 			a.confirms.forget(u)
-		}
-	}
-}
-
-// launchProbes starts the probe rounds that are due (probes.launchDue):
-// on units systemd says are active (as the view last saw them) with no
-// job of the agent's in flight.
-func (a *Agent) launchProbes(ctx context.Context) {
-	a.probes.launchDue(ctx, time.Now(), func(u string) bool {
-		if a.jobs.running(u) {
-			return false
-		}
-		st, err := a.view.state(ctx, u)
-		return err == nil && st.ActiveState == "active"
-	})
-}
-
-// probeDone takes a probe round's result (probes.take), the unit looked
-// at again when its status changed. It says whether a pass is owed.
-func (a *Agent) probeDone(r probeResult) bool {
-	changed, pass := a.probes.take(r, a.ledger.verifying(r.unit))
-	if changed {
-		a.view.touch(r.unit)
-	}
-	return pass
-}
-
-// confirmed takes a try of the Confirmer (confirms.take) and tells the
-// ledger of the changes it confirmed, each unit looked at again. It says
-// whether a pass is owed (a status changed).
-func (a *Agent) confirmed(ctx context.Context, r ConfirmTry) bool {
-	units := a.confirms.take(ctx, r)
-	for _, u := range units {
-		a.ledger.confirmed(u)
-		a.view.touch(u)
-	}
-	return len(units) > 0
-}
-
-// expireConfirms ends the windows whose ConfirmSec= ran out unconfirmed
-// (confirms.expire): each change is a failure (ledger.unconfirmed) that
-// the planner of this round rolls back, its unit touched so the round
-// plans it. It runs before the round observes.
-func (a *Agent) expireConfirms() {
-	for _, x := range a.confirms.expire(time.Now()) {
-		rec, template := a.ledger.unconfirmed(x.act, x.reason)
-		a.view.touch(x.act.Unit)
-		if template != "" {
-			a.view.touch(template)
-		}
-		if why := rollbackWhyNot(x.act.Policy, rec); why != "" {
-			a.recordAs(x.act, x.act.Kind.Word(), ResultFailed, errors.New(x.reason+"; "+why))
-		} else {
-			// Not final: this round's plan rolls it back.
-			a.recordAs(x.act, ActionRollingBack, ResultPending, errors.New(x.reason))
 		}
 	}
 }

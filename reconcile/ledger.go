@@ -203,14 +203,6 @@ func (l *ledger) unconfirmed(act Action, reason string) (rec UnitRecord, templat
 	return rec, template
 }
 
-// noteStarted records the manager instance a start or restart of the
-// agent's ran under (StartedIn).
-func (r *UnitRecord) noteStarted(job Job, manager string) {
-	if job == JobStart || job == JobRestart {
-		r.StartedIn = manager
-	}
-}
-
 // rollbackWhyNot says why a failed change of a unit with policy p and
 // record rec is not rolled back, "" when it is: Rollback=no, or no earlier
 // version to go back to. The planner's rollback and the failure's message

@@ -51,9 +51,6 @@ const (
 	HealthUnhealthy HealthWord = "unhealthy"
 )
 
-// Word is the status word of an action of kind k.
-func (k Kind) Word() ActionWord { return ActionWord(k.String()) }
-
 // heldPrefix starts the text of a unit held by a halted rollout (its
 // Action.Reason and Err, and so its Status.Error); heldText writes it and
 // HeldReason takes it off, so no reader strips strings of its own.

@@ -90,11 +90,7 @@ func newLockEnv(t *testing.T, ttl time.Duration, groups ...string) *lockEnv {
 	t.Helper()
 	e := registrytest.StartEtcd(t)
 	reg := registrytest.NewClient(t, e.Endpoint())
-	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint()}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
+	raw := registrytest.RawClient(t, e.Endpoint())
 	srv := httptest.NewServer(Handler(Config{
 		Slots: reg, TTL: ttl, Groups: groups,
 		Log: slog.New(slog.NewTextHandler(t.Output(), nil)),

@@ -268,10 +268,22 @@ type Intent struct {
 	// that the job ran must not wait long for a registry the change may
 	// have cut off (see agentd run's fallback to the saved snapshot).
 	Confirm map[string]string `json:"confirm,omitempty"`
+	// Writes maps each path the pass is about to write to the hash it
+	// held before ("" when absent), until the writes are done: a file
+	// found at that hash after a crash is a write the agent began and
+	// did not finish, which the next pass finishes — not drift.
+	Writes map[string]string `json:"writes,omitempty"`
 }
 
 // Empty reports whether nothing is owed.
-func (i Intent) Empty() bool { return !i.Reload && len(i.Jobs) == 0 }
+func (i Intent) Empty() bool { return !i.Reload && len(i.Jobs) == 0 && len(i.Writes) == 0 }
+
+// Interrupted says lf is what path held before a write of the intent that
+// may not have happened (the agent died between its claim and the rename).
+func (i Intent) Interrupted(path string, lf LocalFile) bool {
+	before, ok := i.Writes[path]
+	return ok && (lf.Exists && lf.Hash == before || !lf.Exists && before == "")
+}
 
 // InFlight is a job the agent started and has not heard back from.
 type InFlight struct {

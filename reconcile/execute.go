@@ -18,15 +18,17 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	reload, why := ReloadNeeded(plan, cur)
 	// 1. The intent, with the ownership of every path about to be
 	// written, in one write, before any side effect.
-	claims, err := a.ledger.claim(plan, reload)
+	claims, err := a.ledger.claim(plan, reload, cur.Host.Files)
 	if err != nil {
 		return false, err
 	}
 	for p, h := range claims {
 		a.managed.set(p, Owned{Hash: h})
 	}
+	a.cfg.Pause(ctx, "claimed")
 	// 2.-4. Disable, files, enable.
 	failed, err := a.applyFiles(ctx, plan)
+	a.ledger.wrote()
 	if err != nil {
 		return false, err
 	}

@@ -229,9 +229,10 @@ func (l *ledger) enableOK(u string)              { delete(l.enableErr, u) }
 // The intent.
 
 // claim records, before any side effect of plan, the intent (a reload
-// owed when reload, the jobs it starts) with the ownership of every path
-// it writes, in one write. It returns the paths claimed (path → hash).
-func (l *ledger) claim(plan []Action, reload bool) (map[string]string, error) {
+// owed when reload, the jobs it starts, what each path it writes holds
+// now, as disk says) with the ownership of every path it writes, in one
+// write. It returns the paths claimed (path → hash).
+func (l *ledger) claim(plan []Action, reload bool, disk map[string]LocalFile) (map[string]string, error) {
 	claims := map[string]string{}
 	intent := Intent{Reload: l.intent.Reload || reload, Jobs: maps.Clone(l.intent.Jobs), Confirm: maps.Clone(l.intent.Confirm)}
 	if intent.Jobs == nil {
@@ -240,6 +241,14 @@ func (l *ledger) claim(plan []Action, reload bool) (map[string]string, error) {
 	for _, act := range plan {
 		for _, w := range act.Steps.Writes {
 			claims[w.Path] = w.Hash
+			if intent.Writes == nil {
+				intent.Writes = map[string]string{}
+			}
+			if lf := disk[w.Path]; lf.Exists {
+				intent.Writes[w.Path] = lf.Hash
+			} else {
+				intent.Writes[w.Path] = ""
+			}
 		}
 		if act.Steps.Job != JobNone && act.Record.Effective != nil {
 			intent.Jobs[act.Unit] = act.ContentKey
@@ -260,6 +269,10 @@ func (l *ledger) claim(plan []Action, reload bool) (map[string]string, error) {
 	l.intent = intent
 	return claims, nil
 }
+
+// wrote records that the claimed writes are done, or failed (in memory:
+// saved with the pass's records).
+func (l *ledger) wrote() { l.intent.Writes = nil }
 
 // reloaded records that the daemon-reload owed is done (in memory: saved
 // by saveReload or with the pass's records).
@@ -345,7 +358,7 @@ func recordEqual(x, y UnitRecord) bool {
 }
 
 func intentEqual(x, y Intent) bool {
-	return x.Reload == y.Reload && maps.Equal(x.Jobs, y.Jobs) && maps.Equal(x.Confirm, y.Confirm)
+	return x.Reload == y.Reload && maps.Equal(x.Jobs, y.Jobs) && maps.Equal(x.Confirm, y.Confirm) && maps.Equal(x.Writes, y.Writes)
 }
 
 // The HealthySec windows.

@@ -284,6 +284,13 @@ func (v *view) noteDrift(path, want string, lf LocalFile) {
 		return
 	}
 	v.mem.drifted[path] = found
+	if v.man.Intent().Interrupted(path, lf) {
+		// The agent died between claiming the path and the rename: the
+		// file holds what it held before. The pass finishes the write.
+		v.log.Info("finishing a write begun before the agent stopped",
+			"unit", UnitOfPath(path), "path", path, "hash", short(want), "found_hash", short(found))
+		return
+	}
 	v.log.Warn("drift: managed file changed on disk; restoring the registry version",
 		"unit", UnitOfPath(path), "path", path, "hash", short(want), "found_hash", short(found), "action", "drift")
 	v.obs.Drift(path)

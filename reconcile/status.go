@@ -62,6 +62,11 @@ func unitStatus(in statusInput) Status {
 			// failed a moment ago is not yet rolled back.
 			s.Error = fmt.Sprintf("unit failed (%s)", ExitDetail(st))
 		}
+		if d != nil && d.Err == nil && d.File == nil && !d.Instance && len(d.DropIns) > 0 && st.LoadState == "not-found" {
+			// Written, and nothing to apply them to: say so, naming the
+			// unit, rather than report a quiet not-found.
+			s.Error = fmt.Sprintf("%s is not on this host (systemd: not-found): its drop-ins are written and apply to nothing until a unit file named %s is installed", name, name)
+		}
 		s.Health = healthWord(name, in.Record, in.Verifying, st, act.ContentKey)
 		s.Verifying = in.Verifying
 		s.Confirming = in.Confirming

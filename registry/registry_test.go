@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/testport"
 	"github.com/agentd/agentd/reconcile"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -274,12 +275,7 @@ func TestWatchFromCompactedRevision(t *testing.T) {
 func TestWatchPeriodicResync(t *testing.T) {
 	t.Parallel()
 	e := StartTestEtcd(t)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := New(cli, "/custom/", WithResyncInterval(100*time.Millisecond))
-	t.Cleanup(func() { c.Close() })
+	c := New(RawTestClient(t, e.Endpoint()), "/custom/", WithResyncInterval(100*time.Millisecond)) // closed with the raw client
 	if c.Prefix() != "/custom" {
 		t.Errorf("Prefix() = %q", c.Prefix())
 	}
@@ -312,7 +308,7 @@ func TestWatchSurvivesEtcdRestart(t *testing.T) {
 	dir := t.TempDir()
 	cfg := EmbedConfig{
 		Dir:       dir,
-		ClientURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+		ClientURL: fmt.Sprintf("http://127.0.0.1:%d", testport.Restartable(t)),
 		PeerURL:   "http://127.0.0.1:0",
 		ForTests:  true,
 		Logger:    slog.New(slog.NewTextHandler(t.Output(), nil)),

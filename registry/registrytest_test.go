@@ -12,6 +12,7 @@ import (
 func init() {
 	registry.StartTestEtcd = registrytest.StartEtcd
 	registry.NewTestClient = registrytest.NewClient
+	registry.RawTestClient = registrytest.RawClient
 	registry.TestSocketDir = registrytest.SocketDir
 	registry.WriteTestCerts = func(t testing.TB) *registry.TestCerts { return testCerts(registrytest.WriteCerts(t)) }
 	registry.StartTestEtcdTLS = func(t testing.TB) (*registry.Embedded, *registry.TestCerts) {

@@ -1,7 +1,6 @@
 package registry_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -11,30 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
 	"github.com/agentd/agentd/rollout"
 )
-
-// syncBuffer is a log sink for a test: what a Client logged, read while
-// its goroutines still write.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // hostWatch is one host's Watch, its snapshots in order.
 type hostWatch struct {
@@ -126,7 +107,7 @@ func TestRolloutInWatch(t *testing.T) {
 	s1, s2 := joinHost(t, c, "h1"), joinHost(t, c, "h2")
 	// h2's watch logs to logs: a key of another host's that reached it
 	// would be logged as skipped (it is no record).
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	c2, err := registry.Dial(ctx, registry.Config{Endpoints: []string{e.Endpoint()}, DialTimeout: 10 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/agentd/agentd/internal/testport"
 )
 
 const (
@@ -394,7 +396,7 @@ func TestSemaphoreUnreachable(t *testing.T) {
 	t.Parallel()
 	cfg := EmbedConfig{
 		Dir:       t.TempDir(),
-		ClientURL: fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
+		ClientURL: fmt.Sprintf("http://127.0.0.1:%d", testport.Restartable(t)),
 		PeerURL:   "http://127.0.0.1:0",
 		ForTests:  true,
 		Logger:    slog.New(slog.NewTextHandler(t.Output(), nil)),

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Config.Validate refuses the settings that would silently go unused or
@@ -166,11 +164,7 @@ func TestSecurityPasswordFileAuth(t *testing.T) {
 // enableAuth creates user (with the root role) and turns authentication on.
 func enableAuth(t *testing.T, endpoint, user, password string) {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := RawTestClient(t, endpoint)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if _, err := cli.RoleAdd(ctx, "root"); err != nil {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -44,16 +43,6 @@ func enableAuthFor(t *testing.T, admin *clientv3.Client, users map[string]string
 	}
 }
 
-func rawClient(t *testing.T, endpoint string) *clientv3.Client {
-	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
-}
-
 // Every version records who stored it (the writer's user@host), the etcd
 // user the write ran as when authentication is on (none while it is off,
 // whatever user name the client gave), why (WithReason) and who signed it
@@ -73,7 +62,7 @@ func TestHistoryRecordsWhoAndWhy(t *testing.T) {
 	}
 	putBy(t, alice, h1, "a.service", "A3", SignedBy("ops@example.com"))
 
-	enableAuthFor(t, rawClient(t, e.Endpoint()), map[string]string{"alice": "a11ce"})
+	enableAuthFor(t, RawTestClient(t, e.Endpoint()), map[string]string{"alice": "a11ce"})
 	// A client dialled before auth was on asked etcd once, and was told
 	// off; a fresh one is told on.
 	alice2, err := Dial(ctxT(t), Config{Endpoints: []string{e.Endpoint()}, Username: "alice", Password: "a11ce"})
@@ -113,7 +102,7 @@ func TestHistoryRecordsWhoAndWhy(t *testing.T) {
 func TestHistoryRecordsTheCertificateUser(t *testing.T) {
 	t.Parallel()
 	e, certs := StartTestEtcdTLS(t)
-	enableAuthFor(t, rawClient(t, e.Endpoint()), map[string]string{"agentd-client": ""}) // the client certificate's CN
+	enableAuthFor(t, RawTestClient(t, e.Endpoint()), map[string]string{"agentd-client": ""}) // the client certificate's CN
 	c, err := Dial(ctxT(t), Config{Endpoints: []string{e.TLSEndpoint()}, CAFile: certs.CA, CertFile: certs.ClientCert, KeyFile: certs.ClientKey})
 	if err != nil {
 		t.Fatal(err)

@@ -212,7 +212,7 @@ func (m *Manifest) SetIntent(in reconcile.Intent) error {
 }
 
 func cloneIntent(in reconcile.Intent) reconcile.Intent {
-	return reconcile.Intent{Reload: in.Reload, Jobs: maps.Clone(in.Jobs), Confirm: maps.Clone(in.Confirm)}
+	return reconcile.Intent{Reload: in.Reload, Jobs: maps.Clone(in.Jobs), Confirm: maps.Clone(in.Confirm), Writes: maps.Clone(in.Writes)}
 }
 
 // Forget drops path from the manifest. Call it after the file is removed.

@@ -5,14 +5,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,8 +20,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/agentd/agentd/internal/systemdtest"
+	"github.com/agentd/agentd/internal/testport"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // Issue 11, item 7: a real etcd cluster. Three etcd members run as
@@ -43,7 +42,7 @@ var etcdBin struct {
 	users int
 }
 
-func etcdServerBinary(t *testing.T) string {
+func etcdServerBinary(t testing.TB) string {
 	t.Helper()
 	etcdBin.Lock()
 	defer etcdBin.Unlock()
@@ -133,50 +132,11 @@ func startEtcdCluster(t *testing.T, n int) *etcdCluster {
 	return c
 }
 
-// clusterPort returns a loopback port for an etcd member: free now, never
-// handed out before in this test binary, and below the kernel's ephemeral
-// range, so that neither another test's freePort nor an outgoing
-// connection takes it while its member is down (a member keeps its ports
-// across restarts).
+// clusterPort returns a loopback port for an etcd member, which keeps its
+// ports across restarts (see testport).
 func clusterPort(t *testing.T) int {
 	t.Helper()
-	ephemeralLow := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if n, err := strconv.Atoi(f[0]); err == nil {
-				ephemeralLow = n
-			}
-		}
-	}
-	lo, hi := 10000, ephemeralLow-1
-	if hi-lo < 1000 {
-		return freePort(t) // an unusual range: fall back
-	}
-	clusterPorts.Lock()
-	defer clusterPorts.Unlock()
-	if clusterPorts.used == nil {
-		clusterPorts.used = map[int]bool{}
-	}
-	for range 1000 {
-		p := lo + rand.N(hi-lo)
-		if clusterPorts.used[p] {
-			continue
-		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		clusterPorts.used[p] = true
-		return p
-	}
-	t.Fatal("no free loopback port below the ephemeral range")
-	return 0
-}
-
-var clusterPorts struct {
-	sync.Mutex
-	used map[int]bool
+	return testport.Restartable(t)
 }
 
 func (m *etcdMember) start() {
@@ -472,11 +432,7 @@ func TestClusterLeaderLossDuringRollout(t *testing.T) {
 	c.waitLeader(c.members...)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{leader.client}, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := registrytest.RawClient(t, leader.client)
 	resp, err := cli.Get(ctx, registry.DefaultPrefix+"/groups/web/units/app.service", clientv3.WithSerializable())
 	for err == nil && (len(resp.Kvs) == 0 || string(resp.Kvs[0].Value) != v2) && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)

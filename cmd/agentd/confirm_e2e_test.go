@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 )
@@ -122,7 +123,7 @@ func TestConfirmLostControlPlaneRollsBack(t *testing.T) {
 	e.put(cp, proxyUnit(t, listen, upstream, "v1", events), "--confirm", "2s")
 	e.put("plain.service", helloV1)
 	first.stop(t)
-	logs := &lockedBuffer{}
+	logs := &testlog.Buffer{}
 	e.startAgentOn([]string{"http://" + listen}, func(o *runOptions) { o.logOut = io.MultiWriter(t.Output(), logs) })
 	eventually(t, "the agent, through the proxy, published its statuses", func() bool {
 		_, ok := e.status(cp)

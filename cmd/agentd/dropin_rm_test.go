@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/agentd/agentd/registry"
-	clientv3 "go.etcd.io/etcd/client/v3"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // Issue 29, case 4, on a real systemd: `unit rm dd.service` while its
@@ -53,11 +53,7 @@ func TestRmOfAUnitWhoseDropInStays(t *testing.T) {
 	}
 
 	// The registry with the drop-in alone, written straight into etcd.
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := registrytest.RawClient(t, e.endpoint)
 	if _, err := cli.Delete(context.Background(), registry.DefaultPrefix+"/hosts/"+e.host+"/units/"+dd); err != nil {
 		t.Fatal(err)
 	}

@@ -242,16 +242,6 @@ func unitKey(host, unit string) string {
 	return registry.DefaultPrefix + "/hosts/" + host + "/units/" + unit
 }
 
-func newRawEtcd(tb testing.TB, endpoint string) *clientv3.Client {
-	tb.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { cli.Close() })
-	return cli
-}
-
 // putTxn writes kvs (key → value) in one etcd transaction. It writes the
 // unit keys only, no history records: registry.Put adds two operations
 // per unit, so 1,000 units would not fit etcd's 1,024 operations per
@@ -724,17 +714,11 @@ type busMonitor struct {
 // startBusMonitor monitors the bus at addr for the processes pids (label →
 // pid) until stop.
 func startBusMonitor(ctx context.Context, addr string, pids map[string]int) (*busMonitor, error) {
-	conn, err := godbus.Dial(addr, godbus.WithContext(ctx))
+	conn, err := systemd.AddressDialer(addr)(ctx)
 	if err != nil {
 		return nil, err
 	}
 	fail := func(err error) (*busMonitor, error) { conn.Close(); return nil, err }
-	if err := conn.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
-		return fail(err)
-	}
-	if err := conn.Hello(); err != nil {
-		return fail(err)
-	}
 	var names []string
 	bus := conn.BusObject()
 	if err := bus.CallWithContext(ctx, "org.freedesktop.DBus.ListNames", 0).Store(&names); err != nil {

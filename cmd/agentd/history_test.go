@@ -252,11 +252,7 @@ func TestUnitHistorySurvivesCompaction(t *testing.T) {
 	r1 := e.putFile("a.service", hv1)
 	r2 := e.putFile("a.service", hv2)
 	r3 := e.putFile("b.service", hv3)
-	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{e.endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
+	raw := registrytest.RawClient(t, e.endpoint)
 	if _, err := raw.Compact(t.Context(), r3, clientv3.WithCompactPhysical()); err != nil {
 		t.Fatal(err)
 	}

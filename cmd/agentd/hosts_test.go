@@ -31,11 +31,7 @@ func newGarbageEnv(t *testing.T) *garbageEnv {
 	t.Helper()
 	e := registrytest.StartEtcd(t)
 	reg := registrytest.NewClient(t, e.Endpoint())
-	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint()}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
+	raw := registrytest.RawClient(t, e.Endpoint())
 	s, err := reg.Join(t.Context(), reconcile.Member{Host: "h1", MachineID: "m1", Groups: []string{"all"}}, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,31 +9,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 )
-
-// lockedBuffer is a log sink the agent's goroutines write to while the
-// test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // Names that systemd-escape makes go the whole way, as spelled: put
 // --wait, the file on disk, systemd's view, the status in etcd and in
@@ -44,7 +24,7 @@ func (l *lockedBuffer) String() string {
 func TestEscapedNamesRoundTrip(t *testing.T) {
 	t.Parallel() // waits on jobs, not the CPU
 	e := newEnv(t)
-	logs := &lockedBuffer{}
+	logs := &testlog.Buffer{}
 	metricsAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) {
 		o.logOut = io.MultiWriter(t.Output(), logs)

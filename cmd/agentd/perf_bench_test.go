@@ -58,7 +58,7 @@ func newPerfCell(b *testing.B) *perfCell {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { reg.Close() })
-	return &perfCell{b: b, endpoint: e.Endpoint(), reg: reg, raw: newRawEtcd(b, e.Endpoint())}
+	return &perfCell{b: b, endpoint: e.Endpoint(), reg: reg, raw: registrytest.RawClient(b, e.Endpoint())}
 }
 
 // perfSys is one system under test: the agent or a floor, following the

@@ -43,38 +43,47 @@ type fleetPreview struct {
 }
 
 // previewFleet reads, for each live host tg targets, its registry view,
-// statuses and facts, and predicts what it would do with units. A --host
-// target with no live agent gets one "no live agent" line per unit.
+// statuses and facts, and predicts what it would do with units. A member
+// of the group whose agent is down, and a --host target with no live
+// agent, get one "no live agent" line per unit that says so: the change
+// waits for them, and an operator who previews a group should see every
+// host the change will reach.
 func previewFleet(ctx context.Context, reg *registry.Client, tg registry.Target, units map[string][]byte) (fleetPreview, error) {
 	var out fleetPreview
-	ms, err := reg.Members(ctx)
+	known, err := reg.KnownHosts(ctx)
 	if err != nil {
 		return out, err
 	}
+	noAgent := func(host, why string) {
+		for _, k := range slices.Sorted(maps.Keys(units)) {
+			out.Predictions = append(out.Predictions, reconcile.Prediction{Host: host, Unit: k, Do: reconcile.DoNoAgent, Reason: why})
+		}
+	}
 	found := false
-	for _, m := range ms {
-		if tg.Host != "" && m.Host != tg.Host || tg.Group != "" && !slices.Contains(m.Groups, tg.Group) {
+	for _, k := range known {
+		if tg.Host != "" && k.Host != tg.Host || tg.Group != "" && !slices.Contains(k.Groups, tg.Group) {
 			continue
 		}
 		found = true
-		v, err := readHostView(ctx, reg, m)
+		if !k.Live {
+			noAgent(k.Host, "down ("+lastSeen([]registry.KnownHost{k}).describe(k.Host)+"): it applies the change when its agent returns")
+			continue
+		}
+		v, err := readHostView(ctx, reg, k.Member)
 		if err != nil {
 			return out, err
 		}
 		if v.Facts == nil {
-			out.NoFacts = append(out.NoFacts, m.Host)
+			out.NoFacts = append(out.NoFacts, k.Host)
 		}
 		out.Predictions = append(out.Predictions, predict(v, tg, units)...)
 	}
-	if !found {
-		who := tg.Host
-		why := "no live agent has this host name: it applies the change when it joins"
-		if tg.Group != "" {
-			who, why = "-", "no live agent is in group "+tg.Group
-		}
-		for _, k := range slices.Sorted(maps.Keys(units)) {
-			out.Predictions = append(out.Predictions, reconcile.Prediction{Host: who, Unit: k, Do: reconcile.DoNoAgent, Reason: why})
-		}
+	switch {
+	case found:
+	case tg.Group != "":
+		noAgent("-", "no host has joined group "+tg.Group)
+	default:
+		noAgent(tg.Host, "no agent has joined with this host name: it applies the change when it joins")
 	}
 	return out, nil
 }

@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/agentd/agentd/internal/testlog"
 )
 
 // Issue 25, item 4: health probes in [X-Agentd], against a real systemd.
@@ -101,7 +103,7 @@ func get(url string) (int, string) {
 func TestHealthURLFailureRollsBack(t *testing.T) {
 	t.Parallel() // waits on HealthySec and probes, not the CPU
 	e := newEnv(t)
-	logs := &lockedBuffer{}
+	logs := &testlog.Buffer{}
 	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) { o.logOut = io.MultiWriter(t.Output(), logs) })
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	url := "http://" + addr + "/healthz"

@@ -14,7 +14,6 @@ import (
 	"go.etcd.io/etcd/api/v3/authpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/reconcile"
@@ -206,11 +205,7 @@ func TestAgentUnderLeastPrivilegeRole(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("agentd rbac: exit %d\n%s", code, out)
 	}
-	admin, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
+	admin := registrytest.RawClient(t, ep)
 	ctx := context.Background()
 	if _, err := admin.UserAdd(ctx, "root", "root-pw"); err != nil {
 		t.Fatal(err)
@@ -298,12 +293,7 @@ func TestAgentUnderLeastPrivilegeRole(t *testing.T) {
 	})
 
 	// Host a's credentials, as a stolen copy would use them.
-	stolen, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		Username: registry.AgentRole("a"), Password: "secret-of-a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stolen.Close()
+	stolen := registrytest.RawClientConfig(t, clientv3.Config{Endpoints: []string{ep}, Username: registry.AgentRole("a"), Password: "secret-of-a"})
 	if r, err := stolen.Get(ctx, "/agentd/hosts/a/units/hello.service"); err != nil || len(r.Kvs) != 1 {
 		t.Fatalf("a cannot read its own unit: %v", err)
 	}

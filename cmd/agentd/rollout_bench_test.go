@@ -34,7 +34,7 @@ func BenchmarkRolloutScale(b *testing.B) {
 	sizes := benchInts(b, "AGENTD_BENCH_ROLLOUT_AGENTS", []int{100, 1000})
 	soak := benchDuration(b, "AGENTD_BENCH_SOAK", 0)
 	scaleRaiseNoFile(b, uint64(8*slices.Max(sizes)+4096))
-	bin := scaleEtcdBinary(b)
+	bin := etcdServerBinary(b)
 	var out strings.Builder
 	for _, n := range sizes {
 		b.Run(fmt.Sprintf("agents=%d", n), func(b *testing.B) {

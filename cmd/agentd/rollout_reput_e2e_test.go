@@ -9,10 +9,9 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 	"github.com/agentd/agentd/rollout"
 )
 
@@ -245,11 +244,7 @@ func TestRolloutJoinerMidWave(t *testing.T) {
 	f := newJoinFleet(t, false, "h1", "h2", "h3")
 	h4 := f.prepare("h4")
 	ctx := context.Background()
-	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{f.endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
+	raw := registrytest.RawClient(t, f.endpoint)
 	admission := func(id, host string) (*rollout.Admission, int64) {
 		t.Helper()
 		resp, err := raw.Get(ctx, registry.DefaultPrefix+"/rollouts/admit/web/"+host+"/"+id)
@@ -332,7 +327,7 @@ func TestRolloutJoinerMidWave(t *testing.T) {
 	case <-time.After(40 * time.Second):
 		t.Fatal("put --wait did not end within 40s")
 	}
-	v, err = f.reg.Rollout(ctx, id, true)
+	v, err := f.reg.Rollout(ctx, id, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,11 +40,7 @@ func newRolloutEnv(t *testing.T, hosts ...string) *rolloutEnv {
 	t.Helper()
 	e := registrytest.StartEtcd(t)
 	reg := registrytest.NewClient(t, e.Endpoint())
-	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint()}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
+	raw := registrytest.RawClient(t, e.Endpoint())
 	env := &rolloutEnv{garbageEnv: &garbageEnv{endpoint: e.Endpoint(), reg: reg, raw: raw}, dir: t.TempDir()}
 	for _, h := range hosts {
 		env.member(t, h, "web")

@@ -167,7 +167,7 @@ of the group answers alike. There is no authentication: listen on loopback
 			"anything else is refused and the running version kept (default: no signature needed)")
 	fs.StringVar(&o.wedgeFile, "test-wedge-file", "", "test only: while this file exists the reconcile loop blocks")
 	_ = fs.MarkHidden("test-wedge-file")
-	fs.StringVar(&o.pauseAt, "test-pause-at", "", "test only: at this point of a pass (files-written, reloaded, jobs-started, job-done) write <state-dir>/paused-at-<point> and block, so a test can kill the agent there")
+	fs.StringVar(&o.pauseAt, "test-pause-at", "", "test only: at this point of a pass (claimed, files-written, reloaded, jobs-started, job-done) write <state-dir>/paused-at-<point> and block, so a test can kill the agent there")
 	_ = fs.MarkHidden("test-pause-at")
 	return cmd
 }

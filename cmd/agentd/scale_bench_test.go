@@ -29,6 +29,7 @@ import (
 	"github.com/agentd/agentd/metrics"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/unitdir"
 )
@@ -72,7 +73,7 @@ func BenchmarkScale(b *testing.B) {
 		floorRounds:  5,
 	}
 	scaleRaiseNoFile(b, uint64(8*slices.Max(sizes)+4096))
-	bin := scaleEtcdBinary(b)
+	bin := etcdServerBinary(b)
 	var results []scaleResult
 	for _, n := range sizes {
 		var r scaleResult
@@ -987,36 +988,6 @@ type scaleEtcd struct {
 	dir    string
 }
 
-// scaleEtcdBinary builds the etcd server as etcdServerBinary does, sharing
-// its build (that helper takes a *testing.T).
-func scaleEtcdBinary(tb testing.TB) string {
-	tb.Helper()
-	etcdBin.Lock()
-	defer etcdBin.Unlock()
-	if etcdBin.path == "" {
-		dir, err := os.MkdirTemp("", "agentd-etcd-bin")
-		if err != nil {
-			tb.Fatal(err)
-		}
-		bin := filepath.Join(dir, "etcd")
-		if out, err := exec.Command("go", "build", "-o", bin, "go.etcd.io/etcd/server/v3").CombinedOutput(); err != nil {
-			os.RemoveAll(dir)
-			tb.Fatalf("go build go.etcd.io/etcd/server/v3: %v\n%s", err, out)
-		}
-		etcdBin.path = bin
-	}
-	etcdBin.users++
-	tb.Cleanup(func() {
-		etcdBin.Lock()
-		defer etcdBin.Unlock()
-		if etcdBin.users--; etcdBin.users == 0 {
-			os.RemoveAll(filepath.Dir(etcdBin.path))
-			etcdBin.path = ""
-		}
-	})
-	return etcdBin.path
-}
-
 // startScaleEtcd starts a single-member etcd with its defaults (fsync on,
 // data on disk under $TMPDIR) on two free loopback ports, and kills it by
 // its PID at cleanup.
@@ -1084,12 +1055,11 @@ func (e *scaleEtcd) stop() {
 	os.RemoveAll(e.dir)
 }
 
+// scaleClient dials a bare client to a scale test's etcd, which may take
+// longer to answer than a test's.
 func scaleClient(tb testing.TB, endpoint string) *clientv3.Client {
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return cli
+	tb.Helper()
+	return registrytest.RawClientConfig(tb, clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 10 * time.Second})
 }
 
 // cpu is the CPU time etcd used so far (user + system, from

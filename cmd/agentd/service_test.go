@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/unitdir"
 )
@@ -159,10 +159,9 @@ func TestServiceAlive(t *testing.T) {
 func TestServiceRun(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		n := &notes{}
-		var buf bytes.Buffer
-		var mu sync.Mutex
+		var buf testlog.Buffer
 		s := &service{
-			notify: n.send, log: slog.New(slog.NewTextHandler(&lockedWriter{w: &buf, mu: &mu}, nil)),
+			notify: n.send, log: slog.New(slog.NewTextHandler(&buf, nil)),
 			watchdog: 40 * time.Millisecond, tick: 10 * time.Millisecond, now: time.Now, waits: map[int]time.Time{},
 		}
 		s.beat = time.Now()
@@ -190,9 +189,7 @@ func TestServiceRun(t *testing.T) {
 		if got := n.count("WATCHDOG=1"); got != 6 {
 			t.Fatalf("%d pings, want 6: the pings went on while the loop was silent", got)
 		}
-		mu.Lock()
 		logged := buf.String()
-		mu.Unlock()
 		if !strings.Contains(logged, "reconcile loop shows no progress") {
 			t.Errorf("stall not logged:\n%s", logged)
 		}
@@ -242,17 +239,6 @@ func TestServiceRunWithoutWatchdogGoesQuiet(t *testing.T) {
 			t.Fatalf("last message %q", all[len(all)-1])
 		}
 	})
-}
-
-type lockedWriter struct {
-	w  *bytes.Buffer
-	mu *sync.Mutex
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 func TestLastKnownGood(t *testing.T) {

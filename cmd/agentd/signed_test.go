@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"github.com/agentd/agentd/internal/citest"
 	"io"
 	"os"
 	"os/exec"
@@ -11,13 +10,15 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/crypto/ssh"
 
+	"github.com/agentd/agentd/internal/citest"
+	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // sshTool is the path of an OpenSSH tool (ssh-keygen, ssh-agent,
@@ -61,24 +62,20 @@ type signedEnv struct {
 	*env
 	alice, mallory sshKey
 	allowed        string
-	log            *lockedBuffer
+	log            *testlog.Buffer
 	raw            *clientv3.Client
 }
 
 func newSignedEnv(t *testing.T) *signedEnv {
 	t.Helper()
-	e := &signedEnv{env: newEnv(t), log: &lockedBuffer{}}
+	e := &signedEnv{env: newEnv(t), log: &testlog.Buffer{}}
 	dir := t.TempDir()
 	e.alice, e.mallory = newSSHKey(t, dir, "alice@example.com"), newSSHKey(t, dir, "mallory")
 	e.allowed = filepath.Join(dir, "allowed_signers")
 	if err := os.WriteFile(e.allowed, []byte("# who may change units\n"+e.alice.line+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	raw, err := clientv3.New(clientv3.Config{Endpoints: []string{e.endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
+	raw := registrytest.RawClient(t, e.endpoint)
 	e.raw = raw
 	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) {
 		o.allowedSigners = e.allowed
@@ -333,11 +330,7 @@ func TestSignKeyFromSSHAgent(t *testing.T) {
 	}
 	e.putFile("a.service", helloV1, "--sign-key", "ssh-agent", "--sign-key-id", b.fingerprint)
 	var rec reconcile.SignatureRecord
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := registrytest.RawClient(t, e.endpoint)
 	resp, err := cli.Get(t.Context(), "/agentd/hosts/h1/signatures/a.service")
 	if err != nil || len(resp.Kvs) != 1 || json.Unmarshal(resp.Kvs[0].Value, &rec) != nil {
 		t.Fatalf("signature record: %v %v", resp, err)

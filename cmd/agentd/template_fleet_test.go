@@ -11,9 +11,9 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // Issue 9: a template is the unit of rollout across a fleet. Several agents
@@ -167,11 +167,7 @@ func tfConverged(t *testing.T, f *fleet, content, v string, insts, absent []int,
 // tfLocks lists the keys under <prefix>/locks/<under>.
 func tfLocks(t *testing.T, f *fleet, under string) []string {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{f.endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := registrytest.RawClient(t, f.endpoint)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	resp, err := cli.Get(ctx, f.reg.Prefix()+"/locks/"+under, clientv3.WithPrefix(), clientv3.WithKeysOnly())

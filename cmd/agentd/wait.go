@@ -184,10 +184,16 @@ func (w waitSpec) judgeRows(all map[string]reconcile.HostReport, hosts []string,
 				e.Revision = 0 // its answers are its statuses alone
 			}
 			p, detail := e.Assess(all[h], isLive(h))
-			if p == reconcile.ProgressNoAgent {
+			joining := p == reconcile.ProgressNoAgent && !seen.joined(h)
+			switch {
+			case joining:
+				// Not down: not there yet (an agent about to start, as
+				// in `make demo`). Said quietly, as any pending row.
+				detail = "waiting for " + h + " to join"
+			case p == reconcile.ProgressNoAgent:
 				detail = seen.describe(h)
 			}
-			rows[h+"\x00"+e.Key] = row{h, e.Key, p, detail}
+			rows[h+"\x00"+e.Key] = row{h, e.Key, p, detail, joining}
 			done = done && (p.Terminal() || p == reconcile.ProgressNoAgent && w.skipUnreachable)
 		}
 	}
@@ -237,6 +243,13 @@ func (w waitSpec) verdict(rows map[string]row, seen seenTimes, err error) error 
 			return withCode(exitSuperseded, fmt.Errorf("%s %s: superseded — %s", r.host, r.key, r.detail))
 		case r.state.Terminal():
 			failures = append(failures, fmt.Sprintf("%s %s: %s%s", r.host, r.key, r.state, prefixed(r.detail)))
+		case r.joining:
+			what := fmt.Sprintf("%s %s (%s has not joined: no agent has run with this host name)", r.host, r.key, r.host)
+			if w.skipUnreachable {
+				skipped = append(skipped, what)
+			} else {
+				pending = append(pending, what)
+			}
 		case r.state == reconcile.ProgressNoAgent && w.skipUnreachable:
 			skipped = append(skipped, fmt.Sprintf("%s %s (no live agent, %s)", r.host, r.key, seen.describe(r.host)))
 		case r.state == reconcile.ProgressNoAgent:
@@ -273,6 +286,25 @@ type row struct {
 	host, key string
 	state     reconcile.Progress
 	detail    string
+	// joining: no live agent because none has ever joined as host (not
+	// one that went down); shown as waiting, not as a fault.
+	joining bool
+}
+
+// stateWord is the row's state as the progress view shows it.
+func (r row) stateWord() string {
+	if r.joining {
+		return "joining"
+	}
+	return r.state.String()
+}
+
+// line is the row as one line of progress.
+func (r row) line() string {
+	if r.joining {
+		return fmt.Sprintf("%s %s: %s", r.host, r.key, r.detail)
+	}
+	return fmt.Sprintf("%s %s: %s%s", r.host, r.key, r.state, prefixed(r.detail))
 }
 
 // seenTimes is when each known host's agent was last seen.
@@ -284,6 +316,12 @@ func lastSeen(ks []registry.KnownHost) seenTimes {
 		m[k.Host] = k
 	}
 	return m
+}
+
+// joined says an agent has been seen as host h (it may be down now).
+func (s seenTimes) joined(h string) bool {
+	k, ok := s[h]
+	return ok && (k.Live || !k.LastSeen.IsZero())
 }
 
 // describe says of a host without a live agent when it was last seen.
@@ -349,10 +387,10 @@ func (v *progressView) update(rows map[string]row) {
 		}
 		v.last[id] = r
 		if v.json {
-			writeJSONLine(v.out, map[string]any{"event": "progress", "host": r.host, "key": r.key, "state": r.state.String(), "detail": r.detail,
+			writeJSONLine(v.out, map[string]any{"event": "progress", "host": r.host, "key": r.key, "state": r.stateWord(), "detail": r.detail,
 				"elapsedMs": time.Since(v.start).Milliseconds()})
 		} else {
-			fmt.Fprintf(v.out, "%s %s: %s%s\n", r.host, r.key, r.state, prefixed(r.detail))
+			fmt.Fprintln(v.out, r.line())
 		}
 	}
 }
@@ -375,7 +413,7 @@ func (v *progressView) redraw(rows map[string]row) {
 		r := rows[id]
 		state := "-"
 		if _, ok := rows[id]; ok {
-			state = r.state.String()
+			state = r.stateWord()
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.host, r.key, state, r.detail)
 	}

@@ -12,7 +12,7 @@ import (
 func TestProgressViews(t *testing.T) {
 	want := []reconcile.Expectation{{Key: "a.service", Unit: "a.service"}}
 	rows := func(state reconcile.Progress) map[string]row {
-		return map[string]row{"h1\x00a.service": {"h1", "a.service", state, "x"}}
+		return map[string]row{"h1\x00a.service": {host: "h1", key: "a.service", state: state, detail: "x"}}
 	}
 	var plain bytes.Buffer
 	v := newProgressView(&plain, false, []string{"h1"}, want)

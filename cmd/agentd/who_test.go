@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -23,11 +22,7 @@ import (
 func authEtcd(t *testing.T) (endpoint string, alice []string) {
 	t.Helper()
 	e := registrytest.StartEtcd(t)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint()}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := registrytest.RawClient(t, e.Endpoint())
 	ctx, p := t.Context(), registry.DefaultPrefix+"/"
 	for _, step := range []func() error{
 		func() error { _, err := cli.RoleAdd(ctx, "root"); return err },

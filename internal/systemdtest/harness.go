@@ -51,6 +51,68 @@ func writeScript(dir, name string, script []byte) (string, error) {
 	return p, os.WriteFile(p, script, 0o700)
 }
 
+// startScript starts the harness script body (file name file, with its
+// log file.log) in dir under `unshare --mount --propagation private`, with
+// the arguments dir, name and args. The caller holds its stdin (closing it
+// starts the teardown: stopScript) and reads its "ready PID" line from
+// stdout (readyPID).
+func startScript(dir, file string, body []byte, name string, args ...string) (_ *exec.Cmd, stdin io.WriteCloser, stdout io.Reader, err error) {
+	scriptPath, err := writeScript(dir, file, body)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	stderr, err := os.Create(filepath.Join(dir, strings.TrimSuffix(file, ".sh")+".log"))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer stderr.Close() // the child holds its own copy
+	cmd := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "bash", scriptPath, dir, name}, args...)...)
+	cmd.Stderr = stderr
+	if stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, nil, nil, err
+	}
+	if stdout, err = cmd.StdoutPipe(); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, nil, err
+	}
+	return cmd, stdin, stdout, nil
+}
+
+// scriptCgroup is the cgroup subtree of the script cmd started with name:
+// unshare without --fork execs bash in place, so the script's $$ is our
+// child's PID.
+func scriptCgroup(cmd *exec.Cmd, name string) string {
+	return fmt.Sprintf("systemd-harness-%d-%s", cmd.Process.Pid, name)
+}
+
+// readyPID waits at most timeout for the script file to print "ready PID"
+// on stdout and returns the PID.
+func readyPID(stdout io.Reader, file string, timeout time.Duration) (int, error) {
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(stdout).ReadString('\n')
+		line <- s
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case s := <-line:
+		pid, ok := strings.CutPrefix(strings.TrimSpace(s), "ready ")
+		if !ok {
+			return 0, fmt.Errorf("%s did not become ready (said %q)", file, s)
+		}
+		n, err := strconv.Atoi(pid)
+		if err != nil {
+			return 0, fmt.Errorf("%s: bad ready line %q", file, s)
+		}
+		return n, nil
+	case <-timer.C:
+		return 0, fmt.Errorf("%s not ready after %s", file, timeout)
+	}
+}
+
 //go:embed harness.sh
 var script []byte
 
@@ -163,27 +225,8 @@ func cgroupName(testName string) string {
 }
 
 func boot(dir, name string) (_ *Harness, err error) {
-	scriptPath, err := writeScript(dir, "harness.sh", script)
+	cmd, stdin, stdout, err := startScript(dir, "harness.sh", script, name)
 	if err != nil {
-		return nil, err
-	}
-	stderr, err := os.Create(filepath.Join(dir, "harness.log"))
-	if err != nil {
-		return nil, err
-	}
-	defer stderr.Close() // the child holds its own copy
-
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "bash", scriptPath, dir, name)
-	cmd.Stderr = stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	h := &Harness{
@@ -193,8 +236,7 @@ func boot(dir, name string) (_ *Harness, err error) {
 		StateDir:   filepath.Join(dir, "state"),
 		cmd:        cmd,
 		stdin:      stdin,
-		// unshare without --fork execs bash in place: the script's $$ is our child's PID.
-		cgroup: fmt.Sprintf("systemd-harness-%d-%s", cmd.Process.Pid, name),
+		cgroup:     scriptCgroup(cmd, name),
 	}
 	h.unitProps.dial = h.Dial
 	defer func() {
@@ -206,25 +248,8 @@ func boot(dir, name string) (_ *Harness, err error) {
 		}
 	}()
 
-	// The script prints "ready PID" once the bus socket exists.
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(stdout).ReadString('\n')
-		line <- s
-	}()
-	timer := time.NewTimer(bootTimeout)
-	defer timer.Stop()
-	select {
-	case s := <-line:
-		pid, ok := strings.CutPrefix(strings.TrimSpace(s), "ready ")
-		if !ok {
-			return nil, fmt.Errorf("harness.sh did not become ready (said %q)", s)
-		}
-		if h.ManagerPID, err = strconv.Atoi(pid); err != nil {
-			return nil, fmt.Errorf("harness.sh: bad ready line %q", s)
-		}
-	case <-timer.C:
-		return nil, fmt.Errorf("harness.sh not ready after %s", bootTimeout)
+	if h.ManagerPID, err = readyPID(stdout, "harness.sh", bootTimeout); err != nil {
+		return nil, err
 	}
 	if err := os.Mkdir(h.StateDir, 0o755); err != nil {
 		return nil, err
@@ -257,22 +282,11 @@ func (h *Harness) ping(ctx context.Context) error {
 		CallWithContext(ctx, "org.freedesktop.DBus.Peer.Ping", 0).Err
 }
 
-// rawConn opens a godbus connection to the harness's bus. ctx bounds the
+// rawConn opens a godbus connection to the harness's bus, authenticated and
+// introduced by the systemd package's own dialer. ctx bounds the
 // connection's whole lifetime.
 func (h *Harness) rawConn(ctx context.Context) (*godbus.Conn, error) {
-	conn, err := godbus.Dial(h.BusAddress, godbus.WithContext(ctx))
-	if err != nil {
-		return nil, err
-	}
-	if err := conn.Auth([]godbus.Auth{godbus.AuthExternal(strconv.Itoa(os.Getuid()))}); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	if err := conn.Hello(); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	return conn, nil
+	return systemd.AddressDialer(h.BusAddress)(ctx)
 }
 
 // Dial opens a go-systemd connection to this manager through its bus

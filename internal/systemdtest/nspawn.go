@@ -6,7 +6,6 @@ package systemdtest
 // system service. The host's systemd (there is none) is never involved.
 
 import (
-	"bufio"
 	"context"
 	_ "embed"
 	"errors"
@@ -169,34 +168,13 @@ func bootContainer(testName, machine, root string, setup func(*Container) error)
 			return nil, fmt.Errorf("setup: %w", err)
 		}
 	}
-	scriptPath, err := writeScript(dir, "nspawn.sh", nspawnScript)
-	if err != nil {
-		return nil, err
-	}
-	stderr, err := os.Create(filepath.Join(dir, "nspawn.log"))
-	if err != nil {
-		return nil, err
-	}
-	defer stderr.Close() // the child holds its own copy
-
 	name := "ns-" + cgroupName(testName)
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "bash", scriptPath, dir, name, machine, root)
-	cmd.Stderr = stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	cmd, stdin, stdout, err := startScript(dir, "nspawn.sh", nspawnScript, name, machine, root)
+	if err != nil {
 		return nil, err
 	}
-	c.cmd, c.stdin = cmd, stdin
-	// unshare without --fork execs bash in place: the script's $$ is our child's PID.
-	c.cgroup = fmt.Sprintf("systemd-harness-%d-%s", cmd.Process.Pid, name)
+	c.cmd, c.stdin, c.cgroup = cmd, stdin, scriptCgroup(cmd, name)
 	defer func() {
 		if err != nil {
 			if cerr := c.Close(); cerr != nil {
@@ -207,24 +185,8 @@ func bootContainer(testName, machine, root string, setup func(*Container) error)
 		}
 	}()
 
-	line := make(chan string, 1)
-	go func() {
-		s, _ := bufio.NewReader(stdout).ReadString('\n')
-		line <- s
-	}()
-	timer := time.NewTimer(containerBootTimeout)
-	defer timer.Stop()
-	select {
-	case s := <-line:
-		pid, ok := strings.CutPrefix(strings.TrimSpace(s), "ready ")
-		if !ok {
-			return nil, fmt.Errorf("nspawn.sh did not become ready (said %q)", s)
-		}
-		if c.Leader, err = strconv.Atoi(pid); err != nil {
-			return nil, fmt.Errorf("nspawn.sh: bad ready line %q", s)
-		}
-	case <-timer.C:
-		return nil, fmt.Errorf("container not ready after %s", containerBootTimeout)
+	if c.Leader, err = readyPID(stdout, "nspawn.sh", containerBootTimeout); err != nil {
+		return nil, err
 	}
 	c.BootTime = time.Since(start)
 	c.Root = fmt.Sprintf("/proc/%d/root", c.Leader)

@@ -1,7 +1,9 @@
 // Package registrytest starts real etcd servers and clients for tests: a
 // single-node etcd in a temporary directory (StartEtcd), one behind TLS with
 // fresh certificates (StartEtcdTLS, WriteCerts), and a client dialled to
-// either (NewClient). Everything it starts is stopped when the test ends.
+// either: the registry's (NewClient), or a bare etcd client for what a test
+// does behind the registry's back (RawClient, RawClientConfig). Everything
+// it starts is stopped when the test ends.
 //
 // It lives outside package registry so the agent binary does not link it.
 // The registry package's own tests reach it through registry/bridge_test.go.
@@ -12,6 +14,9 @@ import (
 	"log/slog"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/agentd/agentd/registry"
 )
@@ -51,4 +56,31 @@ func NewClient(t testing.TB, endpoint string) *registry.Client {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// RawClient dials a bare etcd client to endpoint, for a test that reads or
+// writes keys behind the registry's back (an operator's etcdctl, a
+// compaction, a user with other rights). It is closed when the test ends.
+func RawClient(t testing.TB, endpoint string) *clientv3.Client {
+	t.Helper()
+	return RawClientConfig(t, clientv3.Config{Endpoints: []string{endpoint}})
+}
+
+// RawClientConfig is RawClient with more settings (credentials, TLS): a
+// zero DialTimeout becomes 5 s and a nil Logger a silent one. It is closed
+// when the test ends.
+func RawClientConfig(t testing.TB, cfg clientv3.Config) *clientv3.Client {
+	t.Helper()
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatalf("dial test etcd %v: %v", cfg.Endpoints, err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
 }

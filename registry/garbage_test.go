@@ -1,35 +1,21 @@
 package registry
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // warnings records a Client's log lines.
 type warnings struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (w *warnings) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(p)
-}
-
-func (w *warnings) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
+	testlog.Buffer
 }
 
 // mustName fails unless a warning names every key.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/systemd"
@@ -25,30 +25,11 @@ import (
 // systemd's properties, /proc of the unit's main process, the units' own
 // hooks, etcd status keys and CLI exit codes.
 
-// judgeLog is a copy of everything the agent logs, for tests that check
-// what the agent says.
-type judgeLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *judgeLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *judgeLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // judgeStartAgent is startAgent with the agent's log also copied into the
-// returned judgeLog.
-func judgeStartAgent(e *env) *judgeLog {
+// returned buffer.
+func judgeStartAgent(e *env) *testlog.Buffer {
 	e.t.Helper()
-	logs := &judgeLog{}
+	logs := &testlog.Buffer{}
 	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) { o.logOut = io.MultiWriter(e.t.Output(), logs) })
 	return logs
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/agentd/agentd/internal/citest"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/agentd/agentd/internal/citest"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
@@ -201,11 +201,7 @@ func TestUnmanagedFileIsNeverOverwritten(t *testing.T) {
 // CLI's own validation.
 func rawPut(t *testing.T, endpoint string, kv map[string]string) {
 	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := registrytest.RawClient(t, endpoint)
 	var ops []clientv3.Op
 	for k, v := range kv {
 		ops = append(ops, clientv3.OpPut(k, v))

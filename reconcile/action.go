@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 )
 
@@ -415,4 +416,15 @@ func (r *UnitRecord) noteStarted(job Job, manager string) {
 	if job == JobStart || job == JobRestart {
 		r.StartedIn = manager
 	}
+}
+
+// headHash names a version by its unit file's hash (else any file's).
+func headHash(unit string, files map[string]string) string {
+	if h, ok := files[unit]; ok {
+		return h
+	}
+	for _, p := range slices.Sorted(maps.Keys(files)) {
+		return files[p]
+	}
+	return ""
 }

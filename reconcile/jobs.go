@@ -223,22 +223,6 @@ func (j *jobs) runJob(ctx context.Context, act Action) error {
 	return DoJob(ctx, j.sd, act.Steps.Job, act.Unit)
 }
 
-// DoJob runs job on unit and waits for its end: the whole of a job, for a
-// Systemd that has no two-step Queue (a queue whose wait does it all).
-func DoJob(ctx context.Context, sd Systemd, job Job, unit string) error {
-	switch job {
-	case JobStart:
-		return sd.Start(ctx, unit)
-	case JobStop:
-		return sd.Stop(ctx, unit)
-	case JobReload:
-		return sd.ReloadUnit(ctx, unit)
-	case JobRestart:
-		return sd.Restart(ctx, unit)
-	}
-	return nil
-}
-
 // resultOf maps a job error to the status "result" word.
 func resultOf(err error) ResultWord {
 	var jr interface{ JobResult() string }

@@ -110,17 +110,6 @@ func planForeign(a *Action, st UnitState, changed, stale bool, rec UnitRecord, d
 	}
 }
 
-// headHash names a version by its unit file's hash (else any file's).
-func headHash(unit string, files map[string]string) string {
-	if h, ok := files[unit]; ok {
-		return h
-	}
-	for _, p := range slices.Sorted(maps.Keys(files)) {
-		return files[p]
-	}
-	return ""
-}
-
 func jobOf(k Kind) Job {
 	switch k {
 	case KindStart:

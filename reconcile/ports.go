@@ -214,3 +214,19 @@ func (NopObserver) ControlPlaneRollback(string) {}
 func (NopObserver) Probe(string, string, bool) {}
 
 func (NopObserver) ProbesGone(string) {}
+
+// DoJob runs job on unit and waits for its end: the whole of a job, for a
+// Systemd that has no two-step Queue (a queue whose wait does it all).
+func DoJob(ctx context.Context, sd Systemd, job Job, unit string) error {
+	switch job {
+	case JobStart:
+		return sd.Start(ctx, unit)
+	case JobStop:
+		return sd.Stop(ctx, unit)
+	case JobReload:
+		return sd.ReloadUnit(ctx, unit)
+	case JobRestart:
+		return sd.Restart(ctx, unit)
+	}
+	return nil
+}

@@ -81,9 +81,9 @@ type Config struct {
 //
 // Its parts keep their own state and know none of each other: the view
 // (what the loop sees; it reads the others only through remembered and
-// inbox), the ledger, the executor, the jobs, the probes, the slots, the
+// inbox), the ledger, the executor, the jobs, the probes, the confirms, the slots, the
 // facts and the statuses' publisher. The loop alone calls them, in order: observe (view),
-// judge and plan, gate (slots, halts), execute (executor, jobs), record
+// judge and plan, recheck (slots, halts), execute (executor, jobs), record
 // (ledger, finish), publish (report, facts).
 type Agent struct {
 	cfg  Config

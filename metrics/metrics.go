@@ -34,8 +34,8 @@ const (
 )
 
 // Classify says whether a unit's status is converged, pending or failed:
-// reconcile.JudgeStatus, the one rule `agentd hosts` and --wait use too.
-func Classify(st reconcile.Status) string { return reconcile.JudgeStatus(st).String() }
+// reconcile.StandingOf, the one rule `agentd hosts` and --wait use too.
+func Classify(st reconcile.Status) string { return reconcile.StandingOf(st).String() }
 
 // Count tallies statuses by Classify.
 func Count(st []reconcile.Status) (converged, pending, failed int) {

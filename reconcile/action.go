@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 )
 
@@ -358,4 +359,73 @@ type Fleet struct {
 type Refusal struct {
 	ContentKey string `json:"contentKey"`
 	Reason     string `json:"reason"`
+}
+
+func actionMessage(act Action) string {
+	switch k := act.Kind; k {
+	case KindStart:
+		return "started unit"
+	case KindRestart:
+		return "replaced unit file, restarted in place"
+	case KindReload:
+		return "replaced unit file, reloaded in place"
+	case KindStopStart:
+		if act.Steps.Job == JobStop {
+			return "stopped with the old definition; the new version is written and started next"
+		}
+		return "started the new version (stopped with the old definition before)"
+	case KindStop:
+		return "stopped unit"
+	case KindUpdate:
+		if !act.changesUnitFiles() {
+			return "wrote config files, the unit left alone (no trigger names them)"
+		}
+		return "replaced unit file (daemon-reload only)"
+	case KindNone:
+		if act.Record.Ran {
+			return "recorded as running the new version, not restarted again"
+		}
+	case KindRemove:
+		if act.Steps.Job == JobStop {
+			return "stopped unit (removed from the registry)"
+		}
+		return "removed unit"
+	}
+	return act.Kind.String()
+}
+
+// actionHash names the version an action is about: the unit file's hash,
+// else that of the first file it writes or runs.
+func actionHash(act Action) string {
+	switch {
+	case act.Record.Effective[act.Unit] != "":
+		return act.Record.Effective[act.Unit]
+	case len(act.Steps.Writes) > 0:
+		return act.Steps.Writes[0].Hash
+	case act.Hash != "":
+		return act.Hash
+	}
+	return headHash(act.Unit, act.Record.Effective)
+}
+
+// Word is the status word of an action of kind k.
+func (k Kind) Word() ActionWord { return ActionWord(k.String()) }
+
+// noteStarted records the manager instance a start or restart of the
+// agent's ran under (StartedIn).
+func (r *UnitRecord) noteStarted(job Job, manager string) {
+	if job == JobStart || job == JobRestart {
+		r.StartedIn = manager
+	}
+}
+
+// headHash names a version by its unit file's hash (else any file's).
+func headHash(unit string, files map[string]string) string {
+	if h, ok := files[unit]; ok {
+		return h
+	}
+	for _, p := range slices.Sorted(maps.Keys(files)) {
+		return files[p]
+	}
+	return ""
 }

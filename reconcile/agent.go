@@ -13,201 +13,6 @@ import (
 	"time"
 )
 
-// Systemd is what the agent needs from the service manager (systemd.Manager
-// in production): the basic calls, and the cheaper reads and two-step jobs
-// that keep a pass's cost to what changed (see cache.go). A service manager
-// that has only the basic calls (a test's fake) gets the rest from
-// PlainSystemd. An error names what failed ("daemon-reload: …", "start
-// x.service: …", "state of x.service: …"); the agent does not name it again.
-type Systemd interface {
-	BasicSystemd
-	// StateSkippingFileState is State without UnitFileState, which costs
-	// systemd a look at the unit file and the symlinks to it on the first
-	// read after every daemon-reload (measured with 1,000 unit files:
-	// 3.4–5.0 ms per unit, against 1.0–1.9 ms for the rest of the state).
-	// See needsFileState for when the loop does without.
-	StateSkippingFileState(ctx context.Context, unit string) (UnitState, error)
-	// Timeouts reads a unit's own job timeouts, alone
-	// (UnitState.TimeoutStartUSec, TimeoutStopUSec). With it, the units a
-	// daemon-reload has just loaded for the first time are planned from one
-	// listing (Light) and only their timeouts are read, as their jobs
-	// start: a full read of such a unit cost systemd 7.5–8.8 ms (measured
-	// with 1,200 unit files, 300 units per figure), the listing
-	// 0.1–0.14 ms, and the first sync of 1,000 units read them all.
-	Timeouts(ctx context.Context, unit string) (start, stop uint64, err error)
-	// Queue runs a job in two steps, queued and then waited for, so that a
-	// Light unit's timeouts are read once its job holds it loaded. systemd
-	// unloads an inactive unit nothing refers to after every call about it
-	// and parses its files again at the next one: the first sync of 1,000
-	// new units, reading the timeouts before the start, made systemd load
-	// each unit file five times (counted from its UnitNew signals), the
-	// batch floor once.
-	Queue(ctx context.Context, job Job, unit string) (wait func(context.Context) error, err error)
-	// Summaries lists the load, active and sub state of many units in one
-	// call (ListUnitsByNames), for the resync and for planning from a
-	// listing. An error (errors.ErrUnsupported among others) makes the
-	// loop read the units one by one instead.
-	Summaries(ctx context.Context, units []string) (map[string]UnitSummary, error)
-	// ManagerID names the running service manager instance
-	// (Current.Manager), read at every pass over all units (start,
-	// reconnect, resync). An error leaves it unknown.
-	ManagerID(ctx context.Context) (string, error)
-	// UnitsLoaded is when the service manager last loaded the unit files
-	// (Current.Loaded). An error leaves it unknown.
-	UnitsLoaded(ctx context.Context) (uint64, error)
-}
-
-// BasicSystemd is the part of Systemd every service manager has: the jobs
-// and a unit's state. Job methods wait for the job's result and return an
-// error for anything but "done".
-type BasicSystemd interface {
-	Reload(ctx context.Context) error
-	Start(ctx context.Context, unit string) error
-	Stop(ctx context.Context, unit string) error
-	Restart(ctx context.Context, unit string) error
-	ReloadUnit(ctx context.Context, unit string) error
-	Enable(ctx context.Context, units ...string) error
-	Disable(ctx context.Context, units ...string) error
-	ResetFailed(ctx context.Context, unit string) error
-	State(ctx context.Context, unit string) (UnitState, error)
-}
-
-// PlainSystemd makes a Systemd of sd, the plain way: every read is a full
-// State, a job is queued by running it whole, and the listing and the
-// manager's identity and load time are unsupported (errors.ErrUnsupported),
-// so the loop reads unit by unit and plans without them. For fakes, and
-// for a fault injected in front of the real one.
-func PlainSystemd(sd BasicSystemd) Systemd { return plainSystemd{sd} }
-
-type plainSystemd struct{ BasicSystemd }
-
-func (p plainSystemd) StateSkippingFileState(ctx context.Context, unit string) (UnitState, error) {
-	return p.State(ctx, unit)
-}
-
-func (p plainSystemd) Timeouts(ctx context.Context, unit string) (start, stop uint64, err error) {
-	st, err := p.State(ctx, unit)
-	return st.TimeoutStartUSec, st.TimeoutStopUSec, err
-}
-
-func (p plainSystemd) Queue(_ context.Context, job Job, unit string) (func(context.Context) error, error) {
-	return func(ctx context.Context) error { return DoJob(ctx, p, job, unit) }, nil
-}
-
-func (plainSystemd) Summaries(context.Context, []string) (map[string]UnitSummary, error) {
-	return nil, fmt.Errorf("unit summaries: %w", errors.ErrUnsupported)
-}
-
-func (plainSystemd) ManagerID(context.Context) (string, error) {
-	return "", fmt.Errorf("manager id: %w", errors.ErrUnsupported)
-}
-
-func (plainSystemd) UnitsLoaded(context.Context) (uint64, error) {
-	return 0, fmt.Errorf("units loaded: %w", errors.ErrUnsupported)
-}
-
-// Files is where the agent writes: the unit directory, and for config
-// files ("<unit>.files/<path>", configfile.go) the roots the host allows
-// (unitdir.Roots). Paths are the key suffixes.
-type Files interface {
-	Read(path string) (content []byte, exists bool, err error)
-	Write(path string, content []byte) error
-	Remove(path string) error
-}
-
-// rootedFiles is an optional capability of Files: the directories config
-// files may be written under (agentd run --file-root, unitdir.Roots). The
-// planner refuses any other (RootOf), and the facts publish them for
-// previews; Files without it take no config file.
-type rootedFiles interface{ Paths() []string }
-
-// fileRoots are files' roots: never nil (none is known to be none).
-func fileRoots(files Files) []string {
-	if r, ok := files.(rootedFiles); ok {
-		return append([]string{}, r.Paths()...)
-	}
-	return []string{}
-}
-
-// Manifest is the agent's persistent memory (see unitdir.Manifest): the
-// paths it owns, per-unit records, and content blobs by hash.
-type Manifest interface {
-	Managed() map[string]Owned
-	Set(path string, e Owned) error
-	// Claim records owned paths and the pass's intent in one write.
-	Claim(files map[string]string, in Intent) error
-	Forget(path string) error
-	Units() map[string]UnitRecord
-	// SetUnits stores records and the intent in one write; an empty record
-	// deletes.
-	SetUnits(recs map[string]UnitRecord, in Intent) error
-	Intent() Intent
-	SetIntent(in Intent) error
-	PutBlob(hash string, content []byte) error
-	Blob(hash string) ([]byte, bool)
-	GC() error
-}
-
-// Coordinator is the fleet-wide side of a rollout (etcd in production):
-// lease-bound MaxUnavailable slots and rollout halts.
-type Coordinator interface {
-	// Acquire blocks until this host holds one of limit slots of
-	// (scope, unit), FIFO; release gives it back.
-	Acquire(ctx context.Context, scope, unit, hash string, limit int) (release func(context.Context) error, err error)
-	// Holding reports whether the slot is still held (the lease may have
-	// been lost): checked by every pass that could act on it.
-	Holding(ctx context.Context, scope, unit string) (bool, error)
-	// Halt records that this host failed a version, stopping the rollout.
-	Halt(ctx context.Context, h Halt) error
-}
-
-// Reporter publishes the full set of this host's unit statuses, with the
-// registry revision the pass that computed them acted on (see Pass).
-type Reporter interface {
-	Report(ctx context.Context, acted int64, statuses []Status) error
-}
-
-// Observer hears what the loop does, for metrics and the service manager.
-// Methods are called from the loop goroutine and must not block.
-type Observer interface {
-	// Action is called once per executed action with its kind and result.
-	Action(unit string, kind Kind, result string)
-	// PassStart is called before every pass.
-	PassStart()
-	// Pass is called after every pass with its duration and error.
-	Pass(d time.Duration, err error)
-	// Reported is called after every pass with the statuses it computed.
-	Reported(revision int64, st []Status)
-	// Heartbeat is called every HeartbeatInterval from the loop itself, so
-	// a wedged loop stops calling it (the watchdog's evidence).
-	Heartbeat()
-	// Drift is called when a managed file was changed behind the agent's back.
-	Drift(path string)
-	// Rollback is called when a change is rolled back on this host;
-	// ControlPlaneRollback too when it was rolled back because the control
-	// plane did not confirm it in time (ConfirmSec=).
-	Rollback(unit string)
-	ControlPlaneRollback(unit string)
-	// Probe is called with each health check's result (kind: cmd, url,
-	// tcp); ProbesGone when a unit no longer has probes.
-	Probe(unit, kind string, ok bool)
-	ProbesGone(unit string)
-}
-
-// NopObserver ignores everything; embed it to implement only some methods.
-type NopObserver struct{}
-
-func (NopObserver) Action(string, Kind, string) {}
-func (NopObserver) PassStart()                  {}
-func (NopObserver) Pass(time.Duration, error)   {}
-func (NopObserver) Reported(int64, []Status)    {}
-func (NopObserver) Heartbeat()                  {}
-func (NopObserver) Drift(string)                {}
-func (NopObserver) Rollback(string)             {}
-func (NopObserver) ControlPlaneRollback(string) {}
-func (NopObserver) Probe(string, string, bool)  {}
-func (NopObserver) ProbesGone(string)           {}
-
 // Config wires an Agent. Systemd, Files and Manifest are required.
 type Config struct {
 	Systemd  Systemd
@@ -276,22 +81,21 @@ type Config struct {
 //
 // Its parts keep their own state and know none of each other: the view
 // (what the loop sees; it reads the others only through remembered and
-// inbox), the ledger, the executor, the jobs, the probes, the slots, the
+// inbox), the ledger, the executor, the jobs, the probes, the confirms, the slots, the
 // facts and the statuses' publisher. The loop alone calls them, in order: observe (view),
-// judge and plan, gate (slots, halts), execute (executor, jobs), record
+// judge and plan, recheck (slots, halts), execute (executor, jobs), record
 // (ledger, finish), publish (report, facts).
 type Agent struct {
 	cfg  Config
 	log  *slog.Logger
-	poke chan struct{}
-	reqs chan func(context.Context)
+	reqs requests
 
-	hand   handoff  // the snapshot in, statuses out
-	view   view     // what the loop sees: systemd's and the disk's state, the desired units, which units a pass looks at
-	ledger ledger   // the records, intent and HealthySec windows: its only writer
-	exec   executor // does the steps of a plan
-	jobs   jobs     // jobs in flight, and what runs them
-	probes probes   // health probes, and what runs them
+	handoff handoff  // the snapshot in, statuses out, the pokes
+	view    view     // what the loop sees: systemd's and the disk's state, the desired units, which units a pass looks at
+	ledger  ledger   // the records, intent and HealthySec windows: its only writer
+	exec    executor // does the steps of a plan
+	jobs    jobs     // jobs in flight, and what runs them
+	probes  probes   // health probes, and what runs them
 	// confirms are the tries to confirm the changes awaiting it (ConfirmSec=)
 	confirms confirms
 	slots    slotTable // MaxUnavailable slots
@@ -326,72 +130,6 @@ func (r agentMemory) managedPaths() map[string]Owned    { return r.m.paths }
 func (r agentMemory) managedUnits() map[string][]string { return r.m.byUnit }
 func (r agentMemory) slotsHeld() map[string]string      { return r.s.held() }
 
-// handoff is where other goroutines meet the loop.
-type handoff struct {
-	mu       sync.Mutex
-	snap     *Snapshot
-	relevant map[string]bool // units the agent cares about, for filtering D-Bus signals
-	// jobbing holds the units with a job of the agent's in flight: their
-	// signals are not passed on. Nothing is decided about such a unit
-	// until its job ends, and the job's end brings a fresh read (finish);
-	// re-reading it on each of its signals while 1,000 units started kept
-	// systemd answering GetAll instead of running the jobs.
-	jobbing map[string]bool
-	// muted counts the signals not passed on per unit, so finish knows
-	// whether the state read after the job is still the newest.
-	muted    map[string]int
-	dirty    dirty // what signals and fsnotify said changed since the last look
-	statuses []Status
-	revision int64
-}
-
-func (h *handoff) snapshot() *Snapshot {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.snap
-}
-
-func (h *handoff) takeDirty() dirty {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	d := h.dirty
-	h.dirty = dirty{}
-	return d
-}
-
-func (h *handoff) eachMuted(f func(unit string)) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for u, n := range h.muted {
-		if n > 0 {
-			f(u)
-		}
-	}
-}
-
-func (h *handoff) setRelevant(units map[string]bool) {
-	h.mu.Lock()
-	h.relevant = units
-	h.mu.Unlock()
-}
-
-// jobStarted stops passing on unit's signals while its job is in flight.
-func (h *handoff) jobStarted(unit string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.jobbing == nil {
-		h.jobbing = map[string]bool{}
-	}
-	h.jobbing[unit] = true
-}
-
-// mutedOf counts unit's signals not passed on while its job is in flight.
-func (h *handoff) mutedOf(unit string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.muted[unit]
-}
-
 // New returns an agent; call Run to start it.
 func New(cfg Config) *Agent {
 	if cfg.Log == nil {
@@ -409,24 +147,26 @@ func New(cfg Config) *Agent {
 	if cfg.Observer == nil {
 		cfg.Observer = NopObserver{}
 	}
+	if cfg.Pause == nil {
+		cfg.Pause = func(context.Context, string) {}
+	}
 	a := &Agent{
 		out:      newReports(cfg.Reporter, cfg.Log),
 		cfg:      cfg,
 		log:      cfg.Log,
-		poke:     make(chan struct{}, 1),
-		reqs:     make(chan func(context.Context)),
-		hand:     handoff{relevant: map[string]bool{}},
+		reqs:     make(requests),
+		handoff:  handoff{poke: make(chan struct{}, 1), relevant: map[string]bool{}},
 		ledger:   newLedger(cfg.Manifest),
 		exec:     executor{sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log},
 		jobs:     newJobs(cfg.Systemd, cfg.Log),
-		probes:   newProbes(cfg.Prober),
-		confirms: newConfirms(cfg.Confirmer),
+		probes:   newProbes(cfg.Prober, cfg.Observer, cfg.Log),
+		confirms: newConfirms(cfg.Confirmer, cfg.Log),
 		slots:    slotTable{coord: cfg.Coordinator, host: cfg.Host, log: cfg.Log, slots: map[string]*slot{}},
 		managed:  newManagedIndex(cfg.Manifest.Managed()),
 		facts:    newFactsState(cfg.Facts, cfg.Files, fileRoots(cfg.Files), cfg.Log),
 	}
-	a.slots.poke = a.trigger
-	a.view = newView(cfg, agentMemory{&a.ledger, &a.jobs, &a.managed, &a.slots}, &a.hand, a.facts.notePaths)
+	a.slots.poke = a.handoff.trigger
+	a.view = newView(cfg, agentMemory{&a.ledger, &a.jobs, &a.managed, &a.slots}, &a.handoff, a.facts.notePaths)
 	return a
 }
 
@@ -438,76 +178,32 @@ func New(cfg Config) *Agent {
 // each time and shares only unchanged values).
 func (a *Agent) SetSnapshot(s Snapshot) {
 	a.log.Debug("registry snapshot", "revision", s.Revision)
-	a.hand.mu.Lock()
-	a.hand.snap = &s
-	a.hand.mu.Unlock()
-	a.trigger()
+	a.handoff.setSnapshot(&s)
 }
 
 // UnitChanged tells the agent systemd reported a change of unit ("" means
 // anything may have changed, e.g. after a D-Bus reconnect).
-func (a *Agent) UnitChanged(unit string) {
-	a.hand.mu.Lock()
-	if a.hand.jobbing[unit] {
-		if a.hand.muted == nil {
-			a.hand.muted = map[string]int{}
-		}
-		a.hand.muted[unit]++
-		a.hand.mu.Unlock()
-		return
-	}
-	rel := unit == "" || a.hand.relevant[unit]
-	switch {
-	case unit == "":
-		a.hand.dirty.all = true
-	case rel:
-		a.hand.dirty.unit(unit)
-	}
-	a.hand.mu.Unlock()
-	if rel {
-		a.trigger()
-	}
-}
+func (a *Agent) UnitChanged(unit string) { a.handoff.unitChanged(unit) }
 
 // FileChanged tells the agent something changed in the unit directory
 // (fsnotify; path is relative to it, "" means anything may have): a managed
 // file edited by hand is restored on the next pass.
-func (a *Agent) FileChanged(path string) {
-	a.hand.mu.Lock()
-	if path == "" {
-		a.hand.dirty.all = true
-	} else {
-		a.hand.dirty.path(path)
-	}
-	a.hand.mu.Unlock()
-	a.trigger()
-}
-
-func (a *Agent) trigger() {
-	select {
-	case a.poke <- struct{}{}:
-	default:
-	}
-}
+func (a *Agent) FileChanged(path string) { a.handoff.fileChanged(path) }
 
 // Statuses returns the statuses computed by the last pass.
-func (a *Agent) Statuses() (revision int64, st []Status) {
-	a.hand.mu.Lock()
-	defer a.hand.mu.Unlock()
-	return a.hand.revision, append([]Status(nil), a.hand.statuses...)
-}
+func (a *Agent) Statuses() (revision int64, st []Status) { return a.handoff.lastStatuses() }
 
 // DryRun computes the plan Sync would execute, with the same code and from
 // everything read afresh, and changes nothing.
 func (a *Agent) DryRun(ctx context.Context) ([]Action, error) {
 	var plan []Action
-	err := a.do(ctx, func(ctx context.Context) error {
+	err := a.reqs.do(ctx, func(ctx context.Context) error {
 		a.view.forgetAll()
 		desired, _, _, cur, err := a.view.observe(ctx)
 		if err != nil {
 			return err
 		}
-		plan, _ = a.gate(ctx, nil, desired, cur, Plan(desired, cur))
+		plan, _ = a.slots.recheck(ctx, nil, desired, cur, Plan(desired, cur))
 		a.view.lookAtAll() // nothing was kept of this plan: the next pass plans every unit
 		return nil
 	})
@@ -519,7 +215,7 @@ func (a *Agent) DryRun(ctx context.Context) ([]Action, error) {
 func (a *Agent) Sync(ctx context.Context) ([]Action, error) {
 	var plan []Action
 	var gen uint64
-	err := a.do(ctx, func(ctx context.Context) error {
+	err := a.reqs.do(ctx, func(ctx context.Context) error {
 		a.view.forgetAll()
 		var err error
 		plan, err = a.observedPass(ctx)
@@ -534,22 +230,6 @@ func (a *Agent) Sync(ctx context.Context) ([]Action, error) {
 
 // ErrNoRegistry is returned when no registry snapshot has arrived yet.
 var ErrNoRegistry = errors.New("no registry snapshot yet: the agent has not read the registry since it started")
-
-func (a *Agent) do(ctx context.Context, f func(context.Context) error) error {
-	done := make(chan error, 1)
-	req := func(ctx context.Context) { done <- f(ctx) }
-	select {
-	case a.reqs <- req:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
 
 // Run is the loop: a pass at start, after every batch of pokes and job
 // results, on the periodic resync, at the next HealthySec or ConfirmSec
@@ -584,7 +264,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	wake.Stop()
 	defer wake.Stop()
 	backoff := time.Duration(0)
-	a.trigger()
+	a.handoff.trigger()
 	hot := false // an event came in during the last pass
 	var lastEnd time.Time
 	for {
@@ -603,7 +283,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			case r := <-a.jobs.done:
 				a.finish(ctx, r)
 				a.settle(ctx, lastEnd)
-			case <-a.poke:
+			case <-a.handoff.poke:
 				a.settle(ctx, lastEnd)
 			case r := <-a.probes.done:
 				if !a.probeDone(r) {
@@ -614,11 +294,11 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.launchProbes(ctx)
 				continue
 			case r := <-a.confirms.done:
-				if !a.confirmDone(ctx, r) {
+				if !a.confirmed(ctx, r) {
 					continue
 				}
 			case <-a.confirms.wake():
-				a.confirmWake(ctx)
+				a.confirms.woken(ctx)
 				continue
 			case <-resync.C:
 				a.view.resyncCache(ctx)
@@ -631,11 +311,17 @@ func (a *Agent) Run(ctx context.Context) error {
 		_, err := a.observedPass(ctx)
 		lastEnd = time.Now()
 		a.cfg.Observer.Heartbeat()
-		if next, ok := a.nextWake(time.Now()); ok {
+		// The loop looks again by the clock at the next end of a
+		// HealthySec window or of a ConfirmSec window.
+		next, ok := a.ledger.nextDeadline(time.Now())
+		if c, cok := a.confirms.nextDeadline(); cok && (!ok || c.Before(next)) {
+			next, ok = c, true
+		}
+		if ok {
 			wake.Reset(time.Until(next) + 10*time.Millisecond)
 		}
 		select {
-		case <-a.poke:
+		case <-a.handoff.poke:
 			hot = err == nil // a failed pass waits for its retry
 		default:
 		}
@@ -678,7 +364,7 @@ func (a *Agent) settle(ctx context.Context, lastEnd time.Time) {
 			return
 		case r := <-a.jobs.done:
 			a.finish(ctx, r)
-		case <-a.poke:
+		case <-a.handoff.poke:
 		case <-t.C:
 			return
 		}
@@ -717,8 +403,8 @@ type FileDiff struct {
 // units the agent knows), for `agentd diff`.
 func (a *Agent) Diff(ctx context.Context, unit string) ([]FileDiff, error) {
 	var out []FileDiff
-	err := a.do(ctx, func(ctx context.Context) error {
-		snap := a.hand.snapshot()
+	err := a.reqs.do(ctx, func(ctx context.Context) error {
+		snap := a.handoff.snapshot()
 		if snap == nil {
 			return ErrNoRegistry
 		}

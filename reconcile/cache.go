@@ -148,7 +148,7 @@ func (d *dirty) path(p string) {
 
 // takeDirty applies what changed since the last observation to the cache.
 func (v *view) takeDirty() {
-	d := v.hand.takeDirty()
+	d := v.handoff.takeDirty()
 	v.pathsChanged(d.paths)
 	if d.all {
 		v.forgetAll()

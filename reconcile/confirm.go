@@ -2,8 +2,8 @@ package reconcile
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync"
@@ -17,14 +17,16 @@ import (
 // back — the "magic rollback" of deploy-rs, the "commit confirmed" of
 // network gear.
 //
-// The parts, as for HealthySec=: the ledger keeps a window per change
-// awaiting its confirmation (opened once the change's job is done, or its
-// files written and loaded when it needs no job, and only when there is an
-// earlier version to put back); a goroutine of the agent's calls the
-// Confirmer, one try at a time, while any window is open, and hands each
-// try to the loop; JudgeConfirm (pure) says whether a try confirms a window
-// and when a window ran out. A window that ran out is a failure of the
-// change like an unhealthy one (ledger.failed, FailedOp "confirm", the
+// The part (confirms, this file) keeps a window per change awaiting its
+// confirmation (opened once the change's job is done, or its files written
+// and loaded when it needs no job, and only when there is an earlier
+// version to put back), and calls the Confirmer from a goroutine of the
+// agent's, one try at a time, while any window is open, handing each try
+// to the loop; ConfirmationAt (pure) says whether a try confirms a window
+// and when a window ran out. The ledger keeps the record's side
+// (UnitRecord.Confirming, ledger.markConfirming). A window that ran out is
+// a failure of the change like an unhealthy one (ledger.unconfirmed,
+// FailedOp "confirm", the
 // reason "lost control plane: …"), which the planner turns into the
 // rollback it makes for every failed change: the previous files, one
 // daemon-reload, a restart (planRollback), and the failed content is not
@@ -36,7 +38,7 @@ import (
 // Across an agent restart: the record keeps the content awaiting its
 // confirmation (UnitRecord.Confirming), and the new agent's first pass that
 // finds the unit running it opens the window again, with a whole ConfirmSec=
-// from then (resumeConfirm): the change is confirmed by the new agent, or
+// from then (confirms.resume): the change is confirmed by the new agent, or
 // put back.
 
 // Confirmer proves the agent still has its control plane: in production
@@ -68,12 +70,12 @@ var confirmationNames = [...]string{"pending", "confirmed", "expired"}
 
 func (c Confirmation) String() string { return confirmationNames[c] }
 
-// JudgeConfirm says where a change applied at since with ConfirmSec=limit
+// ConfirmationAt says where a change applied at since with ConfirmSec=limit
 // stands at now, given a try (nil: none to count). Pure. Only a try that
 // began after the change was applied counts (one begun before proves
 // nothing about the change), and only if it succeeded by since+limit; a
 // window with no such try is over at since+limit.
-func JudgeConfirm(since time.Time, limit time.Duration, try *ConfirmTry, now time.Time) Confirmation {
+func ConfirmationAt(since time.Time, limit time.Duration, try *ConfirmTry, now time.Time) Confirmation {
 	deadline := since.Add(limit)
 	if try != nil && try.Err == nil && !try.Began.Before(since) && !try.Ended.After(deadline) {
 		return ConfirmConfirmed
@@ -83,12 +85,6 @@ func JudgeConfirm(since time.Time, limit time.Duration, try *ConfirmTry, now tim
 	}
 	return ConfirmPending
 }
-
-// confirmOp is UnitRecord.FailedOp of a change put back for want of a
-// confirmation: its rollback restarts the unit whatever the change's job
-// was (a reload changed what the process runs, so putting the files back
-// is not enough).
-const confirmOp = "confirm"
 
 // lostControlPlane starts the reason of a change put back unconfirmed: the
 // status then reads "rolled-back: lost control plane: …".
@@ -104,85 +100,16 @@ type confirmWindow struct {
 
 func (w *confirmWindow) deadline() time.Time { return w.since.Add(w.act.Policy.Confirm) }
 
-// The ledger's side: the windows, and the record's Confirming.
-
-// awaitConfirm opens the window of act's change, applied at since.
-func (l *ledger) awaitConfirm(act Action, since time.Time) {
-	l.confirm[act.Unit] = &confirmWindow{act: act, since: since}
-	rec := l.records[act.Unit]
-	rec.Confirming = act.ContentKey
-	l.records[act.Unit] = rec
-}
-
-// confirming says whether u's change awaits its confirmation.
-func (l *ledger) confirming(u string) bool {
-	_, ok := l.confirm[u]
-	return ok
-}
-
-// confirmed ends u's window: the change stays. What ran before is
-// forgotten once the change is also judged healthy (good keeps it while a
-// confirmation is awaited).
-func (l *ledger) confirmed(u string) {
-	delete(l.confirm, u)
-	rec := l.records[u]
-	rec.Confirming = ""
-	if len(rec.Good) > 0 && KeyOf(rec.Good) == KeyOf(rec.Applied) {
-		rec.Previous = nil
-	}
-	l.records[u] = rec
-}
-
-// endConfirm ends u's window without a verdict: a job for other content
-// (or a rollback) supersedes the change.
-func (l *ledger) endConfirm(u string) {
-	if _, ok := l.confirm[u]; !ok {
-		return
-	}
-	delete(l.confirm, u)
-	rec := l.records[u]
-	rec.Confirming = ""
-	l.records[u] = rec
-}
-
-// unconfirmed records that w's change was not confirmed in time: a failure
-// of the change (failed), whatever its HealthySec window would say.
-func (l *ledger) unconfirmed(w *confirmWindow, reason string) (rec UnitRecord, template string) {
-	u := w.act.Unit
-	delete(l.verify, u)
-	rec, template = l.failed(&window{act: w.act, op: w.act.Kind}, reason)
-	rec.FailedOp = confirmOp
-	l.records[u] = rec
-	return rec, template
-}
-
-// nextConfirmDeadline is the earliest end of a window.
-func (l *ledger) nextConfirmDeadline() (time.Time, bool) {
-	var next time.Time
-	for _, w := range l.confirm {
-		if d := w.deadline(); next.IsZero() || d.Before(next) {
-			next = d
-		}
-	}
-	return next, !next.IsZero()
-}
-
-// confirmTimeout is how long one try may take: a third of the shortest
-// ConfirmSec= awaited, at most 5 s, so a try that hangs leaves time for
-// others.
-func (l *ledger) confirmTimeout() time.Duration {
-	t := 5 * time.Second
-	for _, w := range l.confirm {
-		t = min(t, w.act.Policy.Confirm/3)
-	}
-	return max(t, 10*time.Millisecond)
-}
-
-// confirms runs the Confirmer's tries: one at a time, in a goroutine the
-// agent owns (wg), each bounded by its timeout, its result handed to the
-// loop over done. Loop-owned but for done; it decides nothing.
+// confirms is the commit-confirmed part: the windows of the changes
+// awaiting their confirmation, and the Confirmer's tries — one at a time,
+// in a goroutine the agent owns (wg), each bounded by its timeout, its
+// result handed to the loop over done. Loop-owned but for done. It knows
+// no other part: the loop tells the ledger what it says (a change
+// confirmed, one that ran out).
 type confirms struct {
-	c       Confirmer
+	c       Confirmer // nil: no change awaits a confirmation
+	log     *slog.Logger
+	windows map[string]*confirmWindow
 	running bool // a try is in flight
 	done    chan ConfirmTry
 	wg      sync.WaitGroup
@@ -190,10 +117,98 @@ type confirms struct {
 	armed   bool
 }
 
-func newConfirms(c Confirmer) confirms {
+func newConfirms(c Confirmer, log *slog.Logger) confirms {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	return confirms{c: c, done: make(chan ConfirmTry, 1), timer: t}
+	return confirms{c: c, log: log, windows: map[string]*confirmWindow{}, done: make(chan ConfirmTry, 1), timer: t}
+}
+
+// await opens the window of act's change, applied at since, when its
+// policy asks for one (ConfirmSec=), the agent has a Confirmer, and there
+// is something to put back: act's version is a change (change, see
+// ledger.applied) and an earlier version ran (rec, the unit's record, has
+// a Previous: a first install has nothing to go back to). It says whether
+// it opened one: the caller marks the record (ledger.markConfirming). It
+// runs before the HealthySec window opens, which keeps what ran before
+// until the change is confirmed.
+func (c *confirms) await(act Action, change bool, rec UnitRecord, since time.Time) bool {
+	if c.c == nil || act.Policy.Confirm <= 0 || !change || len(rec.Previous) == 0 {
+		return false
+	}
+	c.windows[act.Unit] = &confirmWindow{act: act, since: since}
+	u := act.Unit
+	c.log.Info(fmt.Sprintf("%s: confirming the change with the control plane — the agent must renew its lease, read and write the registry within ConfirmSec=%s, or the previous version is put back", u, act.Policy.Confirm),
+		"unit", u, "action", "confirming", "confirm_sec", act.Policy.Confirm.Seconds(), "hash", short(actionHash(act)))
+	return true
+}
+
+// resume reopens, from now, the window of a unit whose record says its
+// change awaits a confirmation while no window is open — the agent
+// restarted inside it — and which runs that change (no job of the
+// agent's on it: jobRunning): the new agent confirms it within a whole
+// ConfirmSec=, or puts it back. The record says so already.
+func (c *confirms) resume(plan []Action, records map[string]UnitRecord, jobRunning func(unit string) bool) {
+	if c.c == nil {
+		return
+	}
+	for _, act := range plan {
+		rec := records[act.Unit]
+		if rec.Confirming == "" || rec.Confirming != act.ContentKey || KeyOf(rec.Applied) != act.ContentKey ||
+			act.Policy.Confirm <= 0 || c.awaiting(act.Unit) || len(rec.Previous) == 0 {
+			continue
+		}
+		if jobRunning(act.Unit) {
+			continue
+		}
+		c.windows[act.Unit] = &confirmWindow{act: act, since: time.Now()}
+		c.log.Info(fmt.Sprintf("%s: resuming the confirmation of a change the control plane has not confirmed — ConfirmSec=%s from now", act.Unit, act.Policy.Confirm),
+			"unit", act.Unit, "action", "confirming", "confirm_sec", act.Policy.Confirm.Seconds())
+	}
+}
+
+// awaiting says whether u's change awaits its confirmation.
+func (c *confirms) awaiting(u string) bool {
+	_, ok := c.windows[u]
+	return ok
+}
+
+// forget ends u's window without a verdict: the change failed, or the
+// unit is gone.
+func (c *confirms) forget(u string) { delete(c.windows, u) }
+
+// supersede ends the window of act's unit when act's job is for other
+// content (or a rollback): that job supersedes the change. It says
+// whether it ended one: the caller clears the record's mark
+// (ledger.unmarkConfirming).
+func (c *confirms) supersede(act Action) bool {
+	w := c.windows[act.Unit]
+	if w == nil || (w.act.ContentKey == act.ContentKey && act.Kind != KindRollback) {
+		return false
+	}
+	delete(c.windows, act.Unit)
+	return true
+}
+
+// nextDeadline is the earliest end of a window.
+func (c *confirms) nextDeadline() (time.Time, bool) {
+	var next time.Time
+	for _, w := range c.windows {
+		if d := w.deadline(); next.IsZero() || d.Before(next) {
+			next = d
+		}
+	}
+	return next, !next.IsZero()
+}
+
+// timeout is how long one try may take: a third of the shortest
+// ConfirmSec= awaited, at most 5 s, so a try that hangs leaves time for
+// others.
+func (c *confirms) timeout() time.Duration {
+	t := 5 * time.Second
+	for _, w := range c.windows {
+		t = min(t, w.act.Policy.Confirm/3)
+	}
+	return max(t, 10*time.Millisecond)
 }
 
 // wake is the channel of the next try due, nil when none is.
@@ -202,6 +217,21 @@ func (c *confirms) wake() <-chan time.Time {
 		return nil
 	}
 	return c.timer.C
+}
+
+// woken starts the try that was due (wake fired).
+func (c *confirms) woken(ctx context.Context) {
+	c.armed = false
+	c.tryIfDue(ctx)
+}
+
+// tryIfDue starts a try when a change awaits its confirmation and no try
+// is in flight or due later.
+func (c *confirms) tryIfDue(ctx context.Context) {
+	if c.c == nil || len(c.windows) == 0 || c.running || c.armed || ctx.Err() != nil {
+		return
+	}
+	c.launch(ctx, c.timeout())
 }
 
 // launch starts a try bounded by timeout.
@@ -230,73 +260,20 @@ func (c *confirms) retryAfter(d time.Duration) {
 	c.armed = true
 }
 
-// The loop's side.
-
-// awaitConfirm opens the window of act's change, applied at since, when
-// its policy asks for one (ConfirmSec=), the agent has a Confirmer, and
-// there is something to put back: act's version is a change (change, see
-// ledger.applied) and an earlier version ran (a first install has nothing
-// to go back to). It
-// runs before the HealthySec window opens, which keeps what ran before
-// until the change is confirmed.
-func (a *Agent) awaitConfirm(act Action, change bool, since time.Time) {
-	if a.cfg.Confirmer == nil || act.Policy.Confirm <= 0 || !change || len(a.ledger.records[act.Unit].Previous) == 0 {
-		return
-	}
-	a.ledger.awaitConfirm(act, since)
-	u := act.Unit
-	a.log.Info(fmt.Sprintf("%s: confirming the change with the control plane — the agent must renew its lease, read and write the registry within ConfirmSec=%s, or the previous version is put back", u, act.Policy.Confirm),
-		"unit", u, "action", "confirming", "confirm_sec", act.Policy.Confirm.Seconds(), "hash", short(actionHash(act)))
-}
-
-// resumeConfirm reopens, from now, the window of a unit whose record says
-// its change awaits a confirmation while no window is open — the agent
-// restarted inside it — and which runs that change: the new agent confirms
-// it within a whole ConfirmSec=, or puts it back.
-func (a *Agent) resumeConfirm(plan []Action) {
-	if a.cfg.Confirmer == nil {
-		return
-	}
-	for _, act := range plan {
-		rec := a.ledger.records[act.Unit]
-		if rec.Confirming == "" || rec.Confirming != act.ContentKey || KeyOf(rec.Applied) != act.ContentKey ||
-			act.Policy.Confirm <= 0 || a.ledger.confirming(act.Unit) || len(rec.Previous) == 0 {
-			continue
-		}
-		if _, job := a.jobs.inflight[act.Unit]; job {
-			continue
-		}
-		a.ledger.awaitConfirm(act, time.Now())
-		a.log.Info(fmt.Sprintf("%s: resuming the confirmation of a change the control plane has not confirmed — ConfirmSec=%s from now", act.Unit, act.Policy.Confirm),
-			"unit", act.Unit, "action", "confirming", "confirm_sec", act.Policy.Confirm.Seconds())
-	}
-}
-
-// launchConfirm starts a try when a change awaits its confirmation and no
-// try is in flight or due later.
-func (a *Agent) launchConfirm(ctx context.Context) {
-	if a.cfg.Confirmer == nil || len(a.ledger.confirm) == 0 || a.confirms.running || a.confirms.armed || ctx.Err() != nil {
-		return
-	}
-	a.confirms.launch(ctx, a.ledger.confirmTimeout())
-}
-
-// confirmDone takes a try: it confirms every window it counts for (logged,
-// its unit touched) and starts the next try while windows stay open —
-// at once after a success (the windows left opened after it began), after
-// a short pause after a failure. It says whether a pass is owed (a status
-// changed). The windows a try does not confirm run out in a pass
-// (expireConfirms), by the clock, whatever the tries do.
-func (a *Agent) confirmDone(ctx context.Context, r ConfirmTry) bool {
-	a.confirms.running = false
-	pass := false
-	for _, u := range slices.Sorted(maps.Keys(a.ledger.confirm)) {
-		w := a.ledger.confirm[u]
-		if JudgeConfirm(w.since, w.act.Policy.Confirm, &r, r.Ended) == ConfirmConfirmed {
-			a.ledger.confirmed(u)
-			a.view.touch(u)
-			pass = true
-			a.log.Info(fmt.Sprintf("%s: change confirmed by the control plane %s after it was applied (ConfirmSec=%s)", u, r.Ended.Sub(w.since).Round(time.Millisecond), w.act.Policy.Confirm),
+// take takes a try: it ends every window the try confirms (logged) and
+// returns their units, for the loop to tell the ledger (and to look at
+// them again). It starts the next try while windows stay open — at once
+// after a success (the windows left opened after it began), after a short
+// pause after a failure. The windows a try does not confirm run out by
+// the clock (expire), whatever the tries do.
+func (c *confirms) take(ctx context.Context, r ConfirmTry) (confirmed []string) {
+	c.running = false
+	for _, u := range slices.Sorted(maps.Keys(c.windows)) {
+		w := c.windows[u]
+		if ConfirmationAt(w.since, w.act.Policy.Confirm, &r, r.Ended) == ConfirmConfirmed {
+			delete(c.windows, u)
+			confirmed = append(confirmed, u)
+			c.log.Info(fmt.Sprintf("%s: change confirmed by the control plane %s after it was applied (ConfirmSec=%s)", u, r.Ended.Sub(w.since).Round(time.Millisecond), w.act.Policy.Confirm),
 				"unit", u, "action", "confirmed", "hash", short(actionHash(w.act)))
 			continue
 		}
@@ -304,32 +281,32 @@ func (a *Agent) confirmDone(ctx context.Context, r ConfirmTry) bool {
 			w.lastErr = r.Err
 		}
 	}
-	if len(a.ledger.confirm) > 0 {
+	if len(c.windows) > 0 {
 		if r.Err != nil {
-			a.log.Debug("control plane not confirmed yet; trying again", "err", r.Err)
-			a.confirms.retryAfter(min(250*time.Millisecond, max(a.ledger.confirmTimeout()/4, 10*time.Millisecond)))
+			c.log.Debug("control plane not confirmed yet; trying again", "err", r.Err)
+			c.retryAfter(min(250*time.Millisecond, max(c.timeout()/4, 10*time.Millisecond)))
 		} else {
-			a.launchConfirm(ctx)
+			c.tryIfDue(ctx)
 		}
 	}
-	return pass
+	return confirmed
 }
 
-// confirmWake starts the try that was due.
-func (a *Agent) confirmWake(ctx context.Context) {
-	a.confirms.armed = false
-	a.launchConfirm(ctx)
+// unconfirmedChange is a change whose ConfirmSec= ran out unconfirmed, and
+// why it is put back.
+type unconfirmedChange struct {
+	act    Action
+	reason string
 }
 
-// expireConfirms ends the windows whose ConfirmSec= ran out unconfirmed:
-// each change is a failure (ledger.unconfirmed) that the planner of this
-// round rolls back, its unit touched so the round plans it. It runs
-// before the round observes.
-func (a *Agent) expireConfirms() {
-	now := time.Now()
-	for _, u := range slices.Sorted(maps.Keys(a.ledger.confirm)) {
-		w := a.ledger.confirm[u]
-		if JudgeConfirm(w.since, w.act.Policy.Confirm, nil, now) != ConfirmExpired {
+// expire ends the windows whose ConfirmSec= ran out unconfirmed at now, in
+// unit order, and returns them: each is a failure of its change
+// (ledger.unconfirmed) that the planner rolls back.
+func (c *confirms) expire(now time.Time) []unconfirmedChange {
+	var out []unconfirmedChange
+	for _, u := range slices.Sorted(maps.Keys(c.windows)) {
+		w := c.windows[u]
+		if ConfirmationAt(w.since, w.act.Policy.Confirm, nil, now) != ConfirmExpired {
 			continue
 		}
 		reason := fmt.Sprintf("%s: the change was not confirmed within ConfirmSec=%s (the agent must renew its lease, read and write the registry", lostControlPlane, w.act.Policy.Confirm)
@@ -339,18 +316,10 @@ func (a *Agent) expireConfirms() {
 			reason += "; no try ended in time"
 		}
 		reason += ")"
-		rec, template := a.ledger.unconfirmed(w, reason)
-		a.view.touch(u)
-		if template != "" {
-			a.view.touch(template)
-		}
-		if why := rollbackWhyNot(w.act.Policy, rec); why != "" {
-			a.recordAs(w.act, w.act.Kind.Word(), "failed", errors.New(reason+"; "+why))
-		} else {
-			// Not final: this round's plan rolls it back.
-			a.recordAs(w.act, ActionRollingBack, "pending", errors.New(reason))
-		}
+		delete(c.windows, u)
+		out = append(out, unconfirmedChange{act: w.act, reason: reason})
 	}
+	return out
 }
 
 // errorLine is err's text cut at its first line.
@@ -362,14 +331,4 @@ func errorLine(err error) string {
 		}
 	}
 	return s
-}
-
-// nextWake is when the loop must look again by the clock: the next end of
-// a HealthySec window or of a ConfirmSec window.
-func (a *Agent) nextWake(now time.Time) (time.Time, bool) {
-	next, ok := a.ledger.nextDeadline(now)
-	if c, cok := a.ledger.nextConfirmDeadline(); cok && (!ok || c.Before(next)) {
-		next, ok = c, true
-	}
-	return next, ok
 }

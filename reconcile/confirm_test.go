@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"errors"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -10,11 +11,11 @@ import (
 )
 
 // The decisions of commit-confirmed apply (ConfirmSec=), as tables: when a
-// try confirms a change and when its window runs out (JudgeConfirm); what
+// try confirms a change and when its window runs out (ConfirmationAt); what
 // the planner makes of a change that ran out (the rollback every failed
 // change gets); what the ledger keeps meanwhile.
 
-func TestJudgeConfirm(t *testing.T) {
+func TestConfirmationAt(t *testing.T) {
 	since := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return since.Add(d) }
 	const limit = 2 * time.Second
@@ -48,8 +49,8 @@ func TestJudgeConfirm(t *testing.T) {
 			try: &ConfirmTry{Began: at(1800 * time.Millisecond), Ended: at(2001 * time.Millisecond)}, now: 2001 * time.Millisecond, want: ConfirmExpired},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := JudgeConfirm(since, limit, tc.try, at(tc.now)); got != tc.want {
-				t.Errorf("JudgeConfirm = %s, want %s", got, tc.want)
+			if got := ConfirmationAt(since, limit, tc.try, at(tc.now)); got != tc.want {
+				t.Errorf("ConfirmationAt = %s, want %s", got, tc.want)
 			}
 		})
 	}
@@ -156,36 +157,49 @@ func TestPlanUnconfirmedChange(t *testing.T) {
 	}
 }
 
-// The ledger while a change awaits its confirmation: a healthy verdict
-// keeps what ran before (it is what a rollback restores); the
-// confirmation forgets it; running out of ConfirmSec= is a failure that
-// also ends the HealthySec window.
+// The ledger and the confirms part while a change awaits its
+// confirmation: a healthy verdict keeps what ran before (it is what a
+// rollback restores); the confirmation forgets it; running out of
+// ConfirmSec= is a failure that also ends the HealthySec window.
 func TestLedgerConfirm(t *testing.T) {
 	v1, v2 := map[string]string{"a.service": "h1"}, map[string]string{"a.service": "h2"}
 	act := Action{Unit: "a.service", Kind: KindRestart, ContentKey: KeyOf(v2), Record: Record{Effective: v2}, Policy: Policy{State: StateStarted, Confirm: time.Second, Healthy: time.Second, Rollback: true}}
 	now := time.Now()
-	newLedgerWith := func() *ledger {
-		l := &ledger{records: map[string]UnitRecord{"a.service": {Applied: v1, Good: v1}}, verify: map[string]*window{}, confirm: map[string]*confirmWindow{}}
+	newLedgerWith := func() (*ledger, *confirms) {
+		l := &ledger{records: map[string]UnitRecord{"a.service": {Applied: v1, Good: v1}}, verify: map[string]*window{}}
 		if !l.applied(act, JobRestart, "m") {
 			t.Fatal("applied: a new version not said to be one")
 		}
-		return l
+		c := newConfirms(nil, slog.New(slog.DiscardHandler))
+		return l, &c
+	}
+	// awaitConfirm opens the window and marks the record, as the loop does.
+	awaitConfirm := func(l *ledger, c *confirms) {
+		c.windows[act.Unit] = &confirmWindow{act: act, since: now}
+		l.markConfirming(act.Unit, act.ContentKey)
+	}
+	// confirm has the confirms part take a try that confirms the change,
+	// and tells the ledger, as the loop does.
+	confirm := func(l *ledger, c *confirms) {
+		for _, u := range c.take(t.Context(), ConfirmTry{Began: now, Ended: now}) {
+			l.confirmed(u)
+		}
 	}
 
-	l := newLedgerWith()
-	l.awaitConfirm(act, now)
+	l, c := newLedgerWith()
+	awaitConfirm(l, c)
 	l.good("a.service", v2)
 	if rec := l.records["a.service"]; !maps.Equal(rec.Previous, v1) || rec.Confirming != act.ContentKey {
 		t.Fatalf("healthy while confirming: %+v, want Previous v1 kept and Confirming", rec)
 	}
-	l.confirmed("a.service")
-	if rec := l.records["a.service"]; rec.Previous != nil || rec.Confirming != "" || l.confirming("a.service") {
+	confirm(l, c)
+	if rec := l.records["a.service"]; rec.Previous != nil || rec.Confirming != "" || c.awaiting("a.service") {
 		t.Fatalf("confirmed and healthy: %+v, want Previous and Confirming gone", rec)
 	}
 
-	l = newLedgerWith()
-	l.awaitConfirm(act, now)
-	l.confirmed("a.service")
+	l, c = newLedgerWith()
+	awaitConfirm(l, c)
+	confirm(l, c)
 	if rec := l.records["a.service"]; !maps.Equal(rec.Previous, v1) {
 		t.Fatalf("confirmed, not yet healthy: %+v, want Previous kept for the HealthySec verdict", rec)
 	}
@@ -194,21 +208,25 @@ func TestLedgerConfirm(t *testing.T) {
 		t.Fatalf("confirmed, then healthy: %+v, want Previous gone", rec)
 	}
 
-	l = newLedgerWith()
-	l.awaitConfirm(act, now)
+	l, c = newLedgerWith()
+	awaitConfirm(l, c)
 	l.verify["a.service"] = &window{act: act, op: KindRestart, ended: now}
-	rec, _ := l.unconfirmed(l.confirm["a.service"], "lost control plane: …")
+	expired := c.expire(now.Add(act.Policy.Confirm))
+	if len(expired) != 1 || expired[0].act.Unit != "a.service" {
+		t.Fatalf("expire at ConfirmSec=: %+v, want a.service", expired)
+	}
+	rec, _ := l.unconfirmed(expired[0].act, "lost control plane: …")
 	if rec.Failed != act.ContentKey || rec.FailedOp != confirmOp || !strings.HasPrefix(rec.FailReason, "lost control plane") || rec.Confirming != "" ||
-		!maps.Equal(rec.Previous, v1) || l.verifying("a.service") || l.confirming("a.service") {
-		t.Fatalf("unconfirmed: %+v (verifying %v, confirming %v)", rec, l.verifying("a.service"), l.confirming("a.service"))
+		!maps.Equal(rec.Previous, v1) || l.verifying("a.service") || c.awaiting("a.service") {
+		t.Fatalf("unconfirmed: %+v (verifying %v, confirming %v)", rec, l.verifying("a.service"), c.awaiting("a.service"))
 	}
 	if why := rollbackWhyNot(act.Policy, rec); why != "" {
 		t.Fatalf("an unconfirmed change is not rolled back: %s", why)
 	}
 
 	// A newer version applied: the old one's Confirming goes with it.
-	l = newLedgerWith()
-	l.awaitConfirm(act, now)
+	l, c = newLedgerWith()
+	awaitConfirm(l, c)
 	v3 := map[string]string{"a.service": "h3"}
 	act3 := act
 	act3.ContentKey, act3.Record.Effective = KeyOf(v3), v3

@@ -32,11 +32,11 @@ func (s Standing) String() string {
 	return "converged"
 }
 
-// JudgeStatus says whether a unit's status is converged, pending or
+// StandingOf says whether a unit's status is converged, pending or
 // failed: failed with an error; pending while the file on disk is not the
 // registry's, a job runs, the unit is between states, inside HealthySec,
 // or waiting for a slot; converged otherwise.
-func JudgeStatus(st Status) Standing {
+func StandingOf(st Status) Standing {
 	switch {
 	case st.Error != "":
 		return Failed
@@ -134,11 +134,11 @@ func Expect(key string, content []byte, removing bool, rev int64) (Expectation, 
 	return e, nil
 }
 
-// Judge says where the host that published r is with e, and why. live
+// Assess says where the host that published r is with e, and why. live
 // says whether the host's agent is up; it is asked only when r has no pass
 // record (an agent's statuses and pass record are bound to its lease, so
 // they are missing both when it is down and when it has just started).
-func (e Expectation) Judge(r HostReport, live func() bool) (Progress, string) {
+func (e Expectation) Assess(r HostReport, live func() bool) (Progress, string) {
 	if e.Revision > 0 && r.Pass.Acted < e.Revision {
 		switch {
 		case r.Pass.Acted == 0 && !live():
@@ -153,7 +153,7 @@ func (e Expectation) Judge(r HostReport, live func() bool) (Progress, string) {
 	acted := e.Revision > 0
 	st, ok := r.Statuses[e.Unit]
 	if e.Removing {
-		return e.judgeRemoval(st, ok, acted, live)
+		return e.assessRemoval(st, ok, acted, live)
 	}
 	if !ok {
 		return ProgressPending, "no status from this host for " + e.Unit + " yet"
@@ -188,7 +188,7 @@ func (e Expectation) Judge(r HostReport, live func() bool) (Progress, string) {
 		return ProgressApplying, "file not replaced yet"
 	}
 	if IsTemplate(e.Unit) && e.Key == e.Unit && e.Hash != "" {
-		return e.judgeInstances(r.Statuses)
+		return e.assessInstances(r.Statuses)
 	}
 	if st.Job != "" {
 		return ProgressApplying, st.Job + " job running"
@@ -202,7 +202,7 @@ func (e Expectation) Judge(r HostReport, live func() bool) (Progress, string) {
 			return ProgressVerifying, "running " + e.version(st) + ", waiting out HealthySec"
 		case st.Confirming:
 			return ProgressVerifying, "running " + e.version(st) + ", waiting for the agent to confirm it still reaches the registry (ConfirmSec=)"
-		case st.Health == "healthy":
+		case st.Health == HealthHealthy:
 			return ProgressHealthy, fmt.Sprintf("%s (%s), %s", st.ActiveState, st.SubState, e.version(st))
 		case st.PendingRestart:
 			return ProgressHealthy, "file in place, restart pending (OnChange=none), " + e.version(st)
@@ -227,9 +227,9 @@ func (e Expectation) Judge(r HostReport, live func() bool) (Progress, string) {
 	return ProgressHealthy, "installed, " + e.version(st)
 }
 
-// judgeRemoval: a removal is done when the unit has no status (or, for a
+// assessRemoval: a removal is done when the unit has no status (or, for a
 // drop-in, the drop-in is gone from it) on a host that has acted on it.
-func (e Expectation) judgeRemoval(st Status, ok, acted bool, live func() bool) (Progress, string) {
+func (e Expectation) assessRemoval(st Status, ok, acted bool, live func() bool) (Progress, string) {
 	if !ok {
 		if !acted && !live() {
 			return ProgressNoAgent, "nothing has removed the unit yet"
@@ -288,10 +288,10 @@ func (e Expectation) version(st Status) string {
 	return "no file of its own"
 }
 
-// judgeInstances: a template's new set is in place on a host once every
+// assessInstances: a template's new set is in place on a host once every
 // instance there runs it (its RunsHash) and is healthy; one instance
 // failed or rolled back fails the host.
-func (e Expectation) judgeInstances(statuses map[string]Status) (Progress, string) {
+func (e Expectation) assessInstances(statuses map[string]Status) (Progress, string) {
 	var done, waiting, failed int
 	why := ""
 	rolled := false
@@ -309,7 +309,7 @@ func (e Expectation) judgeInstances(statuses map[string]Status) (Progress, strin
 			if why == "" {
 				why = name + ": " + DescribeFailure(st)
 			}
-		case st.RunsHash == e.Hash && st.Health == "healthy" && !st.Verifying && st.Job == "":
+		case st.RunsHash == e.Hash && st.Health == HealthHealthy && !st.Verifying && st.Job == "":
 			done++
 		default:
 			waiting++

@@ -37,16 +37,16 @@ func TestJudgeStates(t *testing.T) {
 		{"held", st(Status{DesiredHash: h, Hash: "old", ActiveState: "active", Action: "held", Error: "held: h9 failed it"}), ProgressHeld},
 	}
 	for _, tt := range tests {
-		if got, _ := e.Judge(HostReport{Statuses: tt.in}, alive); got != tt.want {
+		if got, _ := e.Assess(HostReport{Statuses: tt.in}, alive); got != tt.want {
 			t.Errorf("%s: %s, want %s", tt.name, got, tt.want)
 		}
 	}
 	rm := Expectation{Key: "a.service", Unit: "a.service", Removing: true}
-	if got, _ := rm.Judge(HostReport{}, alive); got != ProgressRemoved {
+	if got, _ := rm.Assess(HostReport{}, alive); got != ProgressRemoved {
 		t.Errorf("removed: %s", got)
 	}
 	// No status and no live agent: its statuses went with its lease.
-	if got, _ := rm.Judge(HostReport{}, func() bool { return false }); got != ProgressNoAgent {
+	if got, _ := rm.Assess(HostReport{}, func() bool { return false }); got != ProgressNoAgent {
 		t.Errorf("no status, agent down: %s, want %s", got, ProgressNoAgent)
 	}
 }
@@ -57,7 +57,7 @@ func TestJudgeTemplateInstances(t *testing.T) {
 	h := Hash([]byte("tmpl v2"))
 	e := Expectation{Key: "w@.service", Unit: "w@.service", Hash: h, State: StatePresent}
 	tmpl := Status{Unit: "w@.service", Hash: h, DesiredHash: h}
-	inst := func(runs, health string, extra func(*Status)) Status {
+	inst := func(runs string, health HealthWord, extra func(*Status)) Status {
 		s := Status{RunsHash: runs, Health: health, ActiveState: "active"}
 		if extra != nil {
 			extra(&s)
@@ -79,7 +79,7 @@ func TestJudgeTemplateInstances(t *testing.T) {
 		{"another template's instance is not counted", map[string]Status{"w@.service": tmpl, "x@1.service": inst("old", "", nil)}, ProgressHealthy},
 	}
 	for _, tt := range tests {
-		if got, detail := e.Judge(HostReport{Statuses: tt.in}, alive); got != tt.want {
+		if got, detail := e.Assess(HostReport{Statuses: tt.in}, alive); got != tt.want {
 			t.Errorf("%s: %s (%s), want %s", tt.name, got, detail, tt.want)
 		}
 	}
@@ -112,7 +112,7 @@ func TestJudgeNamesTheVersion(t *testing.T) {
 			"running hash aaaaaaaaaaaa, waiting out HealthySec and for a passing health probe; last: HealthURL http://a/: 500 (want 2xx), 1 failure in a row (HealthRetries=3)"},
 	}
 	for _, tt := range tests {
-		_, detail := tt.e.Judge(HostReport{Statuses: map[string]Status{tt.e.Unit: tt.st}}, alive)
+		_, detail := tt.e.Assess(HostReport{Statuses: map[string]Status{tt.e.Unit: tt.st}}, alive)
 		if detail != tt.want {
 			t.Errorf("%s: %q, want %q", tt.name, detail, tt.want)
 		}
@@ -153,7 +153,7 @@ func TestJudgeByRevision(t *testing.T) {
 		{"put: no revision known: statuses as they are", Expectation{Key: "a.service", Unit: "a.service", Hash: h, State: StateStarted}, HostReport{Statuses: running(h)}, alive, ProgressHealthy},
 	}
 	for _, tt := range tests {
-		if got, detail := tt.e.Judge(tt.r, tt.live); got != tt.want {
+		if got, detail := tt.e.Assess(tt.r, tt.live); got != tt.want {
 			t.Errorf("%s: %s (%s), want %s", tt.name, got, detail, tt.want)
 		}
 	}
@@ -161,7 +161,7 @@ func TestJudgeByRevision(t *testing.T) {
 
 // One rule for a status on its own: hosts, status and the metrics count
 // with it.
-func TestJudgeStatus(t *testing.T) {
+func TestStandingOf(t *testing.T) {
 	tests := []struct {
 		st   Status
 		want Standing
@@ -176,7 +176,7 @@ func TestJudgeStatus(t *testing.T) {
 		{Status{Hash: "a", DesiredHash: "a", Error: "boom"}, Failed},
 	}
 	for _, tt := range tests {
-		if got := JudgeStatus(tt.st); got != tt.want {
+		if got := StandingOf(tt.st); got != tt.want {
 			t.Errorf("%+v: %s, want %s", tt.st, got, tt.want)
 		}
 	}

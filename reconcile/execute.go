@@ -1,3 +1,6 @@
+// Executing a round's plan: the executor's steps in their order, and
+// what the ledger, the managed paths and the jobs take of them.
+
 package reconcile
 
 import (
@@ -5,97 +8,6 @@ import (
 	"errors"
 	"time"
 )
-
-// maxRounds bounds the plan → execute rounds of one pass. A round that
-// changes files ends with the daemon-reload and the next round plans again
-// from what systemd then says (a unit it refuses to load, the jobs to run);
-// a round without a reload runs the jobs. Normally two rounds.
-const maxRounds = 3
-
-// pass observes, judges health, plans and executes, in rounds, then
-// persists and reports. It returns the first round's plan: what the pass
-// decided.
-func (a *Agent) pass(ctx context.Context) ([]Action, error) {
-	t0 := time.Now()
-	var first []Action
-	var applyErr error
-	a.view.beginPass()
-	for round := 0; round < maxRounds; round++ {
-		a.drainResults(ctx)
-		a.expireConfirms() // before observing: a change put back is planned this round
-		tr := time.Now()
-		desired, units, look, cur, err := a.view.observe(ctx)
-		tObserved := time.Now()
-		if errors.Is(err, ErrNoRegistry) {
-			return nil, nil // nothing known yet: touch nothing
-		}
-		if err != nil {
-			a.view.lookAtAll() // what this round took to look at was not looked at
-			return nil, err
-		}
-		failures := a.judge(cur)
-		a.view.remember(&cur, look)
-		plan := Plan(desired, cur)
-		plan, cur = a.gate(ctx, failures, desired, cur, plan)
-		a.view.planned(units, plan)
-		a.setProbes(plan, look, cur)
-		if a.cfg.CheckFocus && units != nil {
-			all := a.view.everyUnit()
-			full, err := a.view.current(ctx, all)
-			if err != nil {
-				return nil, err
-			}
-			a.view.checkFocus(units, full)
-		}
-		if round == 0 {
-			first = plan
-			a.resumeVerification(plan, cur)
-			a.resumeConfirm(plan)
-		}
-		tPlanned := time.Now()
-		more, err := a.execute(ctx, plan, cur, round == maxRounds-1)
-		a.log.Debug("round", "n", round, "units", len(look), "observe", tObserved.Sub(tr), "plan", tPlanned.Sub(tObserved), "execute", time.Since(tPlanned))
-		if err != nil || !more {
-			applyErr = err
-			break
-		}
-	}
-	a.keepBlobs()
-	if err := a.persist(); err != nil {
-		// The pass stands: what it did is done, and a later pass saves
-		// the records it could not.
-		a.log.Error("persist the pass", "err", err)
-	}
-	t1 := time.Now()
-	reportErr := a.report(ctx)
-	a.facts.update(a.managed.paths, a.ledger.refused, a.ledger.records)
-	a.view.endPass()
-	a.launchProbes(ctx)
-	a.launchConfirm(ctx)
-	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
-	err := errors.Join(applyErr, reportErr)
-	if err != nil {
-		a.view.lookAtAll() // the next pass looks at every unit again
-	}
-	return first, err
-}
-
-// drainResults takes the job and probe results that are waiting, so a
-// pass judges from the newest knowledge.
-func (a *Agent) drainResults(ctx context.Context) {
-	for {
-		select {
-		case r := <-a.jobs.done:
-			a.finish(ctx, r)
-		case r := <-a.probes.done:
-			a.probeDone(r)
-		case r := <-a.confirms.done:
-			a.confirmDone(ctx, r)
-		default:
-			return
-		}
-	}
-}
 
 // execute does what the plan says, in a fixed order: record the intent,
 // disable, write and remove files, enable, ONE daemon-reload; then, in a
@@ -113,7 +25,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	for p, h := range claims {
 		a.managed.set(p, Owned{Hash: h})
 	}
-	a.pause(ctx, "claimed")
+	a.cfg.Pause(ctx, "claimed")
 	// 2.-4. Disable, files, enable.
 	failed, err := a.applyFiles(ctx, plan)
 	a.ledger.wrote()
@@ -122,7 +34,7 @@ func (a *Agent) execute(ctx context.Context, plan []Action, cur Current, last bo
 	}
 	// 5. One daemon-reload for the whole batch.
 	if reload {
-		a.pause(ctx, "files-written")
+		a.cfg.Pause(ctx, "files-written")
 		if err := a.exec.reload(ctx, why); err != nil {
 			return false, err // the intent keeps Reload: the next pass reloads first
 		}
@@ -151,7 +63,7 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 		if act.Steps.Disable {
 			if err := disableErrs[act.Unit]; err != nil {
 				a.ledger.enableFailed(act.Unit, err.Error())
-				a.record(act, "failed", err)
+				a.record(act, ResultFailed, err)
 				failed[act.Unit] = act.Kind != KindRemove
 			} else if !act.Steps.Enable {
 				a.ledger.enableOK(act.Unit)
@@ -167,7 +79,7 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 	for _, act := range plan {
 		if err := w.errs[act.Unit]; err != nil {
 			failed[act.Unit] = true
-			a.record(act, "failed", err)
+			a.record(act, ResultFailed, err)
 		}
 	}
 	if w.any {
@@ -180,7 +92,7 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 		if act.Steps.Enable && !failed[act.Unit] {
 			if err := enableErrs[act.Unit]; err != nil {
 				a.ledger.enableFailed(act.Unit, err.Error())
-				a.record(act, "failed", err)
+				a.record(act, ResultFailed, err)
 				failed[act.Unit] = true
 			} else {
 				a.ledger.enableOK(act.Unit)
@@ -197,7 +109,7 @@ func (a *Agent) applyFiles(ctx context.Context, plan []Action) (failed map[strin
 func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, failed map[string]bool) error {
 	jobs := jobsToRun(plan)
 	if jobs {
-		a.pause(ctx, "reloaded")
+		a.cfg.Pause(ctx, "reloaded")
 	}
 	if ctx.Err() != nil {
 		return ctx.Err() // shutting down: start nothing new
@@ -209,20 +121,20 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 			return err
 		}
 	}
-	gates := jobGates(plan, failed)
+	ends := jobEnds(plan, failed)
 	for _, act := range plan {
 		if failed[act.Unit] {
 			continue
 		}
 		if act.Steps.Job == JobNone {
-			if _, inflight := a.jobs.inflight[act.Unit]; !inflight {
+			if !a.jobs.running(act.Unit) {
 				a.ledger.noJob(act.Unit)
 			}
 			continue
 		}
 		if act.Record.Instance && act.Steps.Job == JobStart {
 			if err := a.cfg.Manifest.Set(act.Unit, Owned{Instance: true}); err != nil {
-				a.record(act, "failed", err)
+				a.record(act, ResultFailed, err)
 				continue
 			}
 			a.managed.set(act.Unit, Owned{Instance: true})
@@ -230,24 +142,24 @@ func (a *Agent) startJobs(ctx context.Context, plan []Action, cur Current, faile
 		if act.Steps.Job == JobStart || act.Steps.Job == JobRestart {
 			a.ledger.startedWith(act.Unit, act.ContentKey)
 		}
-		a.hand.jobStarted(act.Unit)
+		a.handoff.jobStarted(act.Unit)
 		// A new job supersedes the verification of what the unit ran: that
 		// version is not judged by what the new job does to the unit. Its
 		// confirmation too, when the job is for other content.
 		a.ledger.supersede(act.Unit)
-		if w := a.ledger.confirm[act.Unit]; w != nil && (w.act.ContentKey != act.ContentKey || act.Kind == KindRollback) {
-			a.ledger.endConfirm(act.Unit)
+		if a.confirms.supersede(act) {
+			a.ledger.unmarkConfirming(act.Unit)
 		}
 		a.probes.reset(act.Unit) // and its probes start afresh
-		a.jobs.launch(ctx, act, cur.Host.Units[act.Unit], gates, a.view.stateReader(act.Unit), a.hand.mutedOf)
-		delete(gates, act.Unit)
+		a.jobs.launch(ctx, act, cur.Host.Units[act.Unit], ends, a.view.stateReader(act.Unit), a.handoff.mutedOf)
+		delete(ends, act.Unit)
 	}
-	for _, g := range gates {
-		close(g) // a job not launched after all: nothing to wait for
+	for _, e := range ends {
+		close(e) // a job not launched after all: nothing to wait for
 	}
 	a.view.afterJobs()
 	if jobs {
-		a.pause(ctx, "jobs-started") // crash tests: jobs under way, the pass's records not written
+		a.cfg.Pause(ctx, "jobs-started") // crash tests: jobs under way, the pass's records not written
 	}
 	a.view.rememberInFlight(&cur)
 	a.slots.sync(ctx, SlotsNeeded(plan, cur))
@@ -271,11 +183,13 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 				job = JobRestart // the owed job was the agent's start or restart
 			}
 			change := a.ledger.applied(act, job, a.view.manager())
-			a.awaitConfirm(act, change, time.Now())
+			if a.confirms.await(act, change, a.ledger.records[u], time.Now()) {
+				a.ledger.markConfirming(u, act.ContentKey)
+			}
 			if act.Record.Ran {
 				// The owed job ran before the agent died: judged as if it
 				// had just ended (HealthySec from now).
-				a.recordAs(act, ActionAdopt, "done", nil)
+				a.recordAs(act, ActionAdopt, ResultDone, nil)
 				a.ledger.begin(act, JobDone, "", cur.Host.Units[u], time.Now())
 			} else if !a.ledger.verifying(u) {
 				a.ledger.good(u, act.Record.Effective)
@@ -287,30 +201,31 @@ func (a *Agent) bookkeep(plan []Action, cur Current, failed map[string]bool) {
 		switch {
 		case act.Record.Refuse != nil:
 			a.ledger.refuse(u, *act.Record.Refuse)
-			a.record(act, "refused", errors.New(act.Err))
+			a.record(act, ResultRefused, errors.New(act.Err))
 		case act.Kind == KindBlocked:
 			// A rollback's verdict stays what the status says while its
 			// content is held; other content blocked after it is news.
 			p, ok := a.ledger.last[u]
 			held := p.action == ActionRolledBack && p.contentKey == act.ContentKey
 			if !ok || (p.err != act.Err && !held) {
-				a.record(act, "blocked", errors.New(act.Err))
+				a.record(act, ResultBlocked, errors.New(act.Err))
 			}
 		case act.Kind == KindUpdate && act.Err != "":
 			if prev, ok := a.ledger.last[u]; !ok || prev.err != act.Err {
-				a.record(act, "failed", errors.New(act.Err))
+				a.record(act, ResultFailed, errors.New(act.Err))
 			}
 		case act.Kind == KindUpdate:
-			a.record(act, "done", nil)
+			a.record(act, ResultDone, nil)
 		case act.Kind == KindRollback && act.Steps.Job == JobNone:
-			a.recordAs(act, ActionRolledBack, "done", errors.New(act.Reason))
+			a.recordAs(act, ActionRolledBack, ResultDone, errors.New(act.Reason))
 			a.ledger.rolledBackInPlace(u, act.Record.Effective)
 		}
 		if act.Record.DropRecord {
 			if act.Kind == KindRemove && (len(act.Steps.Removes) > 0 || len(act.Steps.Forget) > 0) {
-				a.record(act, "done", nil)
+				a.record(act, ResultDone, nil)
 			}
 			a.ledger.drop(u)
+			a.confirms.forget(u)
 		}
 	}
 }
@@ -334,23 +249,17 @@ func (a *Agent) keepBlobs() {
 	}
 }
 
-func (a *Agent) pause(ctx context.Context, at string) {
-	if a.cfg.Pause != nil {
-		a.cfg.Pause(ctx, at)
-	}
-}
-
-// jobGates has a channel for each unit whose job another job of this plan
+// jobEnds has a channel for each unit whose job another job of this plan
 // runs after (Action.After; the planner sets it only beside a job):
 // closed when that unit's job has ended, or when it is not launched.
-func jobGates(plan []Action, failed map[string]bool) map[string]chan struct{} {
-	gates := map[string]chan struct{}{}
+func jobEnds(plan []Action, failed map[string]bool) map[string]chan struct{} {
+	ends := map[string]chan struct{}{}
 	for _, act := range plan {
 		if act.Steps.After != "" && act.Steps.Job != JobNone && !failed[act.Unit] {
-			gates[act.Steps.After] = make(chan struct{})
+			ends[act.Steps.After] = make(chan struct{})
 		}
 	}
-	return gates
+	return ends
 }
 
 func jobsToRun(plan []Action) bool {

@@ -143,8 +143,8 @@ func renderPolicy(p Policy) string {
 	}
 	s := fmt.Sprintf("[X-Agentd]\nState=%s\nEnable=%s\nOnChange=%s\nRollback=%s\nHealthySec=%v\n",
 		p.State, yn(p.Enable), p.OnChange, yn(p.Rollback), p.Healthy)
-	if p.MaxUnavailable > 0 {
-		s += fmt.Sprintf("MaxUnavailable=%d\n", p.MaxUnavailable)
+	if p.SlotLimit > 0 {
+		s += fmt.Sprintf("MaxUnavailable=%d\n", p.SlotLimit)
 	}
 	return s
 }
@@ -167,7 +167,7 @@ func FuzzParsePolicy(f *testing.F) {
 		if p.State != StateStarted && p.State != StateStopped && p.State != StatePresent {
 			t.Fatalf("ParsePolicy(%q): State %d", content, p.State)
 		}
-		if !onChangeValues[p.OnChange] || p.Healthy < 0 || p.MaxUnavailable < 0 {
+		if !onChangeValues[p.OnChange] || p.Healthy < 0 || p.SlotLimit < 0 {
 			t.Fatalf("ParsePolicy(%q) = %+v: a value the agent does not know", content, p)
 		}
 		// The defaults, for a file the agent lets through (CheckSyntax: a

@@ -107,13 +107,13 @@ func JobDeadline(job Job, st UnitState) time.Duration {
 }
 
 // launch starts act's job in the background: at once, or once the job of
-// act.After has ended when gates has that unit's gate. It closes act's own
-// gate, if any, when its job has ended. Then it reads the unit's state
+// act.After has ended when ends has that unit's channel. It closes act's
+// own channel, if any, when its job has ended. Then it reads the unit's state
 // (read) and hands the result to the loop with the count of the unit's
 // signals not passed on before that read (muted).
-func (j *jobs) launch(ctx context.Context, act Action, st UnitState, gates map[string]chan struct{},
+func (j *jobs) launch(ctx context.Context, act Action, st UnitState, ends map[string]chan struct{},
 	read func(context.Context) (UnitState, error), muted func(unit string) int) {
-	wait, done := gates[act.Steps.After], gates[act.Unit]
+	wait, done := ends[act.Steps.After], ends[act.Unit]
 	j.seq++
 	run := &jobRun{id: j.seq, act: act}
 	j.inflight[act.Unit] = run
@@ -206,6 +206,12 @@ func underDeadline(ctx context.Context, deadline time.Duration, f func(context.C
 	return err
 }
 
+// running says whether a job of the agent's on unit is in flight.
+func (j *jobs) running(unit string) bool {
+	_, ok := j.inflight[unit]
+	return ok
+}
+
 func (j *jobs) runJob(ctx context.Context, act Action) error {
 	if act.Steps.Job == JobRestart {
 		for _, other := range act.Steps.AlsoStop {
@@ -217,97 +223,16 @@ func (j *jobs) runJob(ctx context.Context, act Action) error {
 	return DoJob(ctx, j.sd, act.Steps.Job, act.Unit)
 }
 
-// DoJob runs job on unit and waits for its end: the whole of a job, for a
-// Systemd that has no two-step Queue (a queue whose wait does it all).
-func DoJob(ctx context.Context, sd Systemd, job Job, unit string) error {
-	switch job {
-	case JobStart:
-		return sd.Start(ctx, unit)
-	case JobStop:
-		return sd.Stop(ctx, unit)
-	case JobReload:
-		return sd.ReloadUnit(ctx, unit)
-	case JobRestart:
-		return sd.Restart(ctx, unit)
-	}
-	return nil
-}
-
-// finish takes a job's result: it records what the unit now runs (only now
-// that the outcome is known) and opens its HealthySec window. A result of a
-// job that a newer one replaced is dropped.
-func (a *Agent) finish(ctx context.Context, r jobResult) {
-	run := a.jobs.inflight[r.unit]
-	if run == nil || run.id != r.id {
-		a.log.Debug("result of a replaced job ignored", "unit", r.unit, "err", r.err)
-		return
-	}
-	delete(a.jobs.inflight, r.unit)
-	a.view.touch(r.unit)
-	defer a.pause(ctx, "job-done") // crash tests: the job ended, its outcome not yet recorded
-	a.hand.mu.Lock()
-	fresh := r.fresh && a.hand.muted[r.unit] == r.muted // no signal since the read
-	delete(a.hand.jobbing, r.unit)
-	delete(a.hand.muted, r.unit)
-	a.hand.mu.Unlock()
-	// The job changed the unit, and its signals were not passed on: what
-	// was read right after the job ended is the state to plan from, unless
-	// a signal came after that read.
-	if fresh {
-		a.view.keepState(r.unit, r.base)
-	} else {
-		a.view.dropState(r.unit)
-	}
-	act := run.act
-	a.ledger.jobEnded(r.unit, act.ContentKey)
-	outcome := OutcomeOf(r.err)
-	result := resultOf(r.err)
-	switch {
-	case act.Steps.Job == JobStop:
-		a.record(act, result, r.err)
-		return
-	case act.Kind == KindRollback:
-		rec := a.ledger.rolledBack(act, act.Steps.Job, a.view.manager())
-		a.cfg.Observer.Rollback(r.unit)
-		if rec.FailedOp == confirmOp {
-			a.cfg.Observer.ControlPlaneRollback(r.unit)
-		}
-		msg := rec.FailReason + "; rolled back to " + short(headHash(r.unit, act.Record.Effective)) + " (the version that ran before)"
-		if r.err != nil {
-			a.recordAs(act, ActionRolledBack, "failed", fmt.Errorf("%s; restarting it failed: %w", msg, r.err))
-			return
-		}
-		a.recordAs(act, ActionRolledBack, "done", errors.New(msg))
-		return
-	}
-	if act.Record.Effective == nil {
-		a.record(act, result, r.err)
-		return
-	}
-	change := a.ledger.applied(act, act.Steps.Job, a.view.manager())
-	a.awaitConfirm(act, change, r.ended) // before the HealthySec window: it keeps what ran before
-	if outcome == JobDone {
-		a.record(act, "done", nil)
-	} else {
-		a.log.Debug("job did not finish done; judging the unit", "unit", r.unit, "job", act.Steps.Job.String(), "result", result, "err", r.err)
-	}
-	errText := ""
-	if r.err != nil {
-		errText = r.err.Error()
-	}
-	a.ledger.begin(act, outcome, errText, r.base, r.ended)
-}
-
 // resultOf maps a job error to the status "result" word.
-func resultOf(err error) string {
+func resultOf(err error) ResultWord {
 	var jr interface{ JobResult() string }
 	switch {
 	case err == nil:
-		return "done"
+		return ResultDone
 	case errors.As(err, &jr):
-		return jr.JobResult()
+		return ResultWord(jr.JobResult())
 	case errors.Is(err, ErrOutcomeUnknown):
-		return "unknown"
+		return ResultUnknown
 	}
-	return "failed"
+	return ResultFailed
 }

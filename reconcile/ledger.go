@@ -22,15 +22,14 @@ type ledger struct {
 	refused   map[string]Refusal
 	started   map[string]string // unit -> content key last started (see Memory.Started)
 	last      map[string]outcome
-	enableErr map[string]string         // unit -> the last failed enable/disable, until one succeeds
-	verify    map[string]*window        // units inside HealthySec
-	confirm   map[string]*confirmWindow // changes awaiting their confirmation (ConfirmSec=, confirm.go)
+	enableErr map[string]string  // unit -> the last failed enable/disable, until one succeeds
+	verify    map[string]*window // units inside HealthySec
 }
 
 // outcome is the last thing the agent did to a unit, and how it went.
 type outcome struct {
 	action     ActionWord
-	result     string
+	result     ResultWord
 	err        string
 	contentKey string
 }
@@ -46,7 +45,6 @@ func newLedger(m Manifest) ledger {
 		last:      map[string]outcome{},
 		enableErr: map[string]string{},
 		verify:    map[string]*window{},
-		confirm:   map[string]*confirmWindow{},
 	}
 }
 
@@ -104,7 +102,6 @@ func (l *ledger) good(u string, effective map[string]string) {
 // what ran before is the set they stay on (or are restarted back onto).
 func (l *ledger) failed(w *window, reason string) (rec UnitRecord, template string) {
 	u := w.act.Unit
-	delete(l.confirm, u) // a failed change awaits no confirmation
 	rec = l.records[u]
 	rec.Failed, rec.FailReason, rec.FailedOp = w.act.ContentKey, reason, w.op.String()
 	rec.Confirming = ""
@@ -146,12 +143,11 @@ func (l *ledger) rolledBackInPlace(u string, effective map[string]string) {
 	l.records[u] = rec
 }
 
-// drop forgets a unit that is gone: its record, window, refusal, start,
+// drop forgets a unit that is gone: its record, HealthySec window, refusal, start,
 // failed enable and owed job.
 func (l *ledger) drop(u string) {
 	delete(l.records, u)
 	delete(l.verify, u)
-	delete(l.confirm, u)
 	delete(l.refused, u)
 	delete(l.started, u)
 	delete(l.enableErr, u)
@@ -159,12 +155,52 @@ func (l *ledger) drop(u string) {
 	delete(l.intent.Confirm, u)
 }
 
-// noteStarted records the manager instance a start or restart of the
-// agent's ran under (StartedIn).
-func (r *UnitRecord) noteStarted(job Job, manager string) {
-	if job == JobStart || job == JobRestart {
-		r.StartedIn = manager
+// The record's side of a change awaiting its confirmation (ConfirmSec=;
+// the windows are the confirms part's, confirm.go).
+
+// confirmOp is UnitRecord.FailedOp of a change put back for want of a
+// confirmation: its rollback restarts the unit whatever the change's job
+// was (a reload changed what the process runs, so putting the files back
+// is not enough).
+const confirmOp = "confirm"
+
+// markConfirming records that u's change, of content key, awaits its
+// confirmation (UnitRecord.Confirming).
+func (l *ledger) markConfirming(u, key string) {
+	rec := l.records[u]
+	rec.Confirming = key
+	l.records[u] = rec
+}
+
+// unmarkConfirming clears the mark: a job for other content (or a
+// rollback) superseded the change.
+func (l *ledger) unmarkConfirming(u string) {
+	rec := l.records[u]
+	rec.Confirming = ""
+	l.records[u] = rec
+}
+
+// confirmed records that u's change was confirmed: the change stays. What
+// ran before is forgotten once the change is also judged healthy (good
+// keeps it while a confirmation is awaited).
+func (l *ledger) confirmed(u string) {
+	rec := l.records[u]
+	rec.Confirming = ""
+	if len(rec.Good) > 0 && KeyOf(rec.Good) == KeyOf(rec.Applied) {
+		rec.Previous = nil
 	}
+	l.records[u] = rec
+}
+
+// unconfirmed records that act's change was not confirmed in time: a
+// failure of the change (failed), whatever its HealthySec window would say.
+func (l *ledger) unconfirmed(act Action, reason string) (rec UnitRecord, template string) {
+	u := act.Unit
+	delete(l.verify, u)
+	rec, template = l.failed(&window{act: act, op: act.Kind}, reason)
+	rec.FailedOp = confirmOp
+	l.records[u] = rec
+	return rec, template
 }
 
 // rollbackWhyNot says why a failed change of a unit with policy p and

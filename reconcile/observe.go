@@ -13,7 +13,7 @@ import (
 // (cache.go).
 func (v *view) observe(ctx context.Context) (desired map[string]*DesiredUnit, units, look map[string]bool, cur Current, err error) {
 	v.takeDirty()
-	snap := v.hand.snapshot()
+	snap := v.handoff.snapshot()
 	if snap == nil {
 		return nil, nil, nil, Current{}, ErrNoRegistry
 	}
@@ -34,7 +34,7 @@ func (v *view) observe(ctx context.Context) (desired map[string]*DesiredUnit, un
 		rescan = v.newSnapshot(changes, halts)
 		// Something new may be wanted of a unit whose job is in flight (a
 		// removal stops a hung start): plan it from what it is now.
-		v.hand.eachMuted(v.dropState)
+		v.handoff.eachMuted(v.dropState)
 	}
 	units = v.focusUnits()
 	look = units
@@ -84,7 +84,7 @@ func (v *view) rescan() {
 		rel[u] = true
 		v.addPaths(paths, u)
 	}
-	v.hand.setRelevant(rel)
+	v.handoff.setRelevant(rel)
 	for p := range v.cache.files {
 		if !paths[p] {
 			delete(v.cache.files, p)

@@ -3,7 +3,6 @@ package reconcile
 import (
 	"strings"
 	"testing"
-	"time"
 )
 
 const svc = "[Unit]\nDescription=hello\n[Service]\nType=exec\nExecStart=/bin/sleep 1000\n"
@@ -258,62 +257,6 @@ func TestPlanIsDeterministic(t *testing.T) {
 	}
 	if strings.Join(names, ",") != "a.service,b.service,c.service" {
 		t.Fatalf("order = %v", names)
-	}
-}
-
-func TestValidateUnitName(t *testing.T) {
-	good := []string{"hello.service", "a-b_c:d.socket", "web@.service", "web@1.service", `x\x2dy.mount`, "app.slice", "t.timer", "p.path", "multi-user.target"}
-	bad := []string{"", "hello", ".service", "hello.exe", "hello.device", "a/b.service", "../x.service", "a..b.service", "a b.service", "@.service", "a@b@c.service", strings.Repeat("a", 250) + ".service", "héllo.service"}
-	for _, n := range good {
-		if err := ValidateUnitName(n); err != nil {
-			t.Errorf("%q: %v", n, err)
-		}
-	}
-	for _, n := range bad {
-		if err := ValidateUnitName(n); err == nil {
-			t.Errorf("%q: accepted", n)
-		}
-	}
-}
-
-func TestParseKey(t *testing.T) {
-	for key, want := range map[string][2]string{
-		"hello.service":            {"hello.service", "hello.service"},
-		"hello.service.d/env.conf": {"hello.service.d/env.conf", "hello.service"},
-	} {
-		p, u, err := ParseKey(key)
-		if err != nil || p != want[0] || u != want[1] {
-			t.Errorf("%q: %q %q %v", key, p, u, err)
-		}
-	}
-	for _, key := range []string{"hello.service.d/env", "hello.service.d/../x.conf", "hello.service.d/a/b.conf", "hello.service.d/.conf", "x.d/y.conf"} {
-		if _, _, err := ParseKey(key); err == nil {
-			t.Errorf("%q accepted", key)
-		}
-	}
-}
-
-func TestParsePolicy(t *testing.T) {
-	p, err := ParsePolicy([]byte(svc))
-	if err != nil || p.State != StateStarted || p.Enable || !p.Rollback || p.Healthy != 5*time.Second || p.OnChange != "auto" {
-		t.Fatalf("defaults: %+v %v", p, err)
-	}
-	p, _ = ParsePolicy([]byte(svc + "[Install]\nWantedBy=default.target\n"))
-	if !p.Enable || !p.HasInstall {
-		t.Fatalf("enable default with [Install]: %+v", p)
-	}
-	p, _ = ParsePolicy([]byte(svc + "[Install]\nWantedBy=default.target\n[X-Agentd]\nState=present\n"))
-	if p.Enable {
-		t.Fatalf("State=present must not enable by default: %+v", p)
-	}
-	p, err = ParsePolicy([]byte("[X-Agentd]\n# comment\nState = stopped\nEnable=no\nOnChange=reload\nRollback=no\nHealthySec=2\nMaxUnavailable=3\n"))
-	if err != nil || p.State != StateStopped || p.Enable || p.OnChange != "reload" || p.Rollback || p.Healthy != 2*time.Second || p.MaxUnavailable != 3 {
-		t.Fatalf("explicit: %+v %v", p, err)
-	}
-	for _, bad := range []string{"State=run", "Enable=maybe", "OnChange=bounce", "HealthySec=-1", "MaxUnavailable=0", "Foo=1"} {
-		if _, err := ParsePolicy([]byte("[X-Agentd]\n" + bad + "\n")); err == nil {
-			t.Errorf("%s accepted", bad)
-		}
 	}
 }
 

@@ -38,8 +38,13 @@ type Policy struct {
 	Rollback bool
 	// Healthy is HealthySec=: how long a (re)started unit must stay active
 	// to count as healthy. A time span as systemd reads one (ParseTimespan).
-	Healthy        time.Duration
-	MaxUnavailable int // 0: unset
+	Healthy time.Duration
+	// SlotLimit is [X-Agentd] MaxUnavailable=: the size of the unit's
+	// disruption semaphore in its scope (slots.go) — at most SlotLimit
+	// hosts of a group take a disruptive step on it at once. Not the
+	// rollout's MaxUnavailable (rollout.Strategy), how many hosts a
+	// progressive rollout admits at once. 0: unset.
+	SlotLimit int
 	// Confirm is ConfirmSec=: after the agent applies a change of the unit,
 	// it must prove within this span that it still reaches its control
 	// plane (Config.Confirmer), else it puts the previous version back
@@ -131,8 +136,8 @@ func ParsePolicy(content []byte) (Policy, error) {
 			case "ConfirmSec":
 				p.Confirm, err = parseConfirm(val)
 			case "MaxUnavailable":
-				p.MaxUnavailable, err = strconv.Atoi(val)
-				if err != nil || p.MaxUnavailable < 1 {
+				p.SlotLimit, err = strconv.Atoi(val)
+				if err != nil || p.SlotLimit < 1 {
 					err = fmt.Errorf("bad MaxUnavailable=%s: want an integer ≥ 1", val)
 				}
 			case "RestartTriggers":

@@ -60,7 +60,7 @@ func TestParsePolicyTable(t *testing.T) {
 		{name: "enable without install", content: policySvc + "[X-Agentd]\nEnable=yes\n",
 			want: Policy{State: StateStarted, Enable: true, OnChange: "auto", Rollback: true, Healthy: 5 * time.Second}},
 		{name: "explicit", content: "[X-Agentd]\n# comment\n; other comment\nState = stopped\nEnable=no\nOnChange=reload\nRollback=no\nHealthySec=2\nMaxUnavailable=3\n",
-			want: Policy{State: StateStopped, OnChange: "reload", Healthy: 2 * time.Second, MaxUnavailable: 3}},
+			want: Policy{State: StateStopped, OnChange: "reload", Healthy: 2 * time.Second, SlotLimit: 3}},
 		{name: "booleans", content: "[X-Agentd]\nEnable=TRUE\nRollback=off\n",
 			want: Policy{State: StateStarted, Enable: true, OnChange: "auto", Healthy: 5 * time.Second}},
 		{name: "CRLF", content: "[Install]\r\nWantedBy=multi-user.target\r\n[X-Agentd]\r\nOnChange=none\r\nHealthySec=0\r\n",
@@ -154,6 +154,30 @@ func TestIniEntries(t *testing.T) {
 	} {
 		if g := got(tc.content); g != tc.want {
 			t.Errorf("%s: %q\n want %q", tc.name, g, tc.want)
+		}
+	}
+}
+
+func TestParsePolicy(t *testing.T) {
+	p, err := ParsePolicy([]byte(svc))
+	if err != nil || p.State != StateStarted || p.Enable || !p.Rollback || p.Healthy != 5*time.Second || p.OnChange != "auto" {
+		t.Fatalf("defaults: %+v %v", p, err)
+	}
+	p, _ = ParsePolicy([]byte(svc + "[Install]\nWantedBy=default.target\n"))
+	if !p.Enable || !p.HasInstall {
+		t.Fatalf("enable default with [Install]: %+v", p)
+	}
+	p, _ = ParsePolicy([]byte(svc + "[Install]\nWantedBy=default.target\n[X-Agentd]\nState=present\n"))
+	if p.Enable {
+		t.Fatalf("State=present must not enable by default: %+v", p)
+	}
+	p, err = ParsePolicy([]byte("[X-Agentd]\n# comment\nState = stopped\nEnable=no\nOnChange=reload\nRollback=no\nHealthySec=2\nMaxUnavailable=3\n"))
+	if err != nil || p.State != StateStopped || p.Enable || p.OnChange != "reload" || p.Rollback || p.Healthy != 2*time.Second || p.SlotLimit != 3 {
+		t.Fatalf("explicit: %+v %v", p, err)
+	}
+	for _, bad := range []string{"State=run", "Enable=maybe", "OnChange=bounce", "HealthySec=-1", "MaxUnavailable=0", "Foo=1"} {
+		if _, err := ParsePolicy([]byte("[X-Agentd]\n" + bad + "\n")); err == nil {
+			t.Errorf("%s accepted", bad)
 		}
 	}
 }

@@ -165,8 +165,8 @@ func Preview(v HostView, put Put) []Prediction {
 					slices.Index(peers, u)+1, len(peers), a.Policy.Healthy, p.Reason)
 			}
 		}
-		if ok && a.Policy.MaxUnavailable > 0 && a.Scope != "" && (a.Kind.Disruptive() || isRollingWait(a)) {
-			p.Reason += fmt.Sprintf(" (after a rollout slot: MaxUnavailable=%d in %s)", a.Policy.MaxUnavailable, a.Scope)
+		if ok && a.Policy.SlotLimit > 0 && a.Scope != "" && (a.Kind.Disruptive() || isRollingWait(a)) {
+			p.Reason += fmt.Sprintf(" (after a rollout slot: MaxUnavailable=%d in %s)", a.Policy.SlotLimit, a.Scope)
 		}
 		if st, ok := v.Statuses[u]; ok && p.Do != DoNothing && p.Do != DoBlocked && p.Do != DoHeld && st.Hash != st.DesiredHash && !IsInstance(u) {
 			p.Reason += " (the host has not converged on the registry's current content; what its file holds now is compared against nothing)"
@@ -385,7 +385,7 @@ func previewRuns(name string, d *DesiredUnit, old map[string]*DesiredUnit, st St
 		return nil, false
 	}
 	eff = map[string]string{}
-	for _, f := range d.Files() {
+	for _, f := range d.VersionFiles() {
 		eff[f.Path] = f.Hash
 		if h := diskHash(st, f.Path); h != "" && h != f.Hash {
 			eff[f.Path] = h

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync"
@@ -13,7 +14,8 @@ import (
 // probe round runs in a goroutine the agent owns (wg), bounded by
 // HealthTimeoutSec= per check, and hands its result to the loop over done:
 // a hung probe never holds up the loop. Loop-owned; it decides nothing of
-// the unit's health (Health does, from ProbeState) and writes no record.
+// the unit's health (Health does, from ProbeState) and writes no record;
+// it tells the Observer what its probes say.
 //
 // A round starts only while systemd says the unit is active and no job of
 // the agent's runs on it, at most every HealthIntervalSec=, never two at
@@ -21,6 +23,8 @@ import (
 // probes afresh (reset): a round begun before counts for nothing.
 type probes struct {
 	run     Prober
+	obs     Observer
+	log     *slog.Logger
 	targets map[string]*probeTarget
 	seq     uint64
 	done    chan probeResult
@@ -46,13 +50,13 @@ type probeResult struct {
 	results []CheckResult
 }
 
-func newProbes(p Prober) probes {
+func newProbes(p Prober, obs Observer, log *slog.Logger) probes {
 	if p == nil {
 		p = noProber{}
 	}
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	return probes{run: p, targets: map[string]*probeTarget{}, done: make(chan probeResult, 64), timer: t}
+	return probes{run: p, obs: obs, log: log, targets: map[string]*probeTarget{}, done: make(chan probeResult, 64), timer: t}
 }
 
 // wake is the channel of the next round due, nil when none is.
@@ -126,7 +130,14 @@ func (p *probes) stateOf(unit, key string) ProbeState {
 // says active, no job runs), and arms the timer for the next one due. A
 // unit not eligible now is looked at again after the next pass: what
 // makes it eligible (a signal, a job's end) brings one.
+//
+// With no target, or ctx ending (shutting down), it starts nothing.
 func (p *probes) launchDue(ctx context.Context, now time.Time, eligible func(unit string) bool) {
+	if len(p.targets) == 0 || ctx.Err() != nil {
+		p.timer.Stop()
+		p.armed = false
+		return
+	}
 	var next time.Time
 	for _, u := range slices.Sorted(maps.Keys(p.targets)) {
 		t := p.targets[u]
@@ -175,10 +186,10 @@ const (
 	probeBack                    // passing again after failing
 )
 
-// take counts a round's result on its unit's target (nil for a round
+// count counts a round's result on its unit's target (nil for a round
 // that no longer counts), and says whether the status text changed and
 // whether the probes started or stopped failing.
-func (p *probes) take(r probeResult) (t *probeTarget, changed bool, tr probeTransition) {
+func (p *probes) count(r probeResult) (t *probeTarget, changed bool, tr probeTransition) {
 	t = p.targets[r.unit]
 	if t == nil || t.gen != r.gen {
 		return nil, false, probeSteady
@@ -199,90 +210,68 @@ func (p *probes) take(r probeResult) (t *probeTarget, changed bool, tr probeTran
 	return t, t.state.Text(n) != before, tr
 }
 
-// The loop's side.
-
-// launchProbes starts the probe rounds that are due (probes.launchDue):
-// on units systemd says are active (as the view last saw them) with no
-// job of the agent's in flight.
-func (a *Agent) launchProbes(ctx context.Context) {
-	if len(a.probes.targets) == 0 || ctx.Err() != nil { // none, or shutting down: start nothing new
-		a.probes.timer.Stop()
-		a.probes.armed = false
-		return
-	}
-	a.probes.launchDue(ctx, time.Now(), func(u string) bool {
-		if _, job := a.jobs.inflight[u]; job {
-			return false
-		}
-		st, err := a.view.state(ctx, u)
-		return err == nil && st.ActiveState == "active"
-	})
-}
-
-// probeDone takes a probe round's result: counts it, tells the Observer,
-// logs a unit's probes starting or stopping to fail outside its HealthySec
-// window (inside, the verdict says it), and touches the unit when its
-// status changes. It says whether a pass is owed: the status changed, or
-// the unit is in its HealthySec window (its verdict may be due).
-func (a *Agent) probeDone(r probeResult) bool {
-	t, changed, tr := a.probes.take(r)
+// take takes a probe round's result: counts it, tells the Observer, logs
+// a unit's probes starting or stopping to fail outside its HealthySec
+// window (verifying: inside, the verdict says it). It says whether the
+// unit's status changed (the loop looks at it again), and whether a pass
+// is owed: the status changed, or the unit is in its HealthySec window
+// (its verdict may be due).
+func (p *probes) take(r probeResult, verifying bool) (changed, pass bool) {
+	t, changed, tr := p.count(r)
 	if t == nil {
-		return false
+		return false, false
 	}
 	for _, c := range r.results {
-		a.cfg.Observer.Probe(r.unit, c.Check.Kind.String(), c.OK)
+		p.obs.Probe(r.unit, c.Check.Kind.String(), c.OK)
 	}
-	verifying := a.ledger.verifying(r.unit)
 	text := t.state.Text(t.spec.FailAfter())
 	switch {
 	case verifying:
 		if changed {
-			a.log.Debug("health probe", "unit", r.unit, "probe", text)
+			p.log.Debug("health probe", "unit", r.unit, "probe", text)
 		}
 	case tr == probeFailing:
-		a.log.Warn(r.unit+": health probe failing — "+text+" (the version passed its HealthySec window: status unhealthy, not rolled back)",
+		p.log.Warn(r.unit+": health probe failing — "+text+" (the version passed its HealthySec window: status unhealthy, not rolled back)",
 			"unit", r.unit, "action", "probe-failing", "probe", text)
 	case tr == probeBack:
-		a.log.Info(r.unit+": health probe passing again — "+text, "unit", r.unit, "action", "probe-passing", "probe", text)
+		p.log.Info(r.unit+": health probe passing again — "+text, "unit", r.unit, "action", "probe-passing", "probe", text)
 	}
-	if changed {
-		a.view.touch(r.unit)
-	}
-	return changed || verifying
+	return changed, changed || verifying
 }
 
-// setProbes makes the probes of the units a round planned those of the
+// follow makes the probes of the units a round planned those of the
 // version each runs (probeSpecOf); a unit looked at (look) without an
 // action has none.
-func (a *Agent) setProbes(plan []Action, look map[string]bool, cur Current) {
+func (p *probes) follow(plan []Action, look map[string]bool, cur Current) {
 	planned := make(map[string]bool, len(plan))
 	for _, act := range plan {
 		planned[act.Unit] = true
 		rec := cur.Memory.Records[act.Unit]
 		if act.Record.DropRecord {
-			a.dropProbes(act.Unit)
+			p.forget(act.Unit)
 			continue
 		}
 		key := KeyOf(rec.Applied)
-		if key != "" && key != act.ContentKey && a.probes.has(act.Unit, key) {
+		if key != "" && key != act.ContentKey && p.has(act.Unit, key) {
 			continue // an older version still runs: its probes are known
 		}
 		spec, key := probeSpecOf(act, rec.Applied, cur.Memory.Blobs)
 		if !spec.Any() {
-			a.dropProbes(act.Unit)
+			p.forget(act.Unit)
 			continue
 		}
-		a.probes.set(act.Unit, key, spec)
+		p.set(act.Unit, key, spec)
 	}
-	for u := range a.probes.targets {
+	for u := range p.targets {
 		if look[u] && !planned[u] {
-			a.dropProbes(u)
+			p.forget(u)
 		}
 	}
 }
 
-func (a *Agent) dropProbes(unit string) {
-	if a.probes.drop(unit) {
-		a.cfg.Observer.ProbesGone(unit)
+// forget drops unit's probes and tells the Observer it has none.
+func (p *probes) forget(unit string) {
+	if p.drop(unit) {
+		p.obs.ProbesGone(unit)
 	}
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // report builds the status of every unit the pass planned (every unit
-// after a full pass), keeps the others' as they were, and hands the whole
+// after a full pass), keeps the others' as they were, and offers the whole
 // set to the publisher (which writes to the registry only what changed, off
 // the loop). A status keeps its UpdatedAt until it changes; when none
 // changed the set handed out before is handed out again.
@@ -55,14 +55,8 @@ func (a *Agent) report(ctx context.Context) error {
 	}
 	// The pass acted on the snapshot it planned from (a newer one may
 	// have come in since: the next pass acts on that).
-	list := a.out.hand(a.view.revision(), changed)
-	a.hand.mu.Lock()
-	a.hand.statuses = list
-	if a.hand.snap != nil {
-		a.hand.revision = a.hand.snap.Revision
-	}
-	rev := a.hand.revision
-	a.hand.mu.Unlock()
+	list := a.out.offer(a.view.revision(), changed)
+	rev := a.handoff.published(list)
 	a.cfg.Observer.Reported(rev, list)
 	return nil
 }
@@ -87,10 +81,10 @@ func newReports(r Reporter, log *slog.Logger) reports {
 	return out
 }
 
-// hand applies changed (nil: the unit has no status any more) to the
+// offer applies changed (nil: the unit has no status any more) to the
 // statuses of a pass that acted on registry revision acted, offers them to
 // the publisher when they or acted moved, and returns the whole set.
-func (r *reports) hand(acted int64, changed map[string]*Status) []Status {
+func (r *reports) offer(acted int64, changed map[string]*Status) []Status {
 	if len(changed) > 0 || r.list.list == nil || acted != r.acted {
 		r.list.update(changed)
 		if r.pub != nil {
@@ -176,7 +170,7 @@ func (a *Agent) status(ctx context.Context, name string) (Status, error) {
 		in.Last = &o
 	}
 	in.Record, in.Verifying, in.EnableErr = a.ledger.records[name], a.ledger.verifying(name), a.ledger.enableErr[name]
-	in.Confirming = a.ledger.confirming(name)
+	in.Confirming = a.confirms.awaiting(name)
 	if t := a.probes.targets[name]; t != nil {
 		in.Probes, in.Probe = t.spec, t.state
 	}

@@ -68,7 +68,7 @@ func (t *slotTable) held() map[string]string {
 	return held
 }
 
-// gate is the step after planning that the fleet has a say in. It checks
+// recheck is the step after planning that the fleet has a say in. It checks
 // with the Coordinator that every slot this host holds is still held: a
 // slot whose lease was lost is no slot, and the plan must not take a
 // disruptive step on it, so plan is made again without it (from desired
@@ -76,14 +76,14 @@ func (t *slotTable) held() map[string]string {
 // changes judged failed (before their slots are given back, at the end of
 // the pass: SlotsNeeded). It returns the plan to execute and what it was
 // made from.
-func (a *Agent) gate(ctx context.Context, failures []judged, desired map[string]*DesiredUnit, cur Current, plan []Action) ([]Action, Current) {
-	if a.slots.check(ctx) {
-		cur.Fleet.Slots = a.slots.held()
+func (t *slotTable) recheck(ctx context.Context, failures []judged, desired map[string]*DesiredUnit, cur Current, plan []Action) ([]Action, Current) {
+	if t.check(ctx) {
+		cur.Fleet.Slots = t.held()
 		plan = Plan(desired, cur)
 	}
 	for _, j := range failures {
 		w := j.w
-		a.slots.halt(ctx, SlotKey(w.act.Unit), w.act.Scope, w.act.Hash, j.why)
+		t.halt(ctx, SlotKey(w.act.Unit), w.act.Scope, w.act.Hash, j.why)
 	}
 	return plan, cur
 }

@@ -73,10 +73,10 @@ func unitStatus(in statusInput) Status {
 		if in.Probes.Any() {
 			n := in.Probes.FailAfter()
 			s.Probe = in.Probe.Text(n)
-			if in.Probe.Failing(n) && s.Health == "healthy" {
+			if in.Probe.Failing(n) && s.Health == HealthHealthy {
 				// After its window: the version passed it, so it is not
 				// rolled back; the status says it is unhealthy now.
-				s.Health = "unhealthy"
+				s.Health = HealthUnhealthy
 				s.Error = "health probe failing: " + s.Probe + " (after the version passed its HealthySec window: not rolled back)"
 			}
 		}
@@ -95,7 +95,7 @@ func unitStatus(in statusInput) Status {
 	}
 	if o := in.Last; o != nil {
 		s.Action, s.Result = o.action, o.result
-		if o.err != "" && (d == nil || o.contentKey == act.ContentKey || o.contentKey == ContentKey(d)) && o.result != "done" {
+		if o.err != "" && (d == nil || o.contentKey == act.ContentKey || o.contentKey == ContentKey(d)) && o.result != ResultDone {
 			s.Error = o.err
 		}
 		if o.action == ActionRolledBack && o.contentKey == act.ContentKey {
@@ -103,12 +103,12 @@ func unitStatus(in statusInput) Status {
 		}
 	}
 	if j := in.Job; j != nil {
-		s.Action, s.Result = j.Kind.Word(), "running"
+		s.Action, s.Result = j.Kind.Word(), ResultRunning
 		if j.Kind == KindRollback {
 			s.Action = ActionRollingBack // rolled back once the job is done
 		}
 	} else if act.Kind == KindWait {
-		s.Action, s.Result = ActionWait, "waiting"
+		s.Action, s.Result = ActionWait, ResultWaiting
 		switch act.Gate.On {
 		case WaitSlot:
 			s.Action = ActionWaitSlot
@@ -118,7 +118,7 @@ func unitStatus(in statusInput) Status {
 	}
 	if act.Kind == KindBlocked {
 		if o := in.Last; o == nil || o.action != ActionRolledBack {
-			s.Action, s.Result = ActionBlocked, "blocked"
+			s.Action, s.Result = ActionBlocked, ResultBlocked
 		}
 		s.Error = act.Err
 	}
@@ -127,9 +127,9 @@ func unitStatus(in statusInput) Status {
 
 // healthWord is the agent's verdict on the version a unit runs, for status:
 // rec is its record, want the content the plan wants it to run.
-func healthWord(name string, rec UnitRecord, verifying bool, st UnitState, want string) string {
+func healthWord(name string, rec UnitRecord, verifying bool, st UnitState, want string) HealthWord {
 	if verifying {
-		return "verifying"
+		return HealthVerifying
 	}
 	if len(rec.Applied) == 0 || IsTemplate(name) {
 		return "" // no verdict on the version it should run yet
@@ -139,11 +139,11 @@ func healthWord(name string, rec UnitRecord, verifying bool, st UnitState, want 
 		return ""
 	}
 	if rec.Failed != "" && rec.Failed == applied {
-		return "unhealthy"
+		return HealthUnhealthy
 	}
 	ranToCompletion := st.Type == "oneshot" && st.ActiveState == "inactive" && st.Result == "success"
 	if maps.Equal(rec.Good, rec.Applied) && (st.Active() || ranToCompletion) {
-		return "healthy"
+		return HealthHealthy
 	}
 	return ""
 }

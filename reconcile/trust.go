@@ -1,17 +1,13 @@
 package reconcile
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 )
 
 // Signed changes (agentd run --allowed-signers): the agent applies a
@@ -43,133 +39,6 @@ import (
 //     "replayed";
 //   - a key that had accepted content and is gone needs a signed removal
 //     (a record saying "removed") by the same rules.
-
-// SignatureNamespace is the namespace of agentd's signatures
-// (ssh-keygen -Y sign -n agentd).
-const SignatureNamespace = "agentd"
-
-// SignedChange is what one signature says: this content (Hash; "" for a
-// removal) for this key of this target, at this sequence.
-type SignedChange struct {
-	Key    string // the full registry key, e.g. "/agentd/hosts/h1/units/hello.service"
-	Target string // "hosts/<host>" or "groups/<group>"
-	Hash   string // SHA-256 (hex) of the content; "" for a removal
-	Seq    uint64 // grows with every signed write of the key
-	Revert bool   // written by `agentd unit revert`
-}
-
-// Message is the text that is signed: one "name value" line each, so it
-// can be written out and checked with ssh-keygen -Y verify as it is.
-func (c SignedChange) Message() []byte {
-	content := "sha256:" + c.Hash
-	if c.Hash == "" {
-		content = "removed"
-	}
-	revert := "no"
-	if c.Revert {
-		revert = "yes"
-	}
-	return fmt.Appendf(nil, "agentd signed change v1\nkey %s\ntarget %s\ncontent %s\nsequence %d\nrevert %s\n",
-		c.Key, c.Target, content, c.Seq, revert)
-}
-
-// SignatureRecord is the value of a signature key (JSON). The agent
-// rebuilds the message from where the record is and what the key holds;
-// Key, Hash, Removed and Signer only explain a refusal.
-type SignatureRecord struct {
-	Key       string `json:"key"`
-	Hash      string `json:"hash,omitempty"`
-	Removed   bool   `json:"removed,omitempty"`
-	Seq       uint64 `json:"seq"`
-	Revert    bool   `json:"revert,omitempty"`
-	Signer    string `json:"signer,omitempty"` // the key's fingerprint
-	Signature string `json:"signature"`        // armored SSH signature
-}
-
-// Signer is who made a valid signature: the key's fingerprint and the
-// principals of the allowed_signers line that lets it in.
-type Signer struct {
-	Fingerprint string
-	Principals  string
-}
-
-func (s Signer) String() string {
-	if s.Principals == "" {
-		return s.Fingerprint
-	}
-	return s.Fingerprint + " (" + s.Principals + ")"
-}
-
-// ErrSignatureMismatch is wrapped by a Verifier's error when the signature
-// is well formed and by an allowed signer but not over the message: the
-// refusal then says what the record claims it signed.
-var ErrSignatureMismatch = errors.New("signature does not match")
-
-// Verifier checks an armored signature over msg in SignatureNamespace
-// against the allowed signers. It returns the signer, also with an error
-// when the key is known (or only its fingerprint, for an unknown key).
-// It must be deterministic: Desire calls it.
-type Verifier interface {
-	VerifyChange(msg, armored []byte) (Signer, error)
-}
-
-// Trust turns the check on (Config.Trust).
-type Trust struct {
-	Verifier Verifier
-	// Targets are this host's unit key roots: its own and its groups'.
-	Targets []SignedTarget
-	// Marks are the newest versions accepted, by full key, as saved.
-	Marks map[string]Mark
-	// SaveMarks saves the marks (the state directory) when they changed;
-	// nil: kept in memory only.
-	SaveMarks func(map[string]Mark) error
-}
-
-// SignedTarget is where one target's unit keys are.
-type SignedTarget struct {
-	Scope Scope
-	Group string // for ScopeGroup
-	Name  string // "hosts/<host>" or "groups/<group>"
-	Root  string // "<prefix>/hosts/<host>/units/": a unit key suffix appended is the full key
-}
-
-// Mark is the newest version of a key the agent accepted.
-type Mark struct {
-	Seq     uint64 `json:"seq"`
-	Hash    string `json:"hash,omitempty"` // the content accepted; "" with Removed
-	Removed bool   `json:"removed,omitempty"`
-}
-
-// Refusal words, the start of a refused unit's status error.
-const (
-	RefusedUnsigned = "unsigned"
-	RefusedBadSig   = "bad signature"
-	RefusedReplayed = "replayed"
-)
-
-// RefusedError blocks a unit whose change is not signed as it must be.
-type RefusedError struct {
-	Why    string // RefusedUnsigned, RefusedBadSig, RefusedReplayed
-	Key    string // the full registry key
-	Detail string
-}
-
-func (e *RefusedError) Error() string {
-	return "refused: " + e.Why + ": " + e.Key + ": " + e.Detail
-}
-
-// SignedKey is how one key of a unit passed the check (DesiredUnit.Signed).
-type SignedKey struct {
-	Unit    string
-	Key     string
-	Signer  Signer
-	Seq     uint64
-	Revert  bool
-	Removed bool
-	// Kept: the content is the one last accepted for the key; no valid
-	// signature of it was needed.
-	Kept bool
-}
 
 // trustState is the check's part of desiredState: the signature records
 // of the last snapshot by unit, and the marks. Loop-owned.
@@ -437,97 +306,4 @@ func (t *trustState) fresh() *trustState {
 	cfg := t.cfg
 	cfg.Marks = t.marks
 	return newTrustState(&cfg)
-}
-
-// marksOut saves the marks off the loop (Trust.SaveMarks: an atomic,
-// fsynced write of the state directory's file, a few ms, up to tens under
-// load, that no change should wait for): a quarter of a second after they
-// moved — after the pass's own file writes and their fsyncs, which it
-// would otherwise compete with — the newest marks win, a failed save is
-// retried with backoff, and the last marks are saved when the agent stops.
-// A crash within that time forgets the newest marks: the versions they
-// accepted are accepted again at restart.
-type marksOut struct {
-	save  func(map[string]Mark) error
-	log   *slog.Logger
-	delay time.Duration
-	mu    sync.Mutex
-	want  map[string]Mark
-	gen   uint64
-	wake  chan struct{}
-}
-
-func newMarksOut(t *Trust, log *slog.Logger) *marksOut {
-	if t == nil || t.SaveMarks == nil {
-		return nil
-	}
-	return &marksOut{save: t.SaveMarks, log: log, delay: 250 * time.Millisecond, wake: make(chan struct{}, 1)}
-}
-
-func (o *marksOut) offer(m map[string]Mark) {
-	o.mu.Lock()
-	o.want, o.gen = m, o.gen+1
-	o.mu.Unlock()
-	select {
-	case o.wake <- struct{}{}:
-	default:
-	}
-}
-
-// start runs the saver until ctx ends; the returned func waits for it
-// (and its last save).
-func (o *marksOut) start(ctx context.Context) (wait func()) {
-	if o == nil {
-		return func() {}
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { o.run(ctx) })
-	return wg.Wait
-}
-
-func (o *marksOut) run(ctx context.Context) {
-	var done uint64
-	var backoff time.Duration
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
-	defer retry.Stop()
-	flush := func() error {
-		o.mu.Lock()
-		m, gen := o.want, o.gen
-		o.mu.Unlock()
-		if gen == done {
-			return nil
-		}
-		if err := o.save(m); err != nil {
-			return err
-		}
-		done = gen
-		return nil
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			if err := flush(); err != nil {
-				o.log.Warn("cannot save the sequence numbers of the signed changes accepted; the next start accepts those versions again", "err", err)
-			}
-			return
-		case <-o.wake:
-			select {
-			case <-ctx.Done():
-				continue // saved on the way out
-			case <-time.After(o.delay):
-			}
-		case <-retry.C:
-		}
-		if err := flush(); err != nil {
-			if backoff == 0 {
-				o.log.Warn("cannot save the sequence numbers of the signed changes accepted; retrying (until saved, a restart would accept older signed versions again)", "err", err)
-			}
-			backoff = min(max(2*backoff, 250*time.Millisecond), 5*time.Second)
-			retry.Reset(Jitter(backoff))
-			continue
-		}
-		backoff = 0
-		retry.Stop()
-	}
 }

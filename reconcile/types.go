@@ -171,7 +171,7 @@ type Status struct {
 	// unhealthy or unknown; empty when no verdict applies (State=present,
 	// a template). A oneshot that ran to completion is healthy though
 	// inactive.
-	Health string `json:"health,omitempty"`
+	Health HealthWord `json:"health,omitempty"`
 	// Probe is the last result of the unit's health probes ([X-Agentd]
 	// HealthCmd=, HealthURL=, HealthTCP=) and the failures in a row, e.g.
 	// "HealthURL http://127.0.0.1:8080/: 500 (want 2xx), 3 failures in a
@@ -185,7 +185,7 @@ type Status struct {
 	// Job is the systemd job the agent is waiting on for this unit, if any.
 	Job       string     `json:"job,omitempty"`
 	Action    ActionWord `json:"action"`           // last action taken on this unit
-	Result    string     `json:"result"`           // result of that action: done, failed, timeout, refused, ...
+	Result    ResultWord `json:"result"`           // result of that action: done, failed, timeout, refused, ...
 	Error     string     `json:"error,omitempty"`  // why the unit is not converged, if it is not
 	Source    string     `json:"source,omitempty"` // registry key scope: "host" or "group:<name>"
 	UpdatedAt time.Time  `json:"updatedAt"`

@@ -156,3 +156,18 @@ func systemdVerifies(t *testing.T, bin, esc, name string) (bool, string) {
 	out, err := exec.Command(bin, "verify", "--man=no", p).CombinedOutput()
 	return err == nil, strings.TrimSpace(string(out))
 }
+
+func TestValidateUnitName(t *testing.T) {
+	good := []string{"hello.service", "a-b_c:d.socket", "web@.service", "web@1.service", `x\x2dy.mount`, "app.slice", "t.timer", "p.path", "multi-user.target"}
+	bad := []string{"", "hello", ".service", "hello.exe", "hello.device", "a/b.service", "../x.service", "a..b.service", "a b.service", "@.service", "a@b@c.service", strings.Repeat("a", 250) + ".service", "héllo.service"}
+	for _, n := range good {
+		if err := ValidateUnitName(n); err != nil {
+			t.Errorf("%q: %v", n, err)
+		}
+	}
+	for _, n := range bad {
+		if err := ValidateUnitName(n); err == nil {
+			t.Errorf("%q: accepted", n)
+		}
+	}
+}

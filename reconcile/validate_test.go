@@ -191,3 +191,20 @@ func TestDesireBlocksReserved(t *testing.T) {
 		t.Errorf("ok.service: %+v, want desired", u)
 	}
 }
+
+func TestParseKey(t *testing.T) {
+	for key, want := range map[string][2]string{
+		"hello.service":            {"hello.service", "hello.service"},
+		"hello.service.d/env.conf": {"hello.service.d/env.conf", "hello.service"},
+	} {
+		p, u, err := ParseKey(key)
+		if err != nil || p != want[0] || u != want[1] {
+			t.Errorf("%q: %q %q %v", key, p, u, err)
+		}
+	}
+	for _, key := range []string{"hello.service.d/env", "hello.service.d/../x.conf", "hello.service.d/a/b.conf", "hello.service.d/.conf", "x.d/y.conf"} {
+		if _, _, err := ParseKey(key); err == nil {
+			t.Errorf("%q accepted", key)
+		}
+	}
+}

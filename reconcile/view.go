@@ -43,8 +43,8 @@ type view struct {
 	// saved).
 	marks *marksOut
 
-	rem  remembered // what the agent remembers and runs: read, never written
-	hand inbox      // the snapshot and what changed in; the units whose signals matter out (rescan)
+	rem     remembered // what the agent remembers and runs: read, never written
+	handoff inbox      // the snapshot and what changed in; the units whose signals matter out (rescan)
 	// pathsChanged is told which paths changed ("": any of them).
 	pathsChanged func(paths map[string]bool)
 }
@@ -80,7 +80,7 @@ func newView(cfg Config, mem remembered, h inbox, pathsChanged func(map[string]b
 		sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log, obs: cfg.Observer, check: cfg.CheckFocus,
 		roots: fileRoots(cfg.Files),
 		cache: newCache(), focus: newFocus(), mem: memory{drifted: map[string]string{}},
-		rem: mem, hand: h, pathsChanged: pathsChanged,
+		rem: mem, handoff: h, pathsChanged: pathsChanged,
 		desired: struct {
 			snap *Snapshot
 			desiredState

@@ -21,8 +21,35 @@ const (
 	ActionAdopt       ActionWord = "adopt"        // an interrupted pass's job ran: recorded as running it
 )
 
-// Word is the status word of an action of kind k.
-func (k Kind) Word() ActionWord { return ActionWord(k.String()) }
+// ResultWord is how the action a unit's status names went (Status.Result):
+// one of the words below, or the result systemd gave the agent's job when
+// it was another (timeout, canceled, dependency, skipped, ...). On the wire
+// it is the plain word.
+type ResultWord string
+
+// The result words the agent gives.
+const (
+	ResultDone    ResultWord = "done"    // it did what it meant to
+	ResultFailed  ResultWord = "failed"  // it did not
+	ResultRunning ResultWord = "running" // its job is in flight
+	ResultWaiting ResultWord = "waiting" // it waits its turn (ActionWait)
+	ResultBlocked ResultWord = "blocked" // it cannot be applied (ActionBlocked)
+	ResultRefused ResultWord = "refused" // the unit was refused (a file the agent does not own, a bad signature, ...)
+	ResultPending ResultWord = "pending" // not final: a rollback follows
+	ResultUnknown ResultWord = "unknown" // its outcome is not known
+)
+
+// HealthWord is the agent's verdict on the version a unit runs
+// (Status.Health); the zero HealthWord, no verdict yet. On the wire it is
+// the plain word.
+type HealthWord string
+
+// The health words.
+const (
+	HealthVerifying HealthWord = "verifying" // inside its HealthySec window
+	HealthHealthy   HealthWord = "healthy"
+	HealthUnhealthy HealthWord = "unhealthy"
+)
 
 // heldPrefix starts the text of a unit held by a halted rollout (its
 // Action.Reason and Err, and so its Status.Error); heldText writes it and

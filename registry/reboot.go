@@ -114,7 +114,7 @@ func (c *Client) rebootPools(group string, kvs []*mvccpb.KeyValue) map[string]in
 		// The agent's rule (reconcile.Plan, SlotsNeeded): a unit file of
 		// the group with MaxUnavailable= set; instance keys use their
 		// template's slot, which its own file gives.
-		n := u.Policy.MaxUnavailable
+		n := u.Policy.SlotLimit
 		if u.Err != nil || u.File == nil || n <= 0 {
 			continue
 		}

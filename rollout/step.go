@@ -37,7 +37,7 @@ type HostInput struct {
 // Step decides what in.Host writes to r at now. Pure. The host takes the
 // change once admitted (the coordinator opened its wave and had room for
 // it under --max-unavailable), judges it by the one judgement of converged
-// (Expectation.Judge), soaks it, and goes back when the record says the
+// (Expectation.Assess), soaks it, and goes back when the record says the
 // rollout reverts.
 func Step(r *Record, in HostInput, now time.Time) Write {
 	var out Write
@@ -148,7 +148,7 @@ func SoakDue(r *Record, mine *Progress) time.Time {
 // judge says whether this host runs what it should (runs: the rollout's
 // change when it takes it, what it ran before when it went back) healthy,
 // or why it failed the change (taking it only), by the one judgement of
-// converged (Expectation.Judge) on its statuses.
+// converged (Expectation.Assess) on its statuses.
 func (r *Record) judge(statuses map[string]reconcile.Status, runs []reconcile.Entry, back bool) (done bool, failed string) {
 	now := map[string][]byte{}
 	for _, e := range runs {
@@ -164,7 +164,7 @@ func (r *Record) judge(statuses map[string]reconcile.Status, runs []reconcile.En
 		if err != nil {
 			return false, err.Error()
 		}
-		p, why := e.Judge(rep, func() bool { return true })
+		p, why := e.Assess(rep, func() bool { return true })
 		switch {
 		case p == reconcile.ProgressFailed && back:
 			// Going back, a unit that fails the previous content (or

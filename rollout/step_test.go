@@ -10,7 +10,7 @@ import (
 )
 
 // healthyStatuses are a host's statuses running content of a.service,
-// active and healthy: Expectation.Judge calls that healthy.
+// active and healthy: Expectation.Assess calls that healthy.
 func healthyStatuses(content string) map[string]reconcile.Status {
 	h := reconcile.Hash([]byte(content))
 	return map[string]reconcile.Status{"a.service": {

@@ -80,7 +80,7 @@ type hostRow struct {
 }
 
 // readHostRows reads every known host (of group, when not "") and judges
-// the statuses of the live ones (reconcile.JudgeStatus), read in one
+// the statuses of the live ones (reconcile.StandingOf), read in one
 // transaction per 1,000 hosts.
 func readHostRows(ctx context.Context, reg *registry.Client, group string) ([]hostRow, error) {
 	known, err := reg.KnownHosts(ctx)
@@ -110,7 +110,7 @@ func readHostRows(ctx context.Context, reg *registry.Client, group string) ([]ho
 			}
 			for _, s := range st {
 				r.Runs[s.Unit] = s.Hash
-				switch reconcile.JudgeStatus(s) {
+				switch reconcile.StandingOf(s) {
 				case reconcile.Failed:
 					r.Failed++
 				case reconcile.Pending:

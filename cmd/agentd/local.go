@@ -61,7 +61,7 @@ whole rollout (its open wave, how many hosts are healthy).`,
 			fmt.Fprintln(tw, "UNIT\tREGISTRY\tLOCAL\tSTATE\tLAST ACTION\tRESULT\tERROR")
 			for _, s := range r.Units {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%s\t%s\t%s\t%s\n", s.Unit, orDash(short(s.DesiredHash)), orDash(short(s.Hash)),
-					orDash(s.ActiveState), orDash(s.SubState), orDash(string(s.Action)), orDash(s.Result), s.Error)
+					orDash(s.ActiveState), orDash(s.SubState), orDash(string(s.Action)), orDash(string(s.Result)), s.Error)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -70,7 +70,7 @@ whole rollout (its open wave, how many hosts are healthy).`,
 			// each unit's last result, below the table.
 			for _, s := range r.Units {
 				if s.Probe != "" {
-					fmt.Fprintf(out, "%s health probe (%s): %s\n", s.Unit, orDash(s.Health), s.Probe)
+					fmt.Fprintf(out, "%s health probe (%s): %s\n", s.Unit, orDash(string(s.Health)), s.Probe)
 				}
 			}
 			// Changes awaiting their confirmation ([X-Agentd] ConfirmSec=).

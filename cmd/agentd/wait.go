@@ -48,7 +48,7 @@ func (f *waitFlags) bind(cmd *cobra.Command) {
 }
 
 // waitConverged blocks until every targeted host reports each key in a
-// final state for the write (reconcile.Expectation.Judge, the one
+// final state for the write (reconcile.Expectation.Assess, the one
 // judgement of converged), showing progress. A host's answer counts only
 // once it has acted on the write's revision. A later write of other
 // content to one of the keys ends the wait at once (exit 5): this write
@@ -183,7 +183,7 @@ func (w waitSpec) judgeRows(all map[string]reconcile.HostReport, hosts []string,
 			if legacy[h] {
 				e.Revision = 0 // its answers are its statuses alone
 			}
-			p, detail := e.Judge(all[h], isLive(h))
+			p, detail := e.Assess(all[h], isLive(h))
 			joining := p == reconcile.ProgressNoAgent && !seen.joined(h)
 			switch {
 			case joining:

@@ -16,15 +16,6 @@ import (
 // it, in one pass. Two keys that would write one path are a conflict: the
 // later one (by key revision) is blocked, naming the first.
 
-// noteLinking keeps d.linking up to date for unit name, now built as u.
-func (d *desiredState) noteLinking(name string, u *DesiredUnit) {
-	if u != nil && u.Err == nil && (hasConfigFiles(u) || triggersOf(u.Policy) != nil) {
-		d.linking[name] = true
-	} else {
-		delete(d.linking, name)
-	}
-}
-
 func hasConfigFiles(u *DesiredUnit) bool {
 	for p := range u.DropIns {
 		if IsConfigPath(p) {
@@ -54,50 +45,6 @@ func firstWriter(ws []writer) writer {
 	return slices.MinFunc(ws, func(x, y writer) int {
 		return cmp.Or(cmp.Compare(x.file.Revision, y.file.Revision), strings.Compare(x.unit, y.unit))
 	})
-}
-
-// link makes d.units the units of d.base linked to each other (see
-// linkUnit), and adds to changes every unit whose linked form changed
-// although its own keys did not (the reader of a file that changed). Its
-// cost is that of the units with config files or triggers.
-func (d *desiredState) link(changes []desiredChange) []desiredChange {
-	if len(d.linking) == 0 {
-		return changes
-	}
-	writers := map[string][]writer{}
-	for name := range d.linking {
-		u := d.base[name]
-		for p, f := range u.DropIns {
-			if _, dest, ok := ConfigDest(p); ok {
-				writers[dest] = append(writers[dest], writer{name, f})
-			}
-		}
-	}
-	at := make(map[string]int, len(changes))
-	for i, c := range changes {
-		at[c.name] = i
-	}
-	added := false
-	for _, name := range slices.Sorted(maps.Keys(d.linking)) {
-		now := linkUnit(d.base[name], writers)
-		old := d.units[name]
-		if now == old {
-			continue
-		}
-		d.units[name] = now
-		if i, ok := at[name]; ok {
-			changes[i].now = now
-			continue
-		}
-		if !sameDesired(old, now) {
-			changes = append(changes, desiredChange{name: name, old: old, now: now})
-			added = true
-		}
-	}
-	if added {
-		slices.SortFunc(changes, func(x, y desiredChange) int { return strings.Compare(x.name, y.name) })
-	}
-	return changes
 }
 
 // linkUnit is u with what it reads of other units' sets (Reads), or

@@ -61,6 +61,10 @@ type Config struct {
 	// checked.
 	Trust *Trust
 
+	// Secrets decrypts the config files put with --secret (the host's age
+	// identity, secret.Identity); nil: a secret is the unit's error.
+	Secrets Decrypter
+
 	// Pause, when set, is called at named points of a pass ("files-written":
 	// files are on disk, the daemon-reload not done; "reloaded": reloaded,
 	// no job started; "jobs-started": the pass's jobs under way, its
@@ -397,6 +401,10 @@ type FileDiff struct {
 	LocalHash     string `json:"localHash,omitempty"`
 	LocalReadErr  string `json:"localReadError,omitempty"`
 	RegistryError string `json:"registryError,omitempty"`
+	// Secret: the registry holds the file encrypted (Registry is its
+	// ciphertext) and the file on disk is never shown: Local is the
+	// same as Registry when the file is the decrypted one, else a note.
+	Secret bool `json:"secret,omitempty"`
 }
 
 // Diff returns registry and disk content of every file of unit ("" for all
@@ -420,7 +428,7 @@ func (a *Agent) Diff(ctx context.Context, unit string) ([]FileDiff, error) {
 				continue
 			}
 			for _, f := range u.Files() {
-				files[f.Path] = &FileDiff{Path: f.Path, Unit: name, Registry: string(f.Content), InRegistry: true, RegistryHash: f.Hash}
+				files[f.Path] = &FileDiff{Path: f.Path, Unit: name, Registry: string(f.Content), InRegistry: true, RegistryHash: f.Hash, Secret: f.Sealed != ""}
 			}
 		}
 		for p, e := range managed {
@@ -439,6 +447,11 @@ func (a *Agent) Diff(ctx context.Context, unit string) ([]FileDiff, error) {
 				switch {
 				case err != nil:
 					fd.LocalReadErr = err.Error()
+				case exists && fd.Secret:
+					fd.OnDisk, fd.Local, fd.LocalHash = true, "(a secret: the file on disk is not the one the registry holds; its content is not shown)\n", secretDiffers
+					if d := a.view.desired.units[fd.Unit]; d != nil && d.DropIns[p].Hash == Hash(b) {
+						fd.Local, fd.LocalHash = fd.Registry, fd.RegistryHash
+					}
 				case exists:
 					fd.Local, fd.OnDisk, fd.LocalHash = string(b), true, Hash(b)
 				}

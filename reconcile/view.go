@@ -84,7 +84,7 @@ func newView(cfg Config, mem remembered, h inbox, pathsChanged func(map[string]b
 		desired: struct {
 			snap *Snapshot
 			desiredState
-		}{desiredState: desiredState{trust: newTrustState(cfg.Trust)}},
+		}{desiredState: desiredState{trust: newTrustState(cfg.Trust), secrets: cfg.Secrets}},
 		marks: newMarksOut(cfg.Trust, cfg.Log),
 	}
 }

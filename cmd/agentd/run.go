@@ -25,6 +25,7 @@ import (
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/rollout"
+	"github.com/agentd/agentd/secret"
 	"github.com/agentd/agentd/sshsig"
 	"github.com/agentd/agentd/systemd"
 	"github.com/agentd/agentd/unitdir"
@@ -55,6 +56,10 @@ type runOptions struct {
 	// (plaintext loopback TCP, beside the socket) asked for by name.
 	embedInsecureTCP bool
 
+	// identity is --identity: the host's SSH ed25519 key to decrypt
+	// secrets with ("": <state-dir>/identity.age, made at first start);
+	// recipient is its public side, published with the membership.
+	identity, recipient string
 	// allowedSigners is --allowed-signers: only changes its signers signed
 	// are applied.
 	allowedSigners string
@@ -162,6 +167,8 @@ of the group answers alike. There is no authentication: listen on loopback
 		"serve the FleetLock protocol (Zincati's fleet_lock strategy) at http://ADDR/, e.g. 127.0.0.1:9190 (default: off). No authentication: bind it to loopback or protect it")
 	fs.DurationVar(&o.fleetLockTTL, "fleetlock-ttl", defaultFleetLockTTL,
 		"a FleetLock client's reboot slots are freed this long after its last pre-reboot if it never calls steady-state (whole seconds; longer than a reboot takes)")
+	fs.StringVar(&o.identity, "identity", "",
+		"decrypt secrets (unit put --secret) with this SSH ed25519 host key, e.g. /etc/ssh/ssh_host_ed25519_key (default: an age key made at first start in the state directory, identity.age)")
 	fs.StringVar(&o.allowedSigners, "allowed-signers", "",
 		"apply only changes signed (agentd unit put --sign-key) by a key of this file (ssh-keygen's allowed_signers format: principals [namespaces=\"agentd\"] key); "+
 			"anything else is refused and the running version kept (default: no signature needed)")
@@ -370,6 +377,8 @@ type agentRun struct {
 	allowed *sshsig.AllowedSigners
 	trust   *reconcile.Trust
 	marks   *unitdir.SignedMarks
+	// identity decrypts the secrets put to this host (--identity).
+	identity *secret.Identity
 
 	reporter *sessionReporter
 	rollouts *rollout.Participant // this host's part in its groups' rollouts
@@ -512,7 +521,28 @@ func (r *agentRun) openLocal(ctx context.Context) error {
 	if r.lkg, err = openLastKnownGood(o.stateDir, o.host, o.etcd.prefix, o.groups, log); err != nil {
 		return err
 	}
+	if r.identity, err = openIdentity(o.identity, o.stateDir); err != nil {
+		return err
+	}
+	o.recipient = r.identity.Recipient()
 	return r.openTrust()
+}
+
+// openIdentity is the host's identity for secrets: the SSH key at path,
+// or the age key in the state directory, made at its first start.
+func openIdentity(path, stateDir string) (*secret.Identity, error) {
+	if path != "" {
+		id, err := secret.LoadSSH(path)
+		if err != nil {
+			return nil, fmt.Errorf("--identity: %w", err)
+		}
+		return id, nil
+	}
+	id, err := secret.LoadOrCreate(stateDir)
+	if err != nil {
+		return nil, fmt.Errorf("the identity for secrets: %w", err)
+	}
+	return id, nil
 }
 
 // closeLocal closes what openLocal opened, in the reverse order.
@@ -561,6 +591,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 		HeartbeatInterval: svc.heartbeatInterval(),
 		Pause:             pauseAt(o.pauseAt, o.stateDir, log),
 		Trust:             r.trust,
+		Secrets:           r.identity,
 		// Test only: every pass also plans every unit and panics if the
 		// units it left out would have been planned differently.
 		CheckFocus: os.Getenv(checkFocusEnv) == "1",
@@ -662,6 +693,7 @@ func followRegistry(ctx context.Context, o *runOptions, endpoints []string, log 
 func connectRegistry(ctx context.Context, o *runOptions, endpoints []string, log *slog.Logger, met *metrics.Metrics) (*registry.Client, *registry.Session, error) {
 	member := reconcile.Member{
 		Host: o.host, MachineID: machineID(), Groups: o.groups, Version: version, StartedAt: time.Now().UTC(),
+		Recipient: o.recipient,
 	}
 	cfg := o.etcd.config(endpoints)
 	cfg.Logger = log

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"slices"
@@ -23,8 +24,9 @@ type configFile struct {
 }
 
 // parseFileFlag reads DEST=SRC[:MODE[:OWNER]] and the file SRC names. SRC
-// may not hold a ":" (the form has no escape for it).
-func parseFileFlag(spec string) (configFile, error) {
+// may not hold a ":" (the form has no escape for it). A MODE not given is
+// mode.
+func parseFileFlag(spec string, mode fs.FileMode) (configFile, error) {
 	dest, rest, ok := strings.Cut(spec, "=")
 	if !ok || dest == "" || rest == "" {
 		return configFile{}, fmt.Errorf("--file %q: want DEST=SRC[:MODE[:OWNER]], e.g. /etc/myapp/app.conf=./app.conf:0640:root:myapp", spec)
@@ -33,7 +35,7 @@ func parseFileFlag(spec string) (configFile, error) {
 		return configFile{}, fmt.Errorf("--file %q: %w", spec, err)
 	}
 	parts := strings.SplitN(rest, ":", 3) // SRC, MODE, USER:GROUP
-	c := configFile{dest: dest, src: parts[0], file: reconcile.ConfigFile{Mode: reconcile.DefaultMode}}
+	c := configFile{dest: dest, src: parts[0], file: reconcile.ConfigFile{Mode: mode}}
 	if len(parts) > 1 {
 		m, err := reconcile.ParseMode(parts[1])
 		if err != nil {
@@ -68,8 +70,15 @@ func parseFileFlag(spec string) (configFile, error) {
 // or ReloadTriggers= names it (in its unit file, else its drop-ins: the
 // agent's rule, reconcile.PolicyOf). Anything else is a usage error.
 func addConfigFiles(units map[string][]byte, specs []string) error {
+	_, err := addFiles(units, specs, reconcile.DefaultMode)
+	return err
+}
+
+// addFiles is addConfigFiles with mode for a --file that gives none; it
+// returns the keys it added (a secret's, for unit put --secret to seal).
+func addFiles(units map[string][]byte, specs []string, mode fs.FileMode) ([]string, error) {
 	if len(specs) == 0 {
-		return nil
+		return nil, nil
 	}
 	owners := map[string]bool{}
 	for k, v := range units {
@@ -78,24 +87,26 @@ func addConfigFiles(units map[string][]byte, specs []string) error {
 		}
 	}
 	if len(owners) == 0 {
-		return withCode(exitUsage, errors.New("unit put --file: give the unit (or a drop-in of it) the file belongs to"))
+		return nil, withCode(exitUsage, errors.New("unit put --file: give the unit (or a drop-in of it) the file belongs to"))
 	}
+	var keys []string
 	for _, spec := range specs {
-		c, err := parseFileFlag(spec)
+		c, err := parseFileFlag(spec, mode)
 		if err != nil {
-			return withCode(exitUsage, fmt.Errorf("unit put %w", err))
+			return nil, withCode(exitUsage, fmt.Errorf("unit put %w", err))
 		}
 		unit, err := ownerOf(c.dest, owners, units)
 		if err != nil {
-			return withCode(exitUsage, fmt.Errorf("unit put --file %s: %w", c.dest, err))
+			return nil, withCode(exitUsage, fmt.Errorf("unit put --file %s: %w", c.dest, err))
 		}
 		key := reconcile.ConfigKey(unit, c.dest)
 		if _, dup := units[key]; dup {
-			return withCode(exitUsage, fmt.Errorf("unit put --file %s: given twice", c.dest))
+			return nil, withCode(exitUsage, fmt.Errorf("unit put --file %s: given twice", c.dest))
 		}
 		units[key] = c.file.Encode()
+		keys = append(keys, key)
 	}
-	return nil
+	return keys, nil
 }
 
 // ownerOf picks the unit a config file at dest belongs to.

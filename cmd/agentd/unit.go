@@ -65,12 +65,13 @@ type putOptions struct {
 	dryRun    bool
 	sf        strategyFlags // the rollout options
 	confirm   confirmFlag   // --confirm DUR: ConfirmSec= in each unit file
+	secret    secretFlags   // --secret and its recipients
 }
 
 func newUnitPutCmd() *cobra.Command {
 	o := &putOptions{}
 	cmd := &cobra.Command{
-		Use:   "put FILE... (--host H | --group G) [--wait]",
+		Use:   "put FILE... (--host H | --group G) [--file DEST=SRC [--secret]] [--wait]",
 		Short: "Store unit files (and drop-ins) for a host or group",
 		Long: `Store unit files in the registry, all in one transaction. The key is the file's
 base name; a file inside a directory named <unit>.d is stored as the drop-in
@@ -84,6 +85,15 @@ drop-ins of the put, before one daemon-reload; a rollback or revert puts
 the whole set back. [X-Agentd] RestartTriggers=DEST or ReloadTriggers=DEST
 restart or reload the unit when that file changes; a file no trigger names
 is written without touching the unit.
+
+--secret encrypts every --file of the put (age) to each targeted host — for
+a group, every member, live or down — and to each --admin-recipient, so the
+registry holds only ciphertext and each host decrypts it just before writing
+it (default mode 0600). Each host's recipient, as its agent publishes it, is
+pinned on first use (--known-recipients): a changed one is refused until
+"agentd secrets accept HOST". --recipients FILE takes them from a file of
+yours instead. A host that joins later cannot read it: "agentd secrets
+rekey". See "agentd secrets --help".
 
 With --wait, block until every targeted host (for a group, every member, live
 or not) has acted on this write and reports the new hash and the unit in its
@@ -112,6 +122,9 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 			if err := o.sf.check(cmd, tg, o.wait, o.wf, o.dryRun); err != nil {
 				return err
 			}
+			if err := o.secret.check(cmd, o.files); err != nil {
+				return err
+			}
 			units, err := readUnits(args, o.instances)
 			if err != nil {
 				return err
@@ -119,8 +132,18 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 			if err := o.confirm.apply(cmd, units); err != nil {
 				return err
 			}
-			if err := addConfigFiles(units, o.files); err != nil {
+			mode := reconcile.DefaultMode
+			if o.secret.on {
+				mode = secretMode
+			}
+			keys, err := addFiles(units, o.files, mode)
+			if err != nil {
 				return err
+			}
+			if o.secret.on {
+				if err := o.secret.seal(cmd, &o.ef, tg, units, keys, o.dryRun); err != nil {
+					return err
+				}
 			}
 			if o.dryRun {
 				return dryRunPut(cmd, &o.ef, tg, units, o.wait, o.asJSON, &o.sf)
@@ -142,6 +165,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
 	o.sf.bind(cmd, "unit put", "nothing stored")
 	o.confirm.bind(cmd)
+	o.secret.bind(cmd, true)
 	return cmd
 }
 
@@ -415,7 +439,7 @@ func newUnitCatCmd() *cobra.Command {
 				if asJSON {
 					return writeJSON(cmd.OutOrStdout(), map[string]any{"key": tg.String() + "/units/" + args[0], "hash": reconcile.Hash(b), "content": string(b)})
 				}
-				_, err = cmd.OutOrStdout().Write(b)
+				_, err = cmd.OutOrStdout().Write(catValue(args[0], b))
 				return err
 			})
 		},

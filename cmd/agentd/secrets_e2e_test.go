@@ -1,0 +1,289 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/agentd/agentd/internal/citest"
+	"github.com/agentd/agentd/internal/systemdtest"
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
+	"github.com/agentd/agentd/secret"
+)
+
+// secretUnit runs with its secret written beside it; it never reads it,
+// so a host that cannot decrypt is judged by its status alone.
+const secretUnit = "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n[X-Agentd]\nHealthySec=0\n"
+
+// lockedBuf collects an agent's log output to search it.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) Bytes() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Clone(l.b.Bytes())
+}
+
+// nsHost is one host of a group under test: `agentd run` as its own
+// process, in a mount namespace of its own where the one DEST directory
+// of the group's secret (shared) is a bind mount of the host's own root —
+// each host writes "the same path" into its own directory, as real hosts
+// do, and the test reads each one's file from outside.
+type nsHost struct {
+	host string
+	h    *systemdtest.Harness
+	root string // what the agent sees as shared
+	log  *lockedBuf
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startNSHost(t *testing.T, bin, endpoint, shared, host string) *nsHost {
+	t.Helper()
+	h := systemdtest.Start(t)
+	n := &nsHost{host: host, h: h, root: filepath.Join(h.Dir, "own-root"), log: &lockedBuf{}, done: make(chan struct{})}
+	if err := os.MkdirAll(n.root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-m", "--propagation", "private", "sh", "-c", `mount --bind "$1" "$2" && shift 2 && exec "$@"`, "sh", n.root, shared,
+		bin, "run", "--user", "--host", host, "--group", "web", "--etcd-endpoints", endpoint,
+		"--unit-dir", h.UnitDir, "--state-dir", h.StateDir, "--debug-socket", filepath.Join(h.Dir, "agentd.sock"),
+		"--lease-ttl", "2s", "--log-level", "debug", "--file-root", shared}
+	n.cmd = exec.Command("unshare", args...)
+	n.cmd.Env = childEnv("DBUS_SESSION_BUS_ADDRESS=" + h.BusAddress)
+	n.cmd.Stdout = io.MultiWriter(t.Output(), n.log)
+	n.cmd.Stderr = n.cmd.Stdout
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { n.cmd.Wait(); close(n.done) }()
+	t.Cleanup(func() {
+		n.cmd.Process.Signal(syscall.SIGKILL)
+		<-n.done
+	})
+	return n
+}
+
+// joined waits until every host's agent is live and publishes a recipient.
+func joined(t *testing.T, reg *registry.Client, hosts ...string) {
+	t.Helper()
+	eventually(t, strings.Join(hosts, ", ")+" joined with a recipient", func() bool {
+		known, err := reg.KnownHosts(context.Background())
+		if err != nil {
+			return false
+		}
+		n := 0
+		for _, k := range known {
+			if slices.Contains(hosts, k.Host) && k.Live && k.Recipient != "" {
+				n++
+			}
+		}
+		return n == len(hosts)
+	})
+}
+
+// secretCLI runs the CLI with the pins in pins and the registry at
+// e.endpoint (cli adds it only for the commands it knows).
+func secretCLI(e *env, pins string, args ...string) (string, int) {
+	e.t.Helper()
+	if args[0] == "secrets" {
+		args = append(args, "--etcd-endpoints", e.endpoint)
+	}
+	if pins != "" {
+		args = append(args, "--known-recipients", pins)
+	}
+	return e.cli(args...)
+}
+
+// plaintext is a secret no other test writes: a random token in a line.
+func plaintext(t *testing.T) (content, token string) {
+	t.Helper()
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	token = "s3cret-" + hex.EncodeToString(b)
+	return "password=" + token + "\n", token
+}
+
+// noPlaintext fails when any key or value of the registry, any of logs or
+// any command line of pids (and this process's: the CLI runs in it) holds
+// token.
+func noPlaintext(t *testing.T, endpoint, token string, logs map[string][]byte, pids ...int) {
+	t.Helper()
+	resp, err := registrytest.RawClient(t, endpoint).Get(context.Background(), "", clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		if bytes.Contains(kv.Key, []byte(token)) || bytes.Contains(kv.Value, []byte(token)) {
+			t.Errorf("the registry holds the plaintext at %s", kv.Key)
+		}
+	}
+	for name, b := range logs {
+		if len(b) == 0 {
+			t.Errorf("%s is empty: nothing searched", name)
+		}
+		if bytes.Contains(b, []byte(token)) {
+			t.Errorf("%s holds the plaintext", name)
+		}
+	}
+	lines := []string{"/proc/self/cmdline"}
+	for _, pid := range pids {
+		lines = append(lines, "/proc/"+strconv.Itoa(pid)+"/cmdline")
+	}
+	for _, p := range lines {
+		b, err := os.ReadFile(p)
+		if err != nil || len(b) == 0 || bytes.Contains(b, []byte(token)) {
+			t.Errorf("%s holds the plaintext, or could not be read (%d bytes, %v)", p, len(b), err)
+		}
+	}
+	t.Logf("searched %d registry keys, %d logs and %d command lines: no plaintext", len(resp.Kvs), len(logs), len(lines))
+}
+
+// hasFile says path holds content with mode 0600.
+func hasFile(path, content string) bool {
+	b, err := os.ReadFile(path)
+	fi, err2 := os.Stat(path)
+	return err == nil && err2 == nil && string(b) == content && fi.Mode().Perm() == 0o600
+}
+
+// A secret put to a group of three reaches each host byte-exact, mode
+// 0600, with the registry, the agents' logs and the command lines holding
+// none of it; a fourth host that joins later cannot decrypt it (its
+// status says so, --wait names it, secrets ls shows it) until secrets
+// rekey with the admin's key encrypts it to the group as it is now.
+func TestSecretToAGroupAndAJoiner(t *testing.T) {
+	citest.NeedRoot(t, "each agent sees the secret's directory through a bind mount in a mount namespace of its own")
+	bin := buildAgent(t) // before t.Parallel: buildAgent is not safe for concurrent use
+	t.Parallel()         // waits on systemd, not the CPU
+	endpoint := registrytest.StartEtcd(t).Endpoint()
+	reg := registrytest.NewClient(t, endpoint)
+	shared := filepath.Join(t.TempDir(), "etc", "app")
+	if err := os.MkdirAll(shared, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var hosts []*nsHost
+	for _, h := range []string{"h1", "h2", "h3"} {
+		hosts = append(hosts, startNSHost(t, bin, endpoint, shared, h))
+	}
+	joined(t, reg, "h1", "h2", "h3")
+	e := &env{t: t, h: hosts[0].h, endpoint: endpoint, reg: reg, host: "h1"}
+	pins := filepath.Join(t.TempDir(), "known_recipients")
+	adminDir := t.TempDir()
+	admin, err := secret.LoadOrCreate(adminDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	content, token := plaintext(t)
+	dest := filepath.Join(shared, "db.env")
+	key := reconcile.ConfigKey("app.service", dest)
+	file := dest + "=" + e.writeUnit("files/db.env", content)
+	unitFile := e.writeUnit("app.service", secretUnit)
+
+	began := time.Now()
+	out, code := secretCLI(e, pins, "unit", "put", unitFile, "--group", "web", "--file", file, "--secret",
+		"--admin-recipient", admin.Recipient(), "--wait", "--timeout", "30s")
+	took := time.Since(began)
+	if code != 0 || !strings.Contains(out, "pinned h1's recipient age1") || !strings.Contains(out, "pinned h3's recipient") {
+		t.Fatalf("put --secret --group web --wait: exit %d, want 0 and h1…h3 pinned\n%s", code, out)
+	}
+	t.Logf("put --secret --wait to 3 hosts: %v", took.Round(time.Millisecond))
+	for _, n := range hosts {
+		if !hasFile(filepath.Join(n.root, "db.env"), content) {
+			b, _ := os.ReadFile(filepath.Join(n.root, "db.env"))
+			t.Errorf("%s: its db.env holds %d bytes (want the secret's %d, byte-exact, mode 0600)", n.host, len(b), len(content))
+		}
+	}
+
+	// cat and --dry-run show whom it is for, never the armour, and store
+	// nothing.
+	out, code = e.cli("unit", "cat", key, "--group", "web")
+	if code != 0 || !regexp.MustCompile(`(?m)^#agentd-file mode=0600 owner=root:root secret=age to=h1,h2,h3\n\(age-encrypted to h1, h2, h3; ciphertext sha256 [0-9a-f]{12}\)\n$`).MatchString(out) {
+		t.Errorf("unit cat %s: exit %d, want the header and whom it is encrypted to\n%s", key, code, out)
+	}
+	_, rev, err := reg.GetRevision(context.Background(), registry.Target{Group: "web"}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, code = secretCLI(e, pins, "unit", "put", unitFile, "--group", "web", "--file", file, "--secret", "--dry-run")
+	if _, rev2, _ := reg.GetRevision(context.Background(), registry.Target{Group: "web"}, key); code != 0 || !strings.Contains(out, "dry run: nothing stored") || rev2 != rev {
+		t.Errorf("put --secret --dry-run: exit %d, key at revision %d → %d, want 0 and nothing stored\n%s", code, rev, rev2, out)
+	}
+
+	// A fourth member joins: it cannot decrypt what was put before it.
+	hosts = append(hosts, startNSHost(t, bin, endpoint, shared, "h4"))
+	joined(t, reg, "h4")
+	h4 := &env{t: t, reg: reg, host: "h4"}
+	eventually(t, "h4 reports that it cannot decrypt the secret", func() bool {
+		s, ok := h4.status("app.service")
+		return ok && strings.Contains(s.Error, "cannot decrypt") && strings.Contains(s.Error, "encrypted to h1, h2, h3")
+	})
+	out, code = secretCLI(e, "", "secrets", "ls", "--group", "web")
+	if code != 0 || !regexp.MustCompile(`groups/web\s+\S+db\.env\s+0600\s+root:root\s+h1,h2,h3\s+h4\n`).MatchString(out) {
+		t.Errorf("secrets ls --group web: exit %d, want h4 named as not a recipient\n%s", code, out)
+	}
+	out, code = e.cli("unit", "put", unitFile, "--group", "web", "--wait", "--timeout", "20s")
+	if code != exitFailed || !strings.Contains(out, "h4") || !strings.Contains(out, "cannot decrypt") {
+		t.Errorf("put --wait with h4 unable to decrypt: exit %d, want %d naming h4\n%s", code, exitFailed, out)
+	}
+	if fi, err := os.Stat(filepath.Join(hosts[3].root, "db.env")); err == nil {
+		t.Errorf("h4 wrote a db.env it cannot have decrypted (%d bytes)", fi.Size())
+	}
+
+	// rekey with the admin's key: h4 is a recipient now, and runs it.
+	out, code = secretCLI(e, pins, "secrets", "rekey", "--group", "web", "--identity", filepath.Join(adminDir, secret.IdentityFile))
+	if code != 0 || !strings.Contains(out, "rekeyed groups/web/units/"+key+" to h1, h2, h3, h4") || !strings.Contains(out, "pinned h4's recipient") {
+		t.Fatalf("secrets rekey --group web: exit %d\n%s", code, out)
+	}
+	out, code = e.cli("unit", "put", unitFile, "--group", "web", "--wait", "--timeout", "20s")
+	if code != 0 {
+		t.Errorf("put --wait after the rekey: exit %d, want 0\n%s", code, out)
+	}
+	for _, n := range hosts {
+		if !hasFile(filepath.Join(n.root, "db.env"), content) {
+			t.Errorf("%s: no byte-exact db.env, mode 0600, after the rekey", n.host)
+		}
+	}
+	out, code = secretCLI(e, "", "secrets", "ls", "--group", "web", "--json")
+	var rows []secretRow
+	if err := json.Unmarshal([]byte(out), &rows); code != 0 || err != nil || len(rows) != 1 ||
+		strings.Join(rows[0].To, ",") != "h1,h2,h3,h4" || len(rows[0].NotRecipients) != 0 {
+		t.Errorf("secrets ls --json after the rekey: exit %d (%v), want one secret to h1…h4, every member a recipient\n%s", code, err, out)
+	}
+
+	logs := map[string][]byte{}
+	var pids []int
+	for _, n := range hosts {
+		logs[n.host+"'s agent log"] = n.log.Bytes()
+		pids = append(pids, n.cmd.Process.Pid)
+	}
+	noPlaintext(t, endpoint, token, logs, pids...)
+}

@@ -64,6 +64,10 @@ type Config struct {
 	// Secrets decrypts the config files put with --secret (the host's age
 	// identity, secret.Identity); nil: a secret is the unit's error.
 	Secrets Decrypter
+	// Credentials makes the systemd credentials of secrets put with
+	// --credential (systemd-creds); nil: such a secret is the unit's
+	// error.
+	Credentials Credentials
 
 	// Pause, when set, is called at named points of a pass ("files-written":
 	// files are on disk, the daemon-reload not done; "reloaded": reloaded,

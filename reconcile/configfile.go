@@ -50,6 +50,12 @@ type ConfigFile struct {
 	// status hold only that; each host decrypts it just before writing.
 	Secret bool
 	To     []string // the hosts it was encrypted to, sorted
+	// Credential, for a secret, names the systemd credential the host
+	// makes of it ("credential=NAME"): the file on disk is then the
+	// plaintext encrypted by systemd-creds (TPM2 where present, else the
+	// host key), which a unit reads with LoadCredentialEncrypted=NAME:PATH
+	// — no plaintext on the host's disk at all.
+	Credential string
 	// Content is the file's bytes (for a secret: the ciphertext).
 	Content []byte
 }
@@ -67,6 +73,9 @@ func (f ConfigFile) Encode() []byte {
 	fmt.Fprintf(&b, "%smode=%04o owner=%s", fileHeader, uint32(f.Mode.Perm())|unixBits(f.Mode), owner)
 	if f.Secret {
 		fmt.Fprintf(&b, " %s to=%s", secretTag, strings.Join(f.To, ","))
+		if f.Credential != "" {
+			fmt.Fprintf(&b, " credential=%s", f.Credential)
+		}
 	}
 	b.WriteByte('\n')
 	b.Write(f.Content)
@@ -149,17 +158,32 @@ func DecodeConfigFile(b []byte) (ConfigFile, error) {
 				}
 				f.To = append(f.To, h)
 			}
+		case k == "credential" && i == 4 && f.Secret:
+			if err := ValidateCredentialName(v); err != nil {
+				return ConfigFile{}, fmt.Errorf("config file header: %w", err)
+			}
+			f.Credential = v
 		default:
 			return ConfigFile{}, fmt.Errorf("config file header: unexpected %q (want mode=NNNN owner=USER:GROUP)", kv)
 		}
 	}
-	if len(fields) < 2 || f.Secret && len(fields) != 4 {
+	if len(fields) < 2 || f.Secret && len(fields) != 4 && len(fields) != 5 {
 		return ConfigFile{}, fmt.Errorf("config file header %q: want mode=NNNN owner=USER:GROUP (and for a secret, secret=age to=HOST,…)", head)
 	}
 	if !bytes.Equal(f.Encode(), b) {
 		return ConfigFile{}, fmt.Errorf("config file header %q is not in canonical form (%q); store it with agentd unit put --file", head, bytes.TrimSuffix(f.Encode()[:len(f.Encode())-len(content)], []byte("\n")))
 	}
 	return f, nil
+}
+
+// ValidateCredentialName checks a systemd credential's name: what
+// LoadCredentialEncrypted= and $CREDENTIALS_DIRECTORY take (a file name,
+// at most 255 bytes, no "/").
+func ValidateCredentialName(s string) error {
+	if s == "" || len(s) > 255 || s == "." || s == ".." || strings.ContainsAny(s, "/\x00 ,=") {
+		return fmt.Errorf("credential name %q: want a file name without / , = or spaces", s)
+	}
+	return nil
 }
 
 // ValidateOwner checks an owner "user:group": both by name, as chown takes

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"maps"
 	"net/url"
@@ -134,6 +135,7 @@ type desiredState struct {
 	// with sealed, they are kept as their ciphertext (Desire, for
 	// previews); with neither, a secret is the unit's error.
 	secrets Decrypter
+	creds   Credentials
 	sealed  bool
 }
 
@@ -359,6 +361,15 @@ func (d *desiredState) open(f *DesiredFile) error {
 	plain, err := d.secrets.Decrypt(cf.Content)
 	if err != nil {
 		return fmt.Errorf("%s: cannot decrypt: %w (encrypted to %s; run agentd secrets rekey for its target)", f.Path, err, strings.Join(cf.To, ", "))
+	}
+	if cf.Credential != "" {
+		if d.creds == nil {
+			return fmt.Errorf("%s: the systemd credential %s cannot be made here (no systemd-creds)", f.Path, cf.Credential)
+		}
+		_, dest, _ := ConfigDest(f.Path)
+		if plain, err = d.creds.Seal(context.Background(), cf.Credential, dest, plain); err != nil {
+			return fmt.Errorf("%s: the systemd credential %s: %w", f.Path, cf.Credential, err)
+		}
 	}
 	f.Content = ConfigFile{Mode: cf.Mode, Owner: cf.Owner, Content: plain}.Encode()
 	f.Hash, f.Sealed = Hash(f.Content), sealed

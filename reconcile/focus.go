@@ -260,19 +260,20 @@ func (v *view) checkFocus(units map[string]bool, full Current) {
 }
 
 // checkDesired (Config.CheckFocus) panics if the desired units kept up
-// to date from snapshot to snapshot differ from Desire of the snapshot.
+// to date from snapshot to snapshot differ from those built afresh from
+// the snapshot (with the same identity for secrets).
 // With signatures checked, Desire is the check from the marks as they are
 // now: the verdict of a key depends only on its own mark, which only its
 // own change moves.
-func checkDesired(kept map[string]*DesiredUnit, s Snapshot, trust *trustState) {
-	want := Desire(s)
-	if trust != nil {
-		var d desiredState
-		d.trust = trust.fresh()
-		d.update(s)
-		want = d.units
+func checkDesired(kept *desiredState, s Snapshot) {
+	d := desiredState{secrets: kept.secrets, creds: kept.creds, sealed: kept.sealed}
+	if kept.trust != nil {
+		d.trust = kept.trust.fresh()
 	}
-	if !reflect.DeepEqual(kept, want) {
-		panic(fmt.Sprintf("focus check: the desired units kept differ from those of revision %d:\n kept %+v\n want %+v", s.Revision, kept, want))
+	d.update(s)
+	want := d.units
+	if !reflect.DeepEqual(kept.units, want) {
+		panic(fmt.Sprintf("focus check: the desired units kept differ from those of revision %d:\n kept %+v\n want %+v", s.Revision, kept.units, want))
 	}
 }
+

@@ -25,7 +25,7 @@ func (v *view) observe(ctx context.Context) (desired map[string]*DesiredUnit, un
 			v.accepted()
 		}
 		if v.check {
-			checkDesired(v.desired.units, *snap, v.desired.trust)
+			checkDesired(&v.desired.desiredState, *snap)
 		}
 		halts := map[string]Halt{}
 		for _, h := range snap.Halts {

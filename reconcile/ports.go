@@ -137,6 +137,14 @@ type Decrypter interface {
 	Decrypt(armored []byte) ([]byte, error)
 }
 
+// Credentials makes systemd credentials of secrets (systemd-creds): the
+// encrypted form of plaintext under name, for the file at path — what is
+// there already when it holds this plaintext (a credential encrypts anew
+// each time, so a new one for the same secret would be a change).
+type Credentials interface {
+	Seal(ctx context.Context, name, path string, plaintext []byte) ([]byte, error)
+}
+
 // Manifest is the agent's persistent memory (see unitdir.Manifest): the
 // paths it owns, per-unit records, and content blobs by hash.
 type Manifest interface {

@@ -84,7 +84,7 @@ func newView(cfg Config, mem remembered, h inbox, pathsChanged func(map[string]b
 		desired: struct {
 			snap *Snapshot
 			desiredState
-		}{desiredState: desiredState{trust: newTrustState(cfg.Trust), secrets: cfg.Secrets}},
+		}{desiredState: desiredState{trust: newTrustState(cfg.Trust), secrets: cfg.Secrets, creds: cfg.Credentials}},
 		marks: newMarksOut(cfg.Trust, cfg.Log),
 	}
 }

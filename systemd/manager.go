@@ -449,6 +449,24 @@ func (m *Manager) UnitsLoaded(ctx context.Context) (uint64, error) {
 	return prop[uint64](props, "UnitsLoadFinishTimestampMonotonic"), nil
 }
 
+// Version is the service manager's version number (systemd 252 says
+// "252.38-1~deb12u1": 252); 0 when it says none.
+func (m *Manager) Version(ctx context.Context) (int, error) {
+	props, err := m.managerProperties(ctx, "Version")
+	if err != nil {
+		return 0, fmt.Errorf("manager version: %w", err)
+	}
+	v := word(props, "Version")
+	n := 0
+	for _, r := range strings.TrimPrefix(v, "systemd ") {
+		if r < '0' || r > '9' {
+			break
+		}
+		n = n*10 + int(r-'0')
+	}
+	return n, nil
+}
+
 // managerProperties gets the named properties of the Manager object.
 func (m *Manager) managerProperties(ctx context.Context, names ...string) (map[string]any, error) {
 	var props map[string]any

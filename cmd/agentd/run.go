@@ -377,8 +377,10 @@ type agentRun struct {
 	allowed *sshsig.AllowedSigners
 	trust   *reconcile.Trust
 	marks   *unitdir.SignedMarks
-	// identity decrypts the secrets put to this host (--identity).
+	// identity decrypts the secrets put to this host (--identity);
+	// creds makes the systemd credentials of those put as one.
 	identity *secret.Identity
+	creds    *systemdCreds
 
 	reporter *sessionReporter
 	rollouts *rollout.Participant // this host's part in its groups' rollouts
@@ -502,6 +504,10 @@ func (r *agentRun) openLocal(ctx context.Context) error {
 	}
 	r.sd = sd
 	r.met.SetSystemdConnected(true)
+	r.creds = &systemdCreds{user: o.user}
+	if r.creds.version, err = sd.Version(ctx); err != nil {
+		log.Warn("the service manager's version is not known: secrets put as credentials are refused", "err", err)
+	}
 	if r.units, err = unitdir.Open(o.unitDir); err != nil {
 		return err
 	}
@@ -592,6 +598,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 		Pause:             pauseAt(o.pauseAt, o.stateDir, log),
 		Trust:             r.trust,
 		Secrets:           r.identity,
+		Credentials:       r.creds,
 		// Test only: every pass also plans every unit and panics if the
 		// units it left out would have been planned differently.
 		CheckFocus: os.Getenv(checkFocusEnv) == "1",

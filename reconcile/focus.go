@@ -276,4 +276,3 @@ func checkDesired(kept *desiredState, s Snapshot) {
 		panic(fmt.Sprintf("focus check: the desired units kept differ from those of revision %d:\n kept %+v\n want %+v", s.Revision, kept.units, want))
 	}
 }
-

@@ -118,8 +118,11 @@ func holdReaders(plan []Action, desired map[string]*DesiredUnit, cur Current) {
 			if !readsOnly(a.Unit, p) || written[p] == h {
 				continue
 			}
-			if w := desired[UnitOfPath(p)]; w != nil {
-				if f, ok := w.DropIns[p]; ok && f.Shown() == h && cur.Host.Files[p].Exists && cur.Host.Files[p].Hash == f.Hash {
+			// The reader's own copy of the file it reads (the writer may
+			// be out of this plan's focus): in place when the disk holds
+			// it (for a secret, the decrypted file).
+			if r := desired[a.Unit]; r != nil {
+				if f, ok := r.Reads[p]; ok && f.Shown() == h && cur.Host.Files[p].Exists && cur.Host.Files[p].Hash == f.Hash {
 					continue
 				}
 			}

@@ -105,6 +105,20 @@ func TestPlanSharedConfigFile(t *testing.T) {
 		t.Error("a shared config file's change asks for a daemon-reload")
 	}
 
+	// A pass that looks at b7 alone (a signal of its own, a focused
+	// plan without a7): the file it reads is on disk at its version, and
+	// b7's change goes ahead.
+	all := Desire(Snapshot{Entries: []Entry{entry("a7.service", sharedUnit), entry(sharedKey, oldConf), entry("b7.service", sharedUnit+"# v2\n")}})
+	delete(all, "a7.service")
+	c0 := cur()
+	delete(c0.Memory.Records, "a7.service")
+	plan = Plan(all, c0)
+	for _, a := range plan {
+		if a.Unit == "b7.service" && a.Kind == KindWait {
+			t.Errorf("b7 alone in a plan waits although the file it reads is in place: %s", a.Reason)
+		}
+	}
+
 	// a7 waits for a rollout slot: b7 must not restart onto a file not
 	// yet written.
 	held := svc + "[X-Agentd]\nRestartTriggers=/etc/shared/tls.pem\nMaxUnavailable=1\n"

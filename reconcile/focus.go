@@ -13,7 +13,7 @@ import (
 // a function of each unit's own inputs (its desired value, files, state,
 // record, jobs, window, slot, halt) and of its template's and instances',
 // so a unit none of those changed for would be planned as before. The loop
-// therefore keeps each unit's last status (Agent.statuses), and which units'
+// therefore keeps each unit's last status (reports), and which units'
 // last action was not idle, and looks at:
 //
 //   - every unit, at start, after everything was forgotten (a reconnect to

@@ -3,6 +3,7 @@ package reconcile
 import (
 	"bytes"
 	"context"
+	"iter"
 	"log/slog"
 	"strings"
 	"sync"
@@ -26,13 +27,6 @@ import (
 //
 // Everything is forgotten at start, after a reconnect to systemd ("") and
 // after a failed pass.
-
-// UnitSummary is the part of a unit's state systemd lists for many units at
-// once (Systemd.Summaries). A change in any other property of interest
-// comes with a change in one of these (and a signal).
-type UnitSummary struct {
-	LoadState, ActiveState, SubState string
-}
 
 // cache is the loop's memory of systemd's and the disk's view, and what
 // reads them. It knows which units and paths the agent has only from what
@@ -257,14 +251,15 @@ func (c *cache) keepOnly(paths, units map[string]bool) {
 }
 
 // asWritten says whether every file the agent manages for unit (and, for
-// an instance, for its template) holds on disk what the agent wrote.
-func (c *cache) asWritten(unit string, mem remembered) bool {
+// an instance, for its template: managedOf) holds on disk what the agent
+// wrote.
+func (c *cache) asWritten(unit string, managedOf func(unit string) iter.Seq2[string, Owned]) bool {
 	units := []string{unit}
 	if IsInstance(unit) {
 		units = append(units, TemplateOf(unit))
 	}
 	for _, u := range units {
-		for p, e := range mem.managedOf(u) {
+		for p, e := range managedOf(u) {
 			if !e.Instance && c.file(p).Hash != e.Hash {
 				return false
 			}
@@ -294,16 +289,16 @@ func (c *cache) file(p string) LocalFile {
 	return lf
 }
 
-// onDisk is what the disk holds of unit's managed files (mem): its unit
-// file's hash ("" when there is none, or the unit is an instance the agent
-// only started) and its drop-ins' hashes by path (nil when none).
-func (c *cache) onDisk(unit string, mem remembered) (hash string, dropIns map[string]string) {
-	if !mem.managedPaths()[unit].Instance {
+// onDisk is what the disk holds of unit's managed files (paths, managedOf):
+// its unit file's hash ("" when there is none, or the unit is an instance
+// the agent only started) and its drop-ins' hashes by path (nil when none).
+func (c *cache) onDisk(unit string, paths map[string]Owned, managedOf func(unit string) iter.Seq2[string, Owned]) (hash string, dropIns map[string]string) {
+	if !paths[unit].Instance {
 		if lf := c.file(unit); lf.Exists {
 			hash = lf.Hash
 		}
 	}
-	for p, e := range mem.managedOf(unit) {
+	for p, e := range managedOf(unit) {
 		if p == unit || e.Instance {
 			continue
 		}
@@ -436,7 +431,7 @@ func (c *cache) afterExecute(plan []Action, reloaded bool, instances map[string]
 // (an edit since: NeedDaemonReload may be set). It returns the units still
 // to read. Measured, bursts of 100 changed units: the reads after the
 // reload held their jobs back 86–162 ms; the listing takes 4 ms.
-func (c *cache) refreshReloaded(ctx context.Context, need []string, desired map[string]*DesiredUnit, mem remembered) []string {
+func (c *cache) refreshReloaded(ctx context.Context, need []string, desired map[string]*DesiredUnit, managedOf func(unit string) iter.Seq2[string, Owned]) []string {
 	if len(c.reloaded) == 0 {
 		return need
 	}
@@ -459,7 +454,7 @@ func (c *cache) refreshReloaded(ctx context.Context, need []string, desired map[
 		old, ok := c.reloaded[u]
 		s, listed := got[u]
 		if !ok || !listed || s.LoadState != "loaded" || s.ActiveState != old.ActiveState || s.SubState != old.SubState ||
-			needsFileState(u, desired[u], c.fileStates[u]) || !c.asWritten(u, mem) {
+			needsFileState(u, desired[u], c.fileStates[u]) || !c.asWritten(u, managedOf) {
 			rest = append(rest, u)
 			continue
 		}
@@ -469,13 +464,14 @@ func (c *cache) refreshReloaded(ctx context.Context, need []string, desired map[
 	return rest
 }
 
-// afterJobs runs once the pass's jobs are started (mem: those in flight). A
+// afterJobs runs once the pass's jobs are started (inFlight: those in
+// flight). A
 // Light state (refreshReloaded, prefetch) served to plan this pass only: a
 // unit it planned no job for is read in full at the next round (a job's
 // unit is read in full when the job ends).
-func (c *cache) afterJobs(mem remembered, touch func(unit string)) {
+func (c *cache) afterJobs(inFlight map[string]*jobRun, touch func(unit string)) {
 	for u := range c.light {
-		if _, inflight := mem.inFlight()[u]; !inflight && c.states[u].Light {
+		if _, inflight := inFlight[u]; !inflight && c.states[u].Light {
 			c.dropState(u, touch)
 		}
 	}
@@ -490,9 +486,9 @@ const readWorkers = 8
 // agent's decoding overlap. Units systemd does not know at all need no full
 // read: when many are missing, one listing (Systemd.Summaries) finds those. At the
 // first sync of 1,000 new units the states were read one by one, twice
-// (before and after the daemon-reload): seconds of waiting. desired and mem
-// are what the registry wants and what the agent manages.
-func (c *cache) prefetch(ctx context.Context, units map[string]bool, desired map[string]*DesiredUnit, mem remembered) error {
+// (before and after the daemon-reload): seconds of waiting. desired and
+// managedOf are what the registry wants and what the agent manages.
+func (c *cache) prefetch(ctx context.Context, units map[string]bool, desired map[string]*DesiredUnit, managedOf func(unit string) iter.Seq2[string, Owned]) error {
 	var need []string
 	for u := range units {
 		if IsTemplate(u) || ValidateUnitName(u) != nil {
@@ -502,7 +498,7 @@ func (c *cache) prefetch(ctx context.Context, units map[string]bool, desired map
 			need = append(need, u)
 		}
 	}
-	need = c.refreshReloaded(ctx, need, desired, mem)
+	need = c.refreshReloaded(ctx, need, desired, managedOf)
 	if len(need) < 2 {
 		return nil // observe reads it
 	}

@@ -66,10 +66,11 @@ func idle(act Action) bool {
 }
 
 // units returns the units this round looks at, nil for all of them: those
-// touched, those busy, and those mem says are inside HealthySec, have a job
-// in flight or are owed one. It takes what was touched: a later touch is
-// for the next round.
-func (f *focus) units(mem remembered) map[string]bool {
+// touched, those busy, those inside HealthySec (verifying), with a job in
+// flight (inFlight) or owed one (owed: Intent.Jobs), and their templates'
+// and instances'. It takes what was touched: a later touch is for the next
+// round.
+func (f *focus) units(verifying map[string]*window, inFlight map[string]*jobRun, owed map[string]string) map[string]bool {
 	if f.all {
 		f.all = false
 		clear(f.touched)
@@ -80,13 +81,13 @@ func (f *focus) units(mem remembered) map[string]bool {
 	for u := range f.busy {
 		units[u] = true
 	}
-	for u := range mem.verifying() {
+	for u := range verifying {
 		units[u] = true
 	}
-	for u := range mem.inFlight() {
+	for u := range inFlight {
 		units[u] = true
 	}
-	for u := range mem.intent().Jobs {
+	for u := range owed {
 		units[u] = true
 	}
 	for u := range units {

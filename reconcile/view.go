@@ -270,7 +270,7 @@ func (v *view) stateReader(unit string) func(context.Context) (UnitState, error)
 
 // onDisk is what the disk holds of unit's managed files (cache.onDisk).
 func (v *view) onDisk(unit string) (hash string, dropIns map[string]string) {
-	return v.cache.onDisk(unit, v.rem)
+	return v.cache.onDisk(unit, v.rem.managedPaths(), v.rem.managedOf)
 }
 
 // replaced are the files plan writes as last read from disk (cache.replaced).
@@ -296,7 +296,7 @@ func (v *view) afterExecute(plan []Action, reloaded bool) {
 }
 
 // afterJobs runs once the pass's jobs are started (cache.afterJobs).
-func (v *view) afterJobs() { v.cache.afterJobs(v.rem, v.touch) }
+func (v *view) afterJobs() { v.cache.afterJobs(v.rem.inFlight(), v.touch) }
 
 // checkFocus (Config.CheckFocus) checks the agent's copy of the manifest,
 // and the focus (focus.check) against a plan of every unit from full.
@@ -338,7 +338,7 @@ func (v *view) observe(ctx context.Context) (desired map[string]*DesiredUnit, un
 		// removal stops a hung start): plan it from what it is now.
 		v.handoff.eachMuted(v.dropState)
 	}
-	units = v.focus.units(v.rem)
+	units = v.focus.units(v.rem.verifying(), v.rem.inFlight(), v.rem.intent().Jobs)
 	look = units
 	if units == nil {
 		look = v.everyUnit()
@@ -445,7 +445,7 @@ func (v *view) current(ctx context.Context, units map[string]bool) (Current, err
 		cur.Host.Files[p] = lf
 		v.noteDrift(p, cur.Memory.Managed[p].Hash, lf)
 	}
-	if err := v.cache.prefetch(ctx, units, v.desired.units, v.rem); err != nil {
+	if err := v.cache.prefetch(ctx, units, v.desired.units, v.rem.managedOf); err != nil {
 		return Current{}, err
 	}
 	for u := range units {

@@ -401,7 +401,7 @@ func actionHash(act Action) string {
 	case act.Record.Effective[act.Unit] != "":
 		return act.Record.Effective[act.Unit]
 	case len(act.Steps.Writes) > 0:
-		return act.Steps.Writes[0].Hash
+		return act.Steps.Writes[0].Shown()
 	case act.Hash != "":
 		return act.Hash
 	}

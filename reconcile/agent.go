@@ -58,6 +58,10 @@ type Config struct {
 	// checked.
 	Trust *Trust
 
+	// Secrets decrypts the config files put with --secret (the host's age
+	// identity, secret.Identity); nil: a secret is the unit's error.
+	Secrets Decrypter
+
 	// Pause, when set, is called at named points of a pass ("files-written":
 	// files are on disk, the daemon-reload not done; "reloaded": reloaded,
 	// no job started; "jobs-started": the pass's jobs under way, its
@@ -498,7 +502,7 @@ func (a *Agent) Diff(ctx context.Context, unit string) ([]FileDiff, error) {
 			return ErrNoRegistry
 		}
 		var err error
-		out, err = diffFiles(*snap, a.cfg.Manifest.Managed(), a.cfg.Files, unit)
+		out, err = diffFiles(*snap, a.cfg.Manifest.Managed(), a.cfg.Files, a.view.desired.units, unit)
 		return err
 	})
 	return out, err

@@ -43,9 +43,19 @@ type ConfigFile struct {
 	// Owner is "user:group", by name: each host resolves them. Encode
 	// writes DefaultOwner for "". Always spelt out: a file read back from
 	// disk says its owner, and "the agent's own" would read back as either.
-	Owner   string
+	Owner string
+	// Secret says Content is the file age-encrypted (ASCII armour) to
+	// the hosts in To (and the operators' own recipients): the header
+	// reads "secret=age to=h1,h2". The registry, its history and every
+	// status hold only that; each host decrypts it just before writing.
+	Secret bool
+	To     []string // the hosts it was encrypted to, sorted
+	// Content is the file's bytes (for a secret: the ciphertext).
 	Content []byte
 }
+
+// secretTag is the header's word for an age-encrypted file.
+const secretTag = "secret=age"
 
 // Encode is the canonical value of f.
 func (f ConfigFile) Encode() []byte {
@@ -54,7 +64,11 @@ func (f ConfigFile) Encode() []byte {
 	if owner == "" {
 		owner = DefaultOwner
 	}
-	fmt.Fprintf(&b, "%smode=%04o owner=%s\n", fileHeader, uint32(f.Mode.Perm())|unixBits(f.Mode), owner)
+	fmt.Fprintf(&b, "%smode=%04o owner=%s", fileHeader, uint32(f.Mode.Perm())|unixBits(f.Mode), owner)
+	if f.Secret {
+		fmt.Fprintf(&b, " %s to=%s", secretTag, strings.Join(f.To, ","))
+	}
+	b.WriteByte('\n')
 	b.Write(f.Content)
 	return b.Bytes()
 }
@@ -126,12 +140,21 @@ func DecodeConfigFile(b []byte) (ConfigFile, error) {
 				return ConfigFile{}, fmt.Errorf("config file header: %w", err)
 			}
 			f.Owner = v
+		case kv == secretTag && i == 2:
+			f.Secret = true
+		case k == "to" && i == 3 && f.Secret:
+			for _, h := range strings.Split(v, ",") {
+				if h == "" {
+					return ConfigFile{}, fmt.Errorf("config file header: to=%q: an empty host name", v)
+				}
+				f.To = append(f.To, h)
+			}
 		default:
 			return ConfigFile{}, fmt.Errorf("config file header: unexpected %q (want mode=NNNN owner=USER:GROUP)", kv)
 		}
 	}
-	if len(fields) < 2 {
-		return ConfigFile{}, fmt.Errorf("config file header %q: want mode=NNNN owner=USER:GROUP", head)
+	if len(fields) < 2 || f.Secret && len(fields) != 4 {
+		return ConfigFile{}, fmt.Errorf("config file header %q: want mode=NNNN owner=USER:GROUP (and for a secret, secret=age to=HOST,…)", head)
 	}
 	if !bytes.Equal(f.Encode(), b) {
 		return ConfigFile{}, fmt.Errorf("config file header %q is not in canonical form (%q); store it with agentd unit put --file", head, bytes.TrimSuffix(f.Encode()[:len(f.Encode())-len(content)], []byte("\n")))

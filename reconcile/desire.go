@@ -18,6 +18,19 @@ type DesiredFile struct {
 	// Revision is the registry revision that wrote the key (0 for a file
 	// the agent restores, which no key holds).
 	Revision int64
+	// Sealed, for a secret (ConfigFile.Secret), is the hash of the
+	// registry's value, the ciphertext: what statuses and logs show of
+	// it. Content and Hash are then the file as written on disk, known
+	// only inside the agent: a hash of a short password is a password.
+	Sealed string
+}
+
+// Shown is the hash of f that may be published or logged.
+func (f DesiredFile) Shown() string {
+	if f.Sealed != "" {
+		return f.Sealed
+	}
+	return f.Hash
 }
 
 // DesiredUnit is everything the registry says about one unit on this host.
@@ -89,8 +102,11 @@ func (u *DesiredUnit) Hash() string {
 // Desire turns a registry snapshot into the desired units of this host:
 // it validates every key and value, lets a host key override group keys,
 // and blocks a unit that two groups define differently. Pure.
+//
+// A secret stays sealed there (its ciphertext is its content): the CLI's
+// previews compare it with what hosts report of it, its sealed hash.
 func Desire(s Snapshot) map[string]*DesiredUnit {
-	var d desiredState
+	d := desiredState{sealed: true}
 	d.update(s)
 	return d.units
 }
@@ -114,6 +130,11 @@ type desiredState struct {
 	linking map[string]bool
 	// trust checks the signatures (trust.go); nil: not asked for.
 	trust *trustState
+	// secrets opens the config files put with --secret (Config.Secrets);
+	// with sealed, they are kept as their ciphertext (Desire, for
+	// previews); with neither, a secret is the unit's error.
+	secrets Decrypter
+	sealed  bool
 }
 
 // desiredChange is a unit whose keys changed: old or now is nil when the
@@ -142,7 +163,7 @@ func (d *desiredState) update(s Snapshot) []desiredChange {
 		c := desiredChange{name: name, old: d.units[name]}
 		es := d.byUnit[name]
 		if len(es) > 0 {
-			c.now = desireUnit(name, es)
+			c.now = d.desireUnit(name, es)
 		}
 		if d.trust != nil {
 			c.now = d.trust.check(name, es, c.now)
@@ -227,7 +248,7 @@ func keyUnit(key string) string {
 
 // desireUnit builds one unit from its keys (sorted: the host key first,
 // then the groups' in name order).
-func desireUnit(name string, es []Entry) *DesiredUnit {
+func (d *desiredState) desireUnit(name string, es []Entry) *DesiredUnit {
 	u := &DesiredUnit{Name: name, DropIns: map[string]DesiredFile{}}
 	block := func(err error) {
 		if u.Err == nil {
@@ -277,6 +298,10 @@ func desireUnit(name string, es []Entry) *DesiredUnit {
 			continue
 		}
 		f := DesiredFile{Path: path, Content: e.Value, Hash: Hash(e.Value), Source: source, Revision: e.ModRevision}
+		if err := d.open(&f); err != nil {
+			block(err)
+			continue
+		}
 		if path == u.Name {
 			u.File = &f
 		} else {
@@ -309,6 +334,35 @@ func desireUnit(name string, es []Entry) *DesiredUnit {
 	}
 	u.Policy = p // its triggers are checked against every unit's set (link)
 	return u
+}
+
+// open decrypts f when it is a secret: its content becomes the file as
+// it is to be on disk, its hash that file's, and Sealed the ciphertext's
+// hash (see DesiredFile.Sealed). The plaintext lives only in memory, and
+// on disk where the unit's set puts it.
+func (d *desiredState) open(f *DesiredFile) error {
+	if !IsConfigPath(f.Path) || !bytes.Contains(f.Content[:bytes.IndexByte(f.Content, '\n')+1], []byte(" "+secretTag+" ")) {
+		return nil
+	}
+	cf, err := DecodeConfigFile(f.Content)
+	if err != nil || !cf.Secret {
+		return nil // checked with the value: not a secret
+	}
+	sealed := f.Hash
+	switch {
+	case d.sealed:
+		f.Sealed = sealed
+		return nil
+	case d.secrets == nil:
+		return fmt.Errorf("%s: a secret, and this agent has no identity to decrypt it with", f.Path)
+	}
+	plain, err := d.secrets.Decrypt(cf.Content)
+	if err != nil {
+		return fmt.Errorf("%s: cannot decrypt: %w (encrypted to %s; run agentd secrets rekey for its target)", f.Path, err, strings.Join(cf.To, ", "))
+	}
+	f.Content = ConfigFile{Mode: cf.Mode, Owner: cf.Owner, Content: plain}.Encode()
+	f.Hash, f.Sealed = Hash(f.Content), sealed
+	return nil
 }
 
 // policySource is what a unit's policy is read from: its unit file, else

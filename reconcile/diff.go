@@ -19,12 +19,17 @@ type FileDiff struct {
 	LocalHash     string `json:"localHash,omitempty"`
 	LocalReadErr  string `json:"localReadError,omitempty"`
 	RegistryError string `json:"registryError,omitempty"`
+	// Secret: the registry holds the file encrypted (Registry is its
+	// ciphertext) and the file on disk is never shown: Local is the
+	// same as Registry when the file is the decrypted one, else a note.
+	Secret bool `json:"secret,omitempty"`
 }
 
 // diffFiles pairs the registry's version of every file of unit ("" for
 // all units) in snap with what disk holds of it, managed being the
-// Manifest's owned paths (Agent.Diff).
-func diffFiles(snap Snapshot, managed map[string]Owned, disk Files, unit string) ([]FileDiff, error) {
+// Manifest's owned paths and decrypted the loop's desired units (a
+// secret's decrypted hash) (Agent.Diff).
+func diffFiles(snap Snapshot, managed map[string]Owned, disk Files, decrypted map[string]*DesiredUnit, unit string) ([]FileDiff, error) {
 	var out []FileDiff
 	desired := Desire(snap)
 	files := map[string]*FileDiff{}
@@ -37,7 +42,7 @@ func diffFiles(snap Snapshot, managed map[string]Owned, disk Files, unit string)
 			continue
 		}
 		for _, f := range u.Files() {
-			files[f.Path] = &FileDiff{Path: f.Path, Unit: name, Registry: string(f.Content), InRegistry: true, RegistryHash: f.Hash}
+			files[f.Path] = &FileDiff{Path: f.Path, Unit: name, Registry: string(f.Content), InRegistry: true, RegistryHash: f.Hash, Secret: f.Sealed != ""}
 		}
 	}
 	for p, e := range managed {
@@ -56,6 +61,11 @@ func diffFiles(snap Snapshot, managed map[string]Owned, disk Files, unit string)
 			switch {
 			case err != nil:
 				fd.LocalReadErr = err.Error()
+			case exists && fd.Secret:
+				fd.OnDisk, fd.Local, fd.LocalHash = true, "(a secret: the file on disk is not the one the registry holds; its content is not shown)\n", secretDiffers
+				if d := decrypted[fd.Unit]; d != nil && d.DropIns[p].Hash == Hash(b) {
+					fd.Local, fd.LocalHash = fd.Registry, fd.RegistryHash
+				}
 			case exists:
 				fd.Local, fd.OnDisk, fd.LocalHash = string(b), true, Hash(b)
 			}

@@ -154,7 +154,7 @@ func (x executor) flush() error {
 func (x executor) keep(files []DesiredFile) error {
 	var errs []error
 	for _, w := range files {
-		errs = append(errs, x.man.PutBlob(w.Hash, w.Content))
+		errs = append(errs, x.man.PutBlob(w.Shown(), w.Content)) // the hash records know it by
 	}
 	if f, ok := x.man.(flusher); ok {
 		errs = append(errs, f.Flush())

@@ -145,7 +145,9 @@ func sameDesired(x, y *DesiredUnit) bool {
 	if x == nil || y == nil {
 		return x == y
 	}
-	sameFile := func(f, g DesiredFile) bool { return f.Path == g.Path && f.Hash == g.Hash && f.Source == g.Source }
+	sameFile := func(f, g DesiredFile) bool {
+		return f.Path == g.Path && f.Hash == g.Hash && f.Source == g.Source && f.Sealed == g.Sealed
+	}
 	if x.Name != y.Name || x.Instance != y.Instance || x.Policy != y.Policy || (x.File == nil) != (y.File == nil) ||
 		(x.Err == nil) != (y.Err == nil) || len(x.DropIns) != len(y.DropIns) {
 		return false

@@ -38,7 +38,7 @@ func ContentKey(u *DesiredUnit) string {
 func fileHashes(fs []DesiredFile) map[string]string {
 	m := map[string]string{}
 	for _, f := range fs {
-		m[f.Path] = f.Hash
+		m[f.Path] = f.Shown()
 	}
 	return m
 }
@@ -109,7 +109,7 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		}
 		out = append(out, a)
 	}
-	holdReaders(out, cur)
+	holdReaders(out, desired, cur)
 	orderSocketServices(out, desired)
 	return out
 }

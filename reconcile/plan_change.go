@@ -291,10 +291,14 @@ func describe(a Action, rec UnitRecord, cur Current) string {
 	var parts []string
 	for _, f := range a.Steps.Writes {
 		old := cur.Host.Files[f.Path]
+		oldHash := short(old.Hash)
+		if f.Sealed != "" {
+			oldHash = "a secret" // the hash of what is on disk is never shown
+		}
 		if old.Exists {
-			parts = append(parts, fmt.Sprintf("%s changed (%s → %s)", f.Path, short(old.Hash), short(f.Hash)))
+			parts = append(parts, fmt.Sprintf("%s changed (%s → %s)", f.Path, oldHash, short(f.Shown())))
 		} else {
-			parts = append(parts, fmt.Sprintf("%s new (%s)", f.Path, short(f.Hash)))
+			parts = append(parts, fmt.Sprintf("%s new (%s)", f.Path, short(f.Shown())))
 		}
 	}
 	for _, r := range a.Steps.Removes {

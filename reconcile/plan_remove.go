@@ -131,7 +131,7 @@ func planRefused(a Action, rec UnitRecord, st UnitState, cur Current) Action {
 				b.Err += fmt.Sprintf("; the previous version of %s (%s) is not kept, left as it is", p, short(old))
 				continue
 			}
-			b.Steps.Writes = append(b.Steps.Writes, DesiredFile{Path: p, Content: content, Hash: old})
+			b.Steps.Writes = append(b.Steps.Writes, restored(p, content, old))
 		case cur.Memory.Managed[p] != Owned{}:
 			b.Steps.Removes = append(b.Steps.Removes, p)
 		}
@@ -220,7 +220,23 @@ func restoreWrites(files map[string]string, cur Current) (writes []DesiredFile, 
 		if !ok {
 			return nil, fmt.Sprintf("cannot roll back: the previous version of %s (%s) is not kept", p, short(h))
 		}
-		writes = append(writes, DesiredFile{Path: p, Content: content, Hash: h})
+		w := restored(p, content, h)
+		if lf := cur.Host.Files[p]; lf.Exists && lf.Hash == w.Hash {
+			continue // a secret, in place: its record knows it by its ciphertext's hash
+		}
+		writes = append(writes, w)
 	}
 	return writes, ""
+}
+
+// restored is the write that puts back a kept version of path: content
+// by the hash records know it by (for a secret, its ciphertext's: Sealed;
+// the write's Hash is then that of the file on disk, which claims and
+// drift compare).
+func restored(path string, content []byte, h string) DesiredFile {
+	f := DesiredFile{Path: path, Content: content, Hash: Hash(content)}
+	if f.Hash != h {
+		f.Sealed = h
+	}
+	return f
 }

@@ -127,6 +127,16 @@ func fileRoots(files Files) []string {
 	return []string{}
 }
 
+// Decrypter opens the config files put with --secret: the host's own age
+// identity (secret.Identity), so that only this host reads what was
+// encrypted to it.
+type Decrypter interface {
+	// Decrypt returns the plaintext of an age-encrypted value, or an
+	// error that says why not (this host is not a recipient, the value
+	// is damaged).
+	Decrypt(armored []byte) ([]byte, error)
+}
+
 // Manifest is the agent's persistent memory (see unitdir.Manifest): the
 // paths it owns, per-unit records, and content blobs by hash.
 type Manifest interface {

@@ -102,11 +102,11 @@ func linkUnit(u *DesiredUnit, writers map[string][]writer) *DesiredUnit {
 // the version it wants nor written by this plan: the writer may be held
 // (a rollout slot, a halt), and a reader that ran before the file was in
 // place would count as running it.
-func holdReaders(plan []Action, cur Current) {
+func holdReaders(plan []Action, desired map[string]*DesiredUnit, cur Current) {
 	written := map[string]string{}
 	for _, a := range plan {
 		for _, w := range a.Steps.Writes {
-			written[w.Path] = w.Hash
+			written[w.Path] = w.Shown()
 		}
 	}
 	for i, a := range plan {
@@ -118,8 +118,10 @@ func holdReaders(plan []Action, cur Current) {
 			if !readsOnly(a.Unit, p) || written[p] == h {
 				continue
 			}
-			if lf := cur.Host.Files[p]; lf.Exists && lf.Hash == h {
-				continue
+			if w := desired[UnitOfPath(p)]; w != nil {
+				if f, ok := w.DropIns[p]; ok && f.Shown() == h && cur.Host.Files[p].Exists && cur.Host.Files[p].Hash == f.Hash {
+					continue
+				}
 			}
 			_, dest, _ := ConfigDest(p)
 			plan[i] = waiting(a, WaitWriter, fmt.Sprintf("waiting for %s to write %s (%s) before it can %s", UnitOfPath(p), dest, short(h), a.Reason))

@@ -42,7 +42,7 @@ type statusInput struct {
 // status reports of plan, results, ledger and observation.
 func unitStatus(in statusInput) Status {
 	name, d, act := in.Unit, in.Desired, in.Action
-	s := Status{Unit: name, UpdatedAt: in.Now, Hash: in.Hash, DropIns: in.DropIns}
+	s := Status{Unit: name, UpdatedAt: in.Now, Hash: in.Hash, DropIns: sealDropIns(in.DropIns, d)}
 	if d != nil {
 		s.DesiredHash = d.Hash()
 		if d.File != nil {
@@ -146,4 +146,37 @@ func healthWord(name string, rec UnitRecord, verifying bool, st UnitState, want 
 		return HealthHealthy
 	}
 	return ""
+}
+
+// secretDiffers stands in a status for the hash of a secret file on disk
+// that is not the one wanted (drift, a write not done yet): that hash is
+// never published.
+const secretDiffers = "secret-differs"
+
+// sealDropIns is what a status says of the files of a unit's set on disk
+// (path → hash): for a secret in place, the ciphertext's hash, the one
+// --wait looks for; for a secret that differs, secretDiffers.
+func sealDropIns(onDisk map[string]string, d *DesiredUnit) map[string]string {
+	if d == nil || len(onDisk) == 0 {
+		return onDisk
+	}
+	var out map[string]string
+	for p, f := range d.DropIns {
+		h, ok := onDisk[p]
+		if f.Sealed == "" || !ok {
+			continue
+		}
+		if out == nil {
+			out = maps.Clone(onDisk)
+		}
+		if h == f.Hash {
+			out[p] = f.Sealed
+		} else {
+			out[p] = secretDiffers
+		}
+	}
+	if out == nil {
+		return onDisk
+	}
+	return out
 }

@@ -202,6 +202,10 @@ type Member struct {
 	// client judges its answers by revision only then. An agent from
 	// before pass records is judged by its statuses alone.
 	PassRecords bool `json:"passRecords,omitempty"`
+	// Recipient is the agent's age recipient (age1… or ssh-ed25519 …):
+	// what `unit put --secret` encrypts to for this host. Empty: an agent
+	// from before secrets.
+	Recipient string `json:"recipient,omitempty"`
 }
 
 // PassKey is the name, among a host's statuses, of its pass record: no

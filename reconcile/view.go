@@ -88,7 +88,7 @@ func newView(cfg Config, mem remembered, h inbox, pathsChanged func(map[string]b
 		desired: struct {
 			snap *Snapshot
 			desiredState
-		}{desiredState: desiredState{trust: newTrustState(cfg.Trust)}},
+		}{desiredState: desiredState{trust: newTrustState(cfg.Trust), secrets: cfg.Secrets}},
 		marks: newMarksOut(cfg.Trust, cfg.Log),
 	}
 }
@@ -537,15 +537,20 @@ func (v *view) noteDrift(path, want string, lf LocalFile) {
 		return
 	}
 	v.mem.drifted[path] = found
+	shownWant, shownFound := short(want), short(found)
+	if d := v.desired.units[UnitOfPath(path)]; d != nil && d.DropIns[path].Sealed != "" {
+		// A secret: the hashes of the file are never logged.
+		shownWant, shownFound = short(d.DropIns[path].Sealed), secretDiffers
+	}
 	if v.man.Intent().Interrupted(path, lf) {
 		// The agent died between claiming the path and the rename: the
 		// file holds what it held before. The pass finishes the write.
 		v.log.Info("finishing a write begun before the agent stopped",
-			"unit", UnitOfPath(path), "path", path, "hash", short(want), "found_hash", short(found))
+			"unit", UnitOfPath(path), "path", path, "hash", shownWant, "found_hash", shownFound)
 		return
 	}
 	v.log.Warn("drift: managed file changed on disk; restoring the registry version",
-		"unit", UnitOfPath(path), "path", path, "hash", short(want), "found_hash", short(found), "action", "drift")
+		"unit", UnitOfPath(path), "path", path, "hash", shownWant, "found_hash", shownFound, "action", "drift")
 	v.obs.Drift(path)
 }
 

@@ -3,12 +3,9 @@ package reconcile
 import (
 	"context"
 	"errors"
-	"fmt"
 	"iter"
 	"log/slog"
-	"maps"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"time"
 )
@@ -109,10 +106,14 @@ type Agent struct {
 	slots    slotTable // MaxUnavailable slots
 	// managed is the loop's copy of the manifest's owned paths.
 	managed managedIndex
-	written []DesiredFile // files written this pass, kept by hash at its end
-	out     reports       // the statuses handed out, and their publisher
+	out     reports // the statuses handed out, and their publisher
 	// facts are the host's facts for previews, and their publisher.
 	facts factsState
+
+	// What works on the parts above, each holding those it needs.
+	round    round         // carries out a round's plan (execute.go)
+	results  results       // takes what comes back: job and probe results, verdicts (results.go)
+	statuses statusBuilder // builds and hands out the statuses (report.go)
 }
 
 // agentMemory is what the view reads of the agent's other parts
@@ -175,6 +176,13 @@ func New(cfg Config) *Agent {
 	}
 	a.slots.poke = a.handoff.trigger
 	a.view = newView(cfg, agentMemory{&a.ledger, &a.jobs, &a.managed, &a.slots}, &a.handoff, a.facts.notePaths)
+	rec := recorder{ledger: &a.ledger, obs: cfg.Observer, log: cfg.Log}
+	a.round = round{ledger: &a.ledger, managed: &a.managed, view: &a.view, exec: a.exec, jobs: &a.jobs, probes: &a.probes,
+		confirms: &a.confirms, slots: &a.slots, handoff: &a.handoff, man: cfg.Manifest, log: cfg.Log, pause: cfg.Pause, rec: rec}
+	a.results = results{ledger: &a.ledger, view: &a.view, jobs: &a.jobs, probes: &a.probes, confirms: &a.confirms,
+		handoff: &a.handoff, obs: cfg.Observer, log: cfg.Log, pause: cfg.Pause, rec: rec}
+	a.statuses = statusBuilder{view: &a.view, ledger: &a.ledger, jobs: &a.jobs, probes: &a.probes, confirms: &a.confirms,
+		out: &a.out, handoff: &a.handoff, obs: cfg.Observer, check: cfg.CheckFocus}
 	return a
 }
 
@@ -289,20 +297,20 @@ func (a *Agent) Run(ctx context.Context) error {
 				req(ctx)
 				continue
 			case r := <-a.jobs.done:
-				a.finish(ctx, r)
+				a.results.finish(ctx, r)
 				a.settle(ctx, lastEnd)
 			case <-a.handoff.poke:
 				a.settle(ctx, lastEnd)
 			case r := <-a.probes.done:
-				if !a.probeDone(r) {
-					a.launchProbes(ctx)
+				if !a.results.probeDone(r) {
+					a.results.launchProbes(ctx)
 					continue
 				}
 			case <-a.probes.wake():
-				a.launchProbes(ctx)
+				a.results.launchProbes(ctx)
 				continue
 			case r := <-a.confirms.done:
-				if !a.confirmed(ctx, r) {
+				if !a.results.confirmed(ctx, r) {
 					continue
 				}
 			case <-a.confirms.wake():
@@ -371,7 +379,7 @@ func (a *Agent) settle(ctx context.Context, lastEnd time.Time) {
 		case <-ctx.Done():
 			return
 		case r := <-a.jobs.done:
-			a.finish(ctx, r)
+			a.results.finish(ctx, r)
 		case <-a.handoff.poke:
 		case <-t.C:
 			return
@@ -384,31 +392,108 @@ func (a *Agent) settle(ctx context.Context, lastEnd time.Time) {
 	}
 }
 
+// maxRounds bounds the plan → execute rounds of one pass. A round that
+// changes files ends with the daemon-reload and the next round plans again
+// from what systemd then says (a unit it refuses to load, the jobs to run);
+// a round without a reload runs the jobs. Normally two rounds.
+const maxRounds = 3
+
+// pass observes, judges health, plans and executes, in rounds, then
+// persists and reports. It returns the first round's plan: what the pass
+// decided.
+func (a *Agent) pass(ctx context.Context) ([]Action, error) {
+	t0 := time.Now()
+	var first []Action
+	var applyErr error
+	a.view.beginPass()
+	for i := 0; i < maxRounds; i++ {
+		a.results.drain(ctx)
+		a.results.expireConfirms() // before observing: a change put back is planned this round
+		tr := time.Now()
+		desired, units, look, cur, err := a.view.observe(ctx)
+		tObserved := time.Now()
+		if errors.Is(err, ErrNoRegistry) {
+			return nil, nil // nothing known yet: touch nothing
+		}
+		if err != nil {
+			a.view.lookAtAll() // what this round took to look at was not looked at
+			return nil, err
+		}
+		failures := a.results.judge(cur)
+		a.view.remember(&cur, look)
+		plan := Plan(desired, cur)
+		plan, cur = a.slots.recheck(ctx, failures, desired, cur, plan)
+		a.view.planned(units, plan)
+		a.probes.follow(plan, look, cur)
+		if a.cfg.CheckFocus && units != nil {
+			all := a.view.everyUnit()
+			full, err := a.view.current(ctx, all)
+			if err != nil {
+				return nil, err
+			}
+			a.view.checkFocus(units, full)
+		}
+		if i == 0 {
+			first = plan
+			// A unit that runs a version never judged healthy gets its
+			// HealthySec window back (ledger.resume).
+			for _, act := range a.ledger.resume(plan, cur, time.Now()) {
+				a.log.Info(act.Unit+": resuming the health check of a version not yet judged healthy", "unit", act.Unit, "healthy_sec", act.Policy.Healthy.Seconds())
+			}
+			a.confirms.resume(plan, a.ledger.records, a.jobs.running)
+		}
+		tPlanned := time.Now()
+		more, err := a.round.execute(ctx, plan, cur, i == maxRounds-1)
+		a.log.Debug("round", "n", i, "units", len(look), "observe", tObserved.Sub(tr), "plan", tPlanned.Sub(tObserved), "execute", time.Since(tPlanned))
+		if err != nil || !more {
+			applyErr = err
+			break
+		}
+	}
+	a.round.keepBlobs()
+	if err := a.persist(); err != nil {
+		// The pass stands: what it did is done, and a later pass saves
+		// the records it could not.
+		a.log.Error("persist the pass", "err", err)
+	}
+	t1 := time.Now()
+	reportErr := a.statuses.report(ctx)
+	a.facts.update(a.managed.paths, a.ledger.refused, a.ledger.records)
+	a.view.endPass()
+	a.results.launchProbes(ctx)
+	a.confirms.tryIfDue(ctx)
+	a.log.Debug("pass", "apply", t1.Sub(t0), "report", time.Since(t1))
+	err := errors.Join(applyErr, reportErr)
+	if err != nil {
+		a.view.lookAtAll() // the next pass looks at every unit again
+	}
+	return first, err
+}
+
+// persist saves the records that changed, in one write (ledger.save).
+// Only the records of units this pass planned, or touched for the next,
+// can have changed; after a pass over every unit all are compared, and
+// blobs nothing refers to any more are dropped. A failed save skips the
+// clean-up.
+func (a *Agent) persist() error {
+	units := a.view.changedUnits() // nil: all
+	full := units == nil
+	if err := a.ledger.save(units); err != nil {
+		return err
+	}
+	if !full {
+		return nil
+	}
+	a.view.pruneKept()
+	return a.ledger.gc()
+}
+
 // Jitter spreads a periodic interval by ±10 %, so that agents restarted
 // together do not act in step (the loop's resync and retry, the
 // registry's lease renewal and resync, the rollout coordinator's
 // retries): one rule for all of them.
 func Jitter(d time.Duration) time.Duration {
 	return d - d/10 + rand.N(d/5+1)
-}
-
-// FileDiff pairs the registry's and the disk's version of one file.
-type FileDiff struct {
-	Path          string `json:"path"`
-	Unit          string `json:"unit"`
-	Registry      string `json:"registry"`
-	InRegistry    bool   `json:"inRegistry"`
-	Local         string `json:"local"`
-	OnDisk        bool   `json:"onDisk"`
-	Managed       bool   `json:"managed"`
-	RegistryHash  string `json:"registryHash,omitempty"`
-	LocalHash     string `json:"localHash,omitempty"`
-	LocalReadErr  string `json:"localReadError,omitempty"`
-	RegistryError string `json:"registryError,omitempty"`
-	// Secret: the registry holds the file encrypted (Registry is its
-	// ciphertext) and the file on disk is never shown: Local is the
-	// same as Registry when the file is the decrypted one, else a note.
-	Secret bool `json:"secret,omitempty"`
 }
 
 // Diff returns registry and disk content of every file of unit ("" for all
@@ -420,52 +505,9 @@ func (a *Agent) Diff(ctx context.Context, unit string) ([]FileDiff, error) {
 		if snap == nil {
 			return ErrNoRegistry
 		}
-		desired := Desire(*snap)
-		managed := a.cfg.Manifest.Managed()
-		files := map[string]*FileDiff{}
-		for name, u := range desired {
-			if unit != "" && name != unit {
-				continue
-			}
-			if u.Err != nil {
-				files[name] = &FileDiff{Path: name, Unit: name, RegistryError: u.Err.Error()}
-				continue
-			}
-			for _, f := range u.Files() {
-				files[f.Path] = &FileDiff{Path: f.Path, Unit: name, Registry: string(f.Content), InRegistry: true, RegistryHash: f.Hash, Secret: f.Sealed != ""}
-			}
-		}
-		for p, e := range managed {
-			if e.Instance || (unit != "" && UnitOfPath(p) != unit) {
-				continue
-			}
-			if files[p] == nil {
-				files[p] = &FileDiff{Path: p, Unit: UnitOfPath(p)}
-			}
-		}
-		for _, p := range slices.Sorted(maps.Keys(files)) {
-			fd := files[p]
-			if fd.RegistryError == "" {
-				_, fd.Managed = managed[p]
-				b, exists, err := a.cfg.Files.Read(p)
-				switch {
-				case err != nil:
-					fd.LocalReadErr = err.Error()
-				case exists && fd.Secret:
-					fd.OnDisk, fd.Local, fd.LocalHash = true, "(a secret: the file on disk is not the one the registry holds; its content is not shown)\n", secretDiffers
-					if d := a.view.desired.units[fd.Unit]; d != nil && d.DropIns[p].Hash == Hash(b) {
-						fd.Local, fd.LocalHash = fd.Registry, fd.RegistryHash
-					}
-				case exists:
-					fd.Local, fd.OnDisk, fd.LocalHash = string(b), true, Hash(b)
-				}
-			}
-			out = append(out, *fd)
-		}
-		if unit != "" && len(out) == 0 {
-			return fmt.Errorf("unit %s is neither in the registry for this host nor managed by the agent", unit)
-		}
-		return nil
+		var err error
+		out, err = diffFiles(*snap, a.cfg.Manifest.Managed(), a.cfg.Files, a.view.desired.units, unit)
+		return err
 	})
 	return out, err
 }

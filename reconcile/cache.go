@@ -3,10 +3,11 @@ package reconcile
 import (
 	"bytes"
 	"context"
+	"iter"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // A pass must cost what changed, not what the host runs: with 1,000 managed
@@ -27,15 +28,16 @@ import (
 // Everything is forgotten at start, after a reconnect to systemd ("") and
 // after a failed pass.
 
-// UnitSummary is the part of a unit's state systemd lists for many units at
-// once (Systemd.Summaries). A change in any other property of interest
-// comes with a change in one of these (and a signal).
-type UnitSummary struct {
-	LoadState, ActiveState, SubState string
-}
-
-// cache is the loop's memory of systemd's and the disk's view. Loop-owned.
+// cache is the loop's memory of systemd's and the disk's view, and what
+// reads them. It knows which units and paths the agent has only from what
+// its callers hand it (the desired units, remembered); the units whose
+// state it drops are handed to touch, to be planned again (view.touch).
+// Loop-owned.
 type cache struct {
+	sd   Systemd
+	disk Files
+	log  *slog.Logger
+
 	states map[string]UnitState
 	files  map[string]LocalFile
 	// fileStates is the UnitFileState last read per unit. Unlike states
@@ -56,9 +58,16 @@ type cache struct {
 	light map[string]bool
 }
 
-func newCache() cache {
-	return cache{states: map[string]UnitState{}, files: map[string]LocalFile{}, fileStates: map[string]string{},
-		unknown: map[string]bool{}, reloaded: map[string]UnitState{}, light: map[string]bool{}}
+func newCache(sd Systemd, disk Files, log *slog.Logger) cache {
+	c := cache{sd: sd, disk: disk, log: log}
+	c.reset()
+	return c
+}
+
+// reset forgets everything read.
+func (c *cache) reset() {
+	c.states, c.files, c.fileStates = map[string]UnitState{}, map[string]LocalFile{}, map[string]string{}
+	c.unknown, c.reloaded, c.light = map[string]bool{}, map[string]UnitState{}, map[string]bool{}
 }
 
 // needsFileState says whether a read of unit's state must ask systemd for
@@ -87,12 +96,13 @@ func needsFileState(unit string, d *DesiredUnit, last string) bool {
 	return last == "enabled" || (d != nil && d.File != nil && d.Policy.HasInstall)
 }
 
-// stateReader returns how to read unit's state now: in full, or without
-// UnitFileState (the last one read stands in for it). It runs on the loop's
-// goroutine; what it returns may run on any.
-func (v *view) stateReader(unit string) func(context.Context) (UnitState, error) {
-	sd, last := v.sd, v.cache.fileStates[unit]
-	if needsFileState(unit, v.desired.units[unit], last) {
+// stateReader returns how to read unit's state now (d: what the registry
+// wants of it): in full, or without UnitFileState (the last one read stands
+// in for it). It runs on the loop's goroutine; what it returns may run on
+// any.
+func (c *cache) stateReader(unit string, d *DesiredUnit) func(context.Context) (UnitState, error) {
+	sd, last := c.sd, c.fileStates[unit]
+	if needsFileState(unit, d, last) {
 		return func(ctx context.Context) (UnitState, error) { return sd.State(ctx, unit) }
 	}
 	return func(ctx context.Context) (UnitState, error) {
@@ -103,25 +113,25 @@ func (v *view) stateReader(unit string) func(context.Context) (UnitState, error)
 }
 
 // keepState caches a unit's state read from systemd.
-func (v *view) keepState(unit string, st UnitState) {
-	v.cache.states[unit] = st
+func (c *cache) keepState(unit string, st UnitState) {
+	c.states[unit] = st
 	if st.Light {
-		v.cache.light[unit] = true
+		c.light[unit] = true
 	}
-	v.cache.fileStates[unit] = st.UnitFileState
+	c.fileStates[unit] = st.UnitFileState
 	if st.LoadState == "not-found" {
-		v.cache.unknown[unit] = true
+		c.unknown[unit] = true
 	} else {
-		delete(v.cache.unknown, unit)
+		delete(c.unknown, unit)
 	}
 }
 
 // dropState forgets a unit's state: it is read again, and the unit planned
-// again, at the next round.
-func (v *view) dropState(unit string) {
-	delete(v.cache.states, unit)
-	delete(v.cache.reloaded, unit)
-	v.touch(unit)
+// again (touch), at the next round.
+func (c *cache) dropState(unit string, touch func(unit string)) {
+	delete(c.states, unit)
+	delete(c.reloaded, unit)
+	touch(unit)
 }
 
 // dirty is what other goroutines learned may have changed, handed to the
@@ -146,49 +156,13 @@ func (d *dirty) path(p string) {
 	d.paths[p] = true
 }
 
-// takeDirty applies what changed since the last observation to the cache.
-func (v *view) takeDirty() {
-	d := v.handoff.takeDirty()
-	v.pathsChanged(d.paths)
-	if d.all {
-		v.forgetAll()
-		return
-	}
-	for u := range d.units {
-		v.forgetUnit(u)
-	}
-	for p := range d.paths {
-		v.forgetPath(p)
-	}
-	// A unit inside HealthySec is read again when its window ends: the
-	// verdict rests on what systemd says then. Before that its signals say
-	// when it changed (every change health looks at — a restart, an exit, a
-	// new Result — moves ActiveState or SubState), and a finished job
-	// forgets its unit (finish). Reading every judged unit on every pass
-	// made the first sync of 1,000 units cost seconds of D-Bus decoding.
-	now := time.Now()
-	for u, w := range v.rem.verifying() {
-		if !now.Before(w.deadline()) {
-			v.dropState(u)
-		}
-	}
-}
-
-// forgetAll forgets everything read, and makes the next round look at
-// every unit.
-func (v *view) forgetAll() {
-	v.cache = newCache()
-	v.focus.all = true
-	v.pathsChanged(everyPath)
-}
-
-// forgetUnit drops a unit's state; for a template (its file or a drop-in of
-// it changed) every instance's too.
-func (v *view) forgetUnit(u string) {
-	v.dropState(u)
+// dropUnit drops a unit's state; for a template (its file or a drop-in of
+// it changed) every instance's too (instances).
+func (c *cache) dropUnit(u string, instances []string, touch func(unit string)) {
+	c.dropState(u, touch)
 	if IsTemplate(u) {
-		for _, n := range v.focus.instances[u] {
-			v.dropState(n)
+		for _, n := range instances {
+			c.dropState(n, touch)
 		}
 	}
 }
@@ -205,19 +179,20 @@ func isLinkDir(p string) bool {
 	return false
 }
 
-// forgetPath drops a file (or, for a drop-in directory, every file in it)
-// and the state of the unit it belongs to: systemd's NeedDaemonReload
-// changes with it.
-func (v *view) forgetPath(p string) {
+// dropPath drops a file (or, for a drop-in directory, every file in it)
+// and the state of the unit it belongs to (and of its instances):
+// systemd's NeedDaemonReload changes with it. all says it forgot
+// everything instead: every unit is to be looked at again.
+func (c *cache) dropPath(p string, instances map[string][]string, touch func(unit string)) (all bool) {
 	if p == "" {
-		v.forgetAll()
-		return
+		c.reset()
+		return true
 	}
-	delete(v.cache.files, p)
+	delete(c.files, p)
 	dir := p + "/"
-	for q := range v.cache.files {
+	for q := range c.files {
 		if strings.HasPrefix(q, dir) {
-			delete(v.cache.files, q)
+			delete(c.files, q)
 		}
 	}
 	if isLinkDir(p) {
@@ -228,10 +203,10 @@ func (v *view) forgetPath(p string) {
 		// gives no unit a file, and without it the first sync of 1,000
 		// units with [Install] read each unit in full before its job
 		// (1.8 s) instead of planning them from one listing.
-		unknown := v.cache.unknown
-		v.forgetAll()
-		v.cache.unknown = unknown
-		return
+		unknown := c.unknown
+		c.reset()
+		c.unknown = unknown
+		return true
 	}
 	u := UnitOfPath(p)
 	if strings.HasSuffix(p, ".d") && !strings.Contains(p, "/") {
@@ -241,28 +216,51 @@ func (v *view) forgetPath(p string) {
 		// A drop-in directory for a whole type (service.d/) or a prefix
 		// (foo-.service.d/), or a name we do not know: anything may have
 		// changed.
-		v.forgetAll()
-		return
+		c.reset()
+		return true
 	}
-	if _, ok := v.cache.reloaded[u]; ok {
+	if _, ok := c.reloaded[u]; ok {
 		// Most likely the loop's own write, seen after its daemon-reload:
 		// refreshReloaded trusts the unit's state only if the disk holds
 		// what the loop wrote.
-		return
+		return false
 	}
-	v.forgetUnit(u)
+	c.dropUnit(u, instances[u], touch)
+	return false
+}
+
+// keepOnly drops the files not in paths and the states of units not in
+// units: the agent no longer knows them (signals are not forwarded for
+// them any more).
+func (c *cache) keepOnly(paths, units map[string]bool) {
+	for p := range c.files {
+		if !paths[p] {
+			delete(c.files, p)
+		}
+	}
+	for u := range c.states {
+		if !units[u] {
+			delete(c.states, u)
+		}
+	}
+	for u := range c.fileStates {
+		if !units[u] {
+			delete(c.fileStates, u)
+		}
+	}
 }
 
 // asWritten says whether every file the agent manages for unit (and, for
-// an instance, for its template) holds on disk what the agent wrote.
-func (v *view) asWritten(unit string) bool {
+// an instance, for its template: managedOf) holds on disk what the agent
+// wrote.
+func (c *cache) asWritten(unit string, managedOf func(unit string) iter.Seq2[string, Owned]) bool {
 	units := []string{unit}
 	if IsInstance(unit) {
 		units = append(units, TemplateOf(unit))
 	}
 	for _, u := range units {
-		for p, e := range v.rem.managedOf(u) {
-			if !e.Instance && v.file(p).Hash != e.Hash {
+		for p, e := range managedOf(u) {
+			if !e.Instance && c.file(p).Hash != e.Hash {
 				return false
 			}
 		}
@@ -272,11 +270,11 @@ func (v *view) asWritten(unit string) bool {
 
 // file reads a file in the unit directory, from the cache when nothing said
 // it changed.
-func (v *view) file(p string) LocalFile {
-	if lf, ok := v.cache.files[p]; ok {
+func (c *cache) file(p string) LocalFile {
+	if lf, ok := c.files[p]; ok {
 		return lf
 	}
-	b, exists, err := v.files.Read(p)
+	b, exists, err := c.disk.Read(p)
 	lf := LocalFile{Exists: exists}
 	switch {
 	case err != nil:
@@ -287,24 +285,24 @@ func (v *view) file(p string) LocalFile {
 		// twice or thrice a typical unit file, kept for every managed file.
 		lf.Hash, lf.Content = Hash(b), bytes.Clone(b)
 	}
-	v.cache.files[p] = lf
+	c.files[p] = lf
 	return lf
 }
 
-// onDisk is what the disk holds of unit's managed files: its unit file's
-// hash ("" when there is none, or the unit is an instance the agent only
-// started) and its drop-ins' hashes by path (nil when none).
-func (v *view) onDisk(unit string) (hash string, dropIns map[string]string) {
-	if !v.rem.managedPaths()[unit].Instance {
-		if lf := v.file(unit); lf.Exists {
+// onDisk is what the disk holds of unit's managed files (paths, managedOf):
+// its unit file's hash ("" when there is none, or the unit is an instance
+// the agent only started) and its drop-ins' hashes by path (nil when none).
+func (c *cache) onDisk(unit string, paths map[string]Owned, managedOf func(unit string) iter.Seq2[string, Owned]) (hash string, dropIns map[string]string) {
+	if !paths[unit].Instance {
+		if lf := c.file(unit); lf.Exists {
 			hash = lf.Hash
 		}
 	}
-	for p, e := range v.rem.managedOf(unit) {
+	for p, e := range managedOf(unit) {
 		if p == unit || e.Instance {
 			continue
 		}
-		if lf := v.file(p); lf.Exists {
+		if lf := c.file(p); lf.Exists {
 			if dropIns == nil {
 				dropIns = map[string]string{}
 			}
@@ -316,11 +314,11 @@ func (v *view) onDisk(unit string) (hash string, dropIns map[string]string) {
 
 // replaced are the files plan writes as last read from disk (the cache):
 // what each write replaces, kept for a rollback (executor.write).
-func (v *view) replaced(plan []Action) map[string]LocalFile {
+func (c *cache) replaced(plan []Action) map[string]LocalFile {
 	files := map[string]LocalFile{}
 	for _, act := range plan {
 		for _, w := range act.Steps.Writes {
-			if lf, ok := v.cache.files[w.Path]; ok {
+			if lf, ok := c.files[w.Path]; ok {
 				files[w.Path] = lf
 			}
 		}
@@ -328,64 +326,59 @@ func (v *view) replaced(plan []Action) map[string]LocalFile {
 	return files
 }
 
-// resyncCache is the periodic safety net: every file is read again, every
-// unit whose summary differs from what the cache holds is forgotten (all of
-// them when systemd cannot summarize), and every unit is planned again.
-func (v *view) resyncCache(ctx context.Context) {
-	v.focus.all = true
-	v.pathsChanged(everyPath)
-	v.cache.files = map[string]LocalFile{}
-	v.cache.fileStates = map[string]string{}
-	if len(v.cache.states) == 0 {
-		v.cache.states = map[string]UnitState{}
+// resync is the periodic safety net: every file is read again, and every
+// unit whose summary differs from what the cache holds is forgotten (all
+// of them when systemd cannot summarize).
+func (c *cache) resync(ctx context.Context, touch func(unit string)) {
+	c.files = map[string]LocalFile{}
+	c.fileStates = map[string]string{}
+	if len(c.states) == 0 {
+		c.states = map[string]UnitState{}
 		return
 	}
-	names := make([]string, 0, len(v.cache.states))
-	for u := range v.cache.states {
+	names := make([]string, 0, len(c.states))
+	for u := range c.states {
 		if !IsTemplate(u) {
 			names = append(names, u)
 		}
 	}
-	got, err := v.sd.Summaries(ctx, names)
+	got, err := c.sd.Summaries(ctx, names)
 	if err != nil {
-		v.log.Debug("resync: unit summaries unavailable; reading every unit", "err", err)
-		v.cache.states = map[string]UnitState{}
+		c.log.Debug("resync: unit summaries unavailable; reading every unit", "err", err)
+		c.states = map[string]UnitState{}
 		return
 	}
 	stale := 0
 	for _, u := range names {
-		st := v.cache.states[u]
+		st := c.states[u]
 		s, ok := got[u]
 		if !ok || s.LoadState != st.LoadState || s.ActiveState != st.ActiveState || s.SubState != st.SubState {
-			v.dropState(u)
+			c.dropState(u, touch)
 			stale++
 		}
 	}
 	if stale > 0 {
-		v.log.Debug("resync: unit states changed without a signal", "units", stale)
+		c.log.Debug("resync: unit states changed without a signal", "units", stale)
 	}
 }
 
 // afterExecute forgets what the loop's own actions changed: the files it
-// wrote or removed and the units they belong to, and the units it enabled,
-// disabled, reset or reloaded; and, after a daemon-reload, when systemd
-// last loaded the files (Current.Loaded).
-func (v *view) afterExecute(plan []Action, reloaded bool) {
-	if reloaded {
-		v.mem.loaded = 0 // no longer when systemd last loaded the files
-	}
+// wrote or removed and the units they belong to (and their instances), and
+// the units it enabled, disabled, reset or reloaded. all says it forgot
+// everything (dropPath).
+func (c *cache) afterExecute(plan []Action, reloaded bool, instances map[string][]string, touch func(unit string)) (all bool) {
 	// Kept before they are forgotten: the states of the units whose new
 	// files the reload loads, for refreshReloaded.
 	before := map[string]UnitState{}
 	keep := func(u string) {
-		if st, ok := v.cache.states[u]; ok && st.LoadState == "loaded" && !st.NeedDaemonReload {
+		if st, ok := c.states[u]; ok && st.LoadState == "loaded" && !st.NeedDaemonReload {
 			before[u] = st
 		}
 	}
 	for _, act := range plan {
 		if reloaded && len(act.Steps.Writes) > 0 && !act.Steps.Enable && !act.Steps.Disable && !act.Steps.ResetFailed {
 			keep(act.Unit)
-			for _, n := range v.focus.instances[act.Unit] {
+			for _, n := range instances[act.Unit] {
 				keep(n)
 			}
 		}
@@ -393,34 +386,35 @@ func (v *view) afterExecute(plan []Action, reloaded bool) {
 	for _, act := range plan {
 		touched := act.Steps.Enable || act.Steps.Disable || act.Steps.ResetFailed
 		if act.Steps.Enable || act.Steps.Disable {
-			delete(v.cache.fileStates, act.Unit)
+			delete(c.fileStates, act.Unit)
 		}
 		for _, w := range act.Steps.Writes {
-			v.forgetPath(w.Path)
+			all = c.dropPath(w.Path, instances, touch) || all
 			touched = true
 		}
 		for _, p := range act.Steps.Removes {
-			v.forgetPath(p)
+			all = c.dropPath(p, instances, touch) || all
 			touched = true
 		}
 		if touched || (reloaded && act.Changes()) {
-			v.forgetUnit(act.Unit)
+			c.dropUnit(act.Unit, instances[act.Unit], touch)
 		}
 	}
 	if reloaded {
 		// A file edited behind the agent's back is loaded by this reload
 		// too: its NeedDaemonReload flips.
-		for u, st := range v.cache.states {
+		for u, st := range c.states {
 			if st.NeedDaemonReload {
-				v.dropState(u)
+				c.dropState(u, touch)
 			}
 		}
 	}
 	for u, st := range before {
-		if _, read := v.cache.states[u]; !read {
-			v.cache.reloaded[u] = st
+		if _, read := c.states[u]; !read {
+			c.reloaded[u] = st
 		}
 	}
+	return all
 }
 
 // refreshReloaded takes, of the units need holds, those the loop's own
@@ -437,50 +431,51 @@ func (v *view) afterExecute(plan []Action, reloaded bool) {
 // (an edit since: NeedDaemonReload may be set). It returns the units still
 // to read. Measured, bursts of 100 changed units: the reads after the
 // reload held their jobs back 86–162 ms; the listing takes 4 ms.
-func (v *view) refreshReloaded(ctx context.Context, need []string) []string {
-	if len(v.cache.reloaded) == 0 {
+func (c *cache) refreshReloaded(ctx context.Context, need []string, desired map[string]*DesiredUnit, managedOf func(unit string) iter.Seq2[string, Owned]) []string {
+	if len(c.reloaded) == 0 {
 		return need
 	}
-	defer clear(v.cache.reloaded) // good for the round after the reload only
+	defer clear(c.reloaded) // good for the round after the reload only
 	var names []string
 	for _, u := range need {
-		if _, ok := v.cache.reloaded[u]; ok {
+		if _, ok := c.reloaded[u]; ok {
 			names = append(names, u)
 		}
 	}
 	if len(names) == 0 {
 		return need
 	}
-	got, err := v.sd.Summaries(ctx, names)
+	got, err := c.sd.Summaries(ctx, names)
 	if err != nil {
 		return need
 	}
 	rest := need[:0]
 	for _, u := range need {
-		old, ok := v.cache.reloaded[u]
+		old, ok := c.reloaded[u]
 		s, listed := got[u]
 		if !ok || !listed || s.LoadState != "loaded" || s.ActiveState != old.ActiveState || s.SubState != old.SubState ||
-			needsFileState(u, v.desired.units[u], v.cache.fileStates[u]) || !v.asWritten(u) {
+			needsFileState(u, desired[u], c.fileStates[u]) || !c.asWritten(u, managedOf) {
 			rest = append(rest, u)
 			continue
 		}
 		old.NeedDaemonReload, old.Light = false, true
-		v.keepState(u, old)
+		c.keepState(u, old)
 	}
 	return rest
 }
 
-// afterJobs runs once the pass's jobs are started. A Light state
-// (refreshReloaded, prefetch) served to plan this pass only: a unit it
-// planned no job for is read in full at the next round (a job's unit is
-// read in full when the job ends).
-func (v *view) afterJobs() {
-	for u := range v.cache.light {
-		if _, inflight := v.rem.inFlight()[u]; !inflight && v.cache.states[u].Light {
-			v.dropState(u)
+// afterJobs runs once the pass's jobs are started (inFlight: those in
+// flight). A
+// Light state (refreshReloaded, prefetch) served to plan this pass only: a
+// unit it planned no job for is read in full at the next round (a job's
+// unit is read in full when the job ends).
+func (c *cache) afterJobs(inFlight map[string]*jobRun, touch func(unit string)) {
+	for u := range c.light {
+		if _, inflight := inFlight[u]; !inflight && c.states[u].Light {
+			c.dropState(u, touch)
 		}
 	}
-	clear(v.cache.light)
+	clear(c.light)
 }
 
 // readWorkers bounds the state reads prefetch has in flight at once.
@@ -491,32 +486,33 @@ const readWorkers = 8
 // agent's decoding overlap. Units systemd does not know at all need no full
 // read: when many are missing, one listing (Systemd.Summaries) finds those. At the
 // first sync of 1,000 new units the states were read one by one, twice
-// (before and after the daemon-reload): seconds of waiting.
-func (v *view) prefetch(ctx context.Context, units map[string]bool) error {
+// (before and after the daemon-reload): seconds of waiting. desired and
+// managedOf are what the registry wants and what the agent manages.
+func (c *cache) prefetch(ctx context.Context, units map[string]bool, desired map[string]*DesiredUnit, managedOf func(unit string) iter.Seq2[string, Owned]) error {
 	var need []string
 	for u := range units {
 		if IsTemplate(u) || ValidateUnitName(u) != nil {
 			continue
 		}
-		if _, ok := v.cache.states[u]; !ok {
+		if _, ok := c.states[u]; !ok {
 			need = append(need, u)
 		}
 	}
-	need = v.refreshReloaded(ctx, need)
+	need = c.refreshReloaded(ctx, need, desired, managedOf)
 	if len(need) < 2 {
 		return nil // observe reads it
 	}
 	if len(need) > readWorkers {
-		if got, err := v.sd.Summaries(ctx, need); err == nil {
+		if got, err := c.sd.Summaries(ctx, need); err == nil {
 			rest := need[:0]
 			for _, u := range need {
 				s, ok := got[u]
 				switch {
 				case ok && s.LoadState == "not-found":
-					v.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState,
+					c.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState,
 						LoadError: "Unit " + u + " not found."})
-				case ok && v.cache.unknown[u] && s.LoadState == "loaded" && s.ActiveState == "inactive" && s.SubState == "dead":
-					v.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Light: true})
+				case ok && c.unknown[u] && s.LoadState == "loaded" && s.ActiveState == "inactive" && s.SubState == "dead":
+					c.keepState(u, UnitState{LoadState: s.LoadState, ActiveState: s.ActiveState, SubState: s.SubState, Light: true})
 				default:
 					rest = append(rest, u)
 				}
@@ -528,7 +524,7 @@ func (v *view) prefetch(ctx context.Context, units map[string]bool) error {
 	errs := make([]error, len(need))
 	readers := make([]func(context.Context) (UnitState, error), len(need))
 	for i, u := range need {
-		readers[i] = v.stateReader(u)
+		readers[i] = c.stateReader(u, desired[u])
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -544,7 +540,7 @@ func (v *view) prefetch(ctx context.Context, units map[string]bool) error {
 		if errs[i] != nil {
 			return errs[i] // names the unit already (Systemd's contract)
 		}
-		v.keepState(u, states[i])
+		c.keepState(u, states[i])
 	}
 	return nil
 }

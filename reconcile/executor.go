@@ -150,7 +150,7 @@ func (x executor) flush() error {
 }
 
 // keep keeps the content of files by hash, for classifying and rolling
-// back later changes (see Agent.keepBlobs).
+// back later changes (see round.keepBlobs).
 func (x executor) keep(files []DesiredFile) error {
 	var errs []error
 	for _, w := range files {

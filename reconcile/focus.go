@@ -13,7 +13,7 @@ import (
 // a function of each unit's own inputs (its desired value, files, state,
 // record, jobs, window, slot, halt) and of its template's and instances',
 // so a unit none of those changed for would be planned as before. The loop
-// therefore keeps each unit's last status (Agent.statuses), and which units'
+// therefore keeps each unit's last status (reports), and which units'
 // last action was not idle, and looks at:
 //
 //   - every unit, at start, after everything was forgotten (a reconnect to
@@ -55,7 +55,7 @@ func newFocus() focus {
 }
 
 // touch makes the next round plan unit again.
-func (v *view) touch(unit string) { v.focus.touched[unit] = true }
+func (f *focus) touch(unit string) { f.touched[unit] = true }
 
 // idle says an action does nothing and waits for nothing: planned again
 // from the same inputs it would be the same idle action, so the unit can be
@@ -65,26 +65,29 @@ func idle(act Action) bool {
 		!act.Steps.Enable && !act.Steps.Disable && !act.Record.Adopt && act.Record.Refuse == nil && !act.Record.DropRecord && !act.Steps.ResetFailed
 }
 
-// focusUnits returns the units this round looks at, nil for all of them.
-// It takes what was touched: a later touch is for the next round.
-func (v *view) focusUnits() map[string]bool {
-	if v.focus.all {
-		v.focus.all = false
-		clear(v.focus.touched)
+// units returns the units this round looks at, nil for all of them: those
+// touched, those busy, those inside HealthySec (verifying), with a job in
+// flight (inFlight) or owed one (owed: Intent.Jobs), and their templates'
+// and instances'. It takes what was touched: a later touch is for the next
+// round.
+func (f *focus) units(verifying map[string]*window, inFlight map[string]*jobRun, owed map[string]string) map[string]bool {
+	if f.all {
+		f.all = false
+		clear(f.touched)
 		return nil
 	}
-	units := v.focus.touched
-	v.focus.touched = map[string]bool{}
-	for u := range v.focus.busy {
+	units := f.touched
+	f.touched = map[string]bool{}
+	for u := range f.busy {
 		units[u] = true
 	}
-	for u := range v.rem.verifying() {
+	for u := range verifying {
 		units[u] = true
 	}
-	for u := range v.rem.inFlight() {
+	for u := range inFlight {
 		units[u] = true
 	}
-	for u := range v.rem.intent().Jobs {
+	for u := range owed {
 		units[u] = true
 	}
 	for u := range units {
@@ -94,7 +97,7 @@ func (v *view) focusUnits() map[string]bool {
 	}
 	for u := range units {
 		if IsTemplate(u) {
-			for _, i := range v.focus.instances[u] {
+			for _, i := range f.instances[u] {
 				units[i] = true
 			}
 		}
@@ -102,72 +105,39 @@ func (v *view) focusUnits() map[string]bool {
 	return units
 }
 
-// known says whether the agent has anything to do with unit: the registry
-// wants it, or it manages files of it, remembers it or runs a job on it.
-func (v *view) known(unit string) bool {
-	_, rec := v.rem.records()[unit]
-	_, job := v.rem.inFlight()[unit]
-	return v.desired.units[unit] != nil || len(v.rem.managedUnits()[unit]) > 0 || rec || job
-}
-
-// hasStatus says whether unit is reported: the registry wants it or the
-// agent manages files of it (what is remembered of a unit neither wanted
-// nor managed goes with its record).
-func (v *view) hasStatus(unit string) bool {
-	return v.desired.units[unit] != nil || len(v.rem.managedUnits()[unit]) > 0
-}
-
-// everyUnit is every unit the agent knows (see known).
-func (v *view) everyUnit() map[string]bool {
-	units := map[string]bool{}
-	for name := range v.desired.units {
-		units[name] = true
-	}
-	for u := range v.rem.managedUnits() {
-		units[u] = true
-	}
-	for u := range v.rem.records() {
-		units[u] = true
-	}
-	for u := range v.rem.inFlight() {
-		units[u] = true
-	}
-	return units
-}
-
 // indexInstances rebuilds the template → instances index from units.
-func (v *view) indexInstances(units map[string]bool) {
-	v.focus.instances = map[string][]string{}
+func (f *focus) indexInstances(units map[string]bool) {
+	f.instances = map[string][]string{}
 	for u := range units {
 		if IsInstance(u) {
 			t := TemplateOf(u)
-			v.focus.instances[t] = append(v.focus.instances[t], u)
+			f.instances[t] = append(f.instances[t], u)
 		}
 	}
 }
 
 // newSnapshot touches the units whose desired value or halt differs
 // between two desires of the registry. It says whether a unit came or went.
-func (v *view) newSnapshot(changes []desiredChange, halts map[string]Halt) (unitsChanged bool) {
+func (f *focus) newSnapshot(changes []desiredChange, halts map[string]Halt) (unitsChanged bool) {
 	for _, c := range changes {
 		if (c.old == nil) != (c.now == nil) {
 			unitsChanged = true
 		}
 		if !sameDesired(c.old, c.now) {
-			v.touch(c.name)
+			f.touch(c.name)
 		}
 	}
 	for u, h := range halts {
-		if o, ok := v.focus.halts[u]; !ok || !sameHalt(o, h) {
-			v.touch(u)
+		if o, ok := f.halts[u]; !ok || !sameHalt(o, h) {
+			f.touch(u)
 		}
 	}
-	for u := range v.focus.halts {
+	for u := range f.halts {
 		if _, ok := halts[u]; !ok {
-			v.touch(u)
+			f.touch(u)
 		}
 	}
-	v.focus.halts = halts
+	f.halts = halts
 	return unitsChanged
 }
 
@@ -210,36 +180,33 @@ func sameHalt(x, y Halt) bool {
 
 // planned keeps a round's plan: units (nil: all) were planned, and those
 // of them without an action in plan have none any more.
-func (v *view) planned(units map[string]bool, plan []Action) {
+func (f *focus) planned(units map[string]bool, plan []Action) {
 	if units == nil {
-		clear(v.focus.actions)
-		clear(v.focus.busy)
-		v.focus.reported = nil // every unit's status is built
+		clear(f.actions)
+		clear(f.busy)
+		f.reported = nil // every unit's status is built
 	} else {
 		for u := range units {
-			delete(v.focus.actions, u)
-			delete(v.focus.busy, u)
-			if v.focus.reported != nil {
-				v.focus.reported[u] = true
+			delete(f.actions, u)
+			delete(f.busy, u)
+			if f.reported != nil {
+				f.reported[u] = true
 			}
 		}
 	}
 	for _, act := range plan {
-		v.focus.actions[act.Unit] = act
+		f.actions[act.Unit] = act
 		if !idle(act) {
-			v.focus.busy[act.Unit] = true
+			f.busy[act.Unit] = true
 		}
 	}
 }
 
-// checkFocus (Config.CheckFocus) plans every unit from everything the loop
-// knows and panics if a unit outside the focus would get another action
-// than the one kept for it.
-func (v *view) checkFocus(units map[string]bool, full Current) {
-	if got := v.man.Managed(); !maps.Equal(got, v.rem.managedPaths()) {
-		panic(fmt.Sprintf("focus check: the agent's copy of the manifest differs from it:\n kept %v\n file %v", v.rem.managedPaths(), got))
-	}
-	plan := Plan(v.desired.units, full)
+// check (Config.CheckFocus) plans every unit from everything the loop
+// knows (desired, full) and panics if a unit outside the focus (units)
+// would get another action than the one kept for it.
+func (f *focus) check(units map[string]bool, desired map[string]*DesiredUnit, full Current) {
+	plan := Plan(desired, full)
 	want := map[string]Action{}
 	for _, act := range plan {
 		want[act.Unit] = act
@@ -248,11 +215,11 @@ func (v *view) checkFocus(units map[string]bool, full Current) {
 		if units[u] {
 			continue
 		}
-		if kept, ok := v.focus.actions[u]; !ok || !reflect.DeepEqual(kept, want[u]) {
+		if kept, ok := f.actions[u]; !ok || !reflect.DeepEqual(kept, want[u]) {
 			panic(fmt.Sprintf("focus check: %s was left out of the pass but is planned differently now:\n kept %+v\n  now %+v", u, kept, want[u]))
 		}
 	}
-	for u := range v.focus.actions {
+	for u := range f.actions {
 		if _, ok := want[u]; !ok && !units[u] {
 			panic(fmt.Sprintf("focus check: %s was left out of the pass with an action kept, but has none now", u))
 		}

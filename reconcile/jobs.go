@@ -14,7 +14,7 @@ import (
 // and what runs them. Each runs in a goroutine the agent owns (wg) and hands
 // its result to the loop over done: the loop never waits for a job, so one
 // unit's hung start never holds up another unit's change, the status or the
-// watchdog. It records nothing: the loop takes the results (Agent.finish).
+// watchdog. It records nothing: the loop takes the results (results.finish).
 type jobs struct {
 	sd       Systemd
 	log      *slog.Logger

@@ -248,3 +248,10 @@ func DoJob(ctx context.Context, sd Systemd, job Job, unit string) error {
 	}
 	return nil
 }
+
+// UnitSummary is the part of a unit's state systemd lists for many units at
+// once (Systemd.Summaries). A change in any other property of interest
+// comes with a change in one of these (and a signal).
+type UnitSummary struct {
+	LoadState, ActiveState, SubState string
+}

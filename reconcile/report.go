@@ -10,54 +10,126 @@ import (
 	"time"
 )
 
+// statusBuilder builds the statuses of a pass from what the loop's parts
+// know of each unit (status) and hands them out (report): to the statuses'
+// publisher (out) and to the local API (handoff). Loop-owned: the parts it
+// holds are the Agent's.
+type statusBuilder struct {
+	view     *view
+	ledger   *ledger
+	jobs     *jobs
+	probes   *probes
+	confirms *confirms
+	out      *reports
+	handoff  *handoff
+	obs      Observer
+	check    bool // Config.CheckFocus
+}
+
 // report builds the status of every unit the pass planned (every unit
 // after a full pass), keeps the others' as they were, and offers the whole
 // set to the publisher (which writes to the registry only what changed, off
 // the loop). A status keeps its UpdatedAt until it changes; when none
 // changed the set handed out before is handed out again.
-func (a *Agent) report(ctx context.Context) error {
-	units := a.view.reported()
+func (b *statusBuilder) report(ctx context.Context) error {
+	units := b.view.reported()
 	full := units == nil
 	if full {
-		units = a.view.everyUnit()
+		units = b.view.everyUnit()
 	}
 	changed := map[string]*Status{} // nil: the unit has no status any more
 	for name := range units {
-		_, had := a.out.list.index[name]
-		if !a.view.hasStatus(name) {
+		_, had := b.out.list.index[name]
+		if !b.view.hasStatus(name) {
 			if had {
 				changed[name] = nil
 			}
-			a.ledger.forgetOutcome(name)
+			b.ledger.forgetOutcome(name)
 			continue
 		}
-		s, err := a.status(ctx, name)
+		s, err := b.status(ctx, name)
 		if err != nil {
 			return err
 		}
-		if had && sameStatus(a.out.list.list[a.out.list.index[name]], s) {
+		if had && sameStatus(b.out.list.list[b.out.list.index[name]], s) {
 			continue
 		}
 		changed[name] = &s
 	}
 	if full {
-		for name := range a.out.list.index {
+		for name := range b.out.list.index {
 			if !units[name] {
 				changed[name] = nil
-				a.ledger.forgetOutcome(name)
+				b.ledger.forgetOutcome(name)
 			}
 		}
 	}
-	if a.cfg.CheckFocus && !full {
-		if err := a.checkStatuses(ctx, changed); err != nil {
+	if b.check && !full {
+		if err := b.checkStatuses(ctx, changed); err != nil {
 			return err
 		}
 	}
 	// The pass acted on the snapshot it planned from (a newer one may
 	// have come in since: the next pass acts on that).
-	list := a.out.offer(a.view.revision(), changed)
-	rev := a.handoff.published(list)
-	a.cfg.Observer.Reported(rev, list)
+	list := b.out.offer(b.view.revision(), changed)
+	rev := b.handoff.published(list)
+	b.obs.Reported(rev, list)
+	return nil
+}
+
+// status builds one unit's status from what the loop knows of it: the
+// pass's action for it, what is on disk and what systemd says of it (the
+// view), its job in flight and what the ledger remembers (unitStatus).
+func (b *statusBuilder) status(ctx context.Context, name string) (Status, error) {
+	in := statusInput{
+		Unit:    name,
+		Desired: b.view.desiredUnit(name),
+		Action:  b.view.action(name),
+		Now:     time.Now().UTC(),
+	}
+	in.Hash, in.DropIns = b.view.onDisk(name)
+	if ValidateUnitName(name) == nil {
+		st, err := b.view.state(ctx, name)
+		if err != nil {
+			return Status{}, err
+		}
+		in.State = &st
+	}
+	if j, ok := b.jobs.inflight[name]; ok {
+		in.Job = &j.act
+	}
+	if o, ok := b.ledger.last[name]; ok {
+		in.Last = &o
+	}
+	in.Record, in.Verifying, in.EnableErr = b.ledger.records[name], b.ledger.verifying(name), b.ledger.enableErr[name]
+	in.Confirming = b.confirms.awaiting(name)
+	if t := b.probes.targets[name]; t != nil {
+		in.Probes, in.Probe = t.spec, t.state
+	}
+	return unitStatus(in), nil
+}
+
+// checkStatuses (Config.CheckFocus) builds the status of every unit the
+// pass did not report on and panics if it differs from the one kept.
+func (b *statusBuilder) checkStatuses(ctx context.Context, changed map[string]*Status) error {
+	reported := b.view.reported()
+	for u := range b.view.everyUnit() {
+		if reported[u] || !b.view.hasStatus(u) {
+			continue
+		}
+		now, err := b.status(ctx, u)
+		if err != nil {
+			return err
+		}
+		i, ok := b.out.list.index[u]
+		if _, c := changed[u]; c || !ok || !sameStatus(b.out.list.list[i], now) {
+			var kept Status
+			if ok {
+				kept = b.out.list.list[i]
+			}
+			panic(fmt.Sprintf("focus check: %s was left out of the report but its status is another now:\n kept %+v\n  now %+v", u, kept, now))
+		}
+	}
 	return nil
 }
 
@@ -143,60 +215,4 @@ func (f *statusList) update(changed map[string]*Status) {
 func sameStatus(x, y Status) bool {
 	x.UpdatedAt, y.UpdatedAt = time.Time{}, time.Time{}
 	return reflect.DeepEqual(x, y)
-}
-
-// status builds one unit's status from what the loop knows of it: the
-// pass's action for it, what is on disk and what systemd says of it (the
-// view), its job in flight and what the ledger remembers (unitStatus).
-func (a *Agent) status(ctx context.Context, name string) (Status, error) {
-	in := statusInput{
-		Unit:    name,
-		Desired: a.view.desiredUnit(name),
-		Action:  a.view.action(name),
-		Now:     time.Now().UTC(),
-	}
-	in.Hash, in.DropIns = a.view.onDisk(name)
-	if ValidateUnitName(name) == nil {
-		st, err := a.view.state(ctx, name)
-		if err != nil {
-			return Status{}, err
-		}
-		in.State = &st
-	}
-	if j, ok := a.jobs.inflight[name]; ok {
-		in.Job = &j.act
-	}
-	if o, ok := a.ledger.last[name]; ok {
-		in.Last = &o
-	}
-	in.Record, in.Verifying, in.EnableErr = a.ledger.records[name], a.ledger.verifying(name), a.ledger.enableErr[name]
-	in.Confirming = a.confirms.awaiting(name)
-	if t := a.probes.targets[name]; t != nil {
-		in.Probes, in.Probe = t.spec, t.state
-	}
-	return unitStatus(in), nil
-}
-
-// checkStatuses (Config.CheckFocus) builds the status of every unit the
-// pass did not report on and panics if it differs from the one kept.
-func (a *Agent) checkStatuses(ctx context.Context, changed map[string]*Status) error {
-	reported := a.view.reported()
-	for u := range a.view.everyUnit() {
-		if reported[u] || !a.view.hasStatus(u) {
-			continue
-		}
-		now, err := a.status(ctx, u)
-		if err != nil {
-			return err
-		}
-		i, ok := a.out.list.index[u]
-		if _, c := changed[u]; c || !ok || !sameStatus(a.out.list.list[i], now) {
-			var kept Status
-			if ok {
-				kept = a.out.list.list[i]
-			}
-			panic(fmt.Sprintf("focus check: %s was left out of the report but its status is another now:\n kept %+v\n  now %+v", u, kept, now))
-		}
-	}
-	return nil
 }

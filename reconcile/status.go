@@ -7,7 +7,7 @@ import (
 )
 
 // statusInput is everything a unit's status is made of, gathered by the
-// loop (Agent.status): the plan's action for the unit, the results (its job
+// loop (statusBuilder.status): the plan's action for the unit, the results (its job
 // in flight, the last outcome), what the ledger remembers of it, and what
 // the disk and systemd say of it.
 type statusInput struct {

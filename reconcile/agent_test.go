@@ -94,7 +94,15 @@ func TestEnablesInOneCall(t *testing.T) {
 	if want := []string{"enable a.service b.service c.service", "enable a.service", "enable b.service", "enable c.service", "daemon-reload"}; !slices.Equal(got[:5], want) {
 		t.Fatalf("calls = %v, want %v first", got, want)
 	}
-	_, st := a.Statuses()
+	// The statuses come with the end of the pass, after the calls.
+	var st []reconcile.Status
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, st = a.Statuses(); len(st) == 3 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if len(st) != 3 {
 		t.Fatalf("statuses %+v, want 3", st)
 	}

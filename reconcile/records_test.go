@@ -1,16 +1,15 @@
 package reconcile_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/unitdir"
 )
@@ -22,29 +21,12 @@ func (refusesRecords) SetUnits(map[string]reconcile.UnitRecord, reconcile.Intent
 	return errors.New("disk full")
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // A pass whose records cannot be saved still stands, and says so once, in
 // one line that names what failed once.
 func TestPersistErrorLoggedOnce(t *testing.T) {
 	files, m, _ := testDirs(t)
 	sd := &fakeSystemd{active: map[string]bool{}}
-	var log syncBuffer
+	var log testlog.Buffer
 	a := reconcile.New(reconcile.Config{Systemd: reconcile.PlainSystemd(sd), Files: files, Manifest: refusesRecords{m}, CheckFocus: true,
 		Log: slog.New(slog.NewTextHandler(&log, nil))})
 	a.SetSnapshot(snapshot("a.service"))

@@ -287,3 +287,184 @@ func TestSecretToAGroupAndAJoiner(t *testing.T) {
 	}
 	noPlaintext(t, endpoint, token, logs, pids...)
 }
+
+// A host whose recipient changed (its identity made anew, as after a
+// reinstall) is refused by put --secret — naming it, the pinned and the
+// new recipient, and how to accept it; nothing stored — until secrets
+// accept pins the new one. With --accept-new=false a host never seen is
+// refused too.
+func TestSecretPinChangedIsRefusedUntilAccepted(t *testing.T) {
+	t.Parallel() // waits on systemd, not the CPU
+	e := newEnv(t)
+	root := filepath.Join(e.h.Dir, "etc", "app")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := func() { e.startAgentOn([]string{e.endpoint}, func(o *runOptions) { o.fileRoots = []string{root} }) }
+	start()
+	pins := filepath.Join(t.TempDir(), "known_recipients")
+	dest := filepath.Join(root, "token")
+	key := reconcile.ConfigKey("app.service", dest)
+	unitFile := e.writeUnit("app.service", secretUnit)
+	putWith := func(pins, content string, extra ...string) (string, int) {
+		args := []string{"unit", "put", unitFile, "--host", "h1", "--file", dest + "=" + e.writeUnit("files/token", content), "--secret"}
+		return secretCLI(e, pins, append(args, extra...)...)
+	}
+	put := func(content string, extra ...string) (string, int) { return putWith(pins, content, extra...) }
+	joined(t, e.reg, "h1")
+	if out, code := putWith(filepath.Join(t.TempDir(), "none"), "one\n", "--accept-new=false"); code != exitUsage ||
+		!strings.Contains(out, "h1's recipient age1") || !strings.Contains(out, "is not pinned yet (--accept-new=false)") {
+		t.Errorf("put --secret --accept-new=false to a host never pinned: exit %d, want %d\n%s", code, exitUsage, out)
+	}
+	if out, code := put("one\n", "--wait", "--timeout", "20s"); code != 0 {
+		t.Fatalf("put --secret --wait: exit %d\n%s", code, out)
+	}
+	old := publishedRecipient(t, e.reg, "h1")
+
+	// The agent comes back with a new identity.
+	e.agent.stop(t)
+	if err := os.Remove(filepath.Join(e.h.StateDir, secret.IdentityFile)); err != nil {
+		t.Fatal(err)
+	}
+	start()
+	joined(t, e.reg, "h1")
+	eventually(t, "h1 publishes its new recipient", func() bool { r := publishedRecipient(t, e.reg, "h1"); return r != "" && r != old })
+	now := publishedRecipient(t, e.reg, "h1")
+	_, rev, err := e.reg.GetRevision(context.Background(), registry.Target{Host: "h1"}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, code := put("two\n", "--wait", "--timeout", "20s")
+	if code != exitUsage || !strings.Contains(out, "h1's recipient changed: pinned "+old+", the registry now says "+now) ||
+		!strings.Contains(out, "agentd secrets accept h1") || !strings.Contains(out, "nothing stored") {
+		t.Errorf("put --secret to a host whose recipient changed: exit %d, want %d naming h1, both recipients and secrets accept\n%s", code, exitUsage, out)
+	}
+	if _, rev2, _ := e.reg.GetRevision(context.Background(), registry.Target{Host: "h1"}, key); rev2 != rev {
+		t.Errorf("the refused put stored something: %s at revision %d → %d", key, rev, rev2)
+	}
+
+	out, code = secretCLI(e, pins, "secrets", "accept", "h1")
+	if code != 0 || !strings.Contains(out, "h1: "+old+" → "+now) {
+		t.Errorf("secrets accept h1: exit %d, want old → new\n%s", code, out)
+	}
+	if out, code := put("two\n", "--wait", "--timeout", "20s"); code != 0 {
+		t.Fatalf("put --secret after accept: exit %d\n%s", code, out)
+	}
+	if !hasFile(dest, "two\n") {
+		t.Errorf("%s is not the new secret, mode 0600", dest)
+	}
+}
+
+// publishedRecipient is host's recipient as its agent publishes it ("": none).
+func publishedRecipient(t *testing.T, reg *registry.Client, host string) string {
+	t.Helper()
+	known, err := reg.KnownHosts(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range known {
+		if k.Host == host && k.Live {
+			return k.Recipient
+		}
+	}
+	return ""
+}
+
+// Bad input is refused with a clear error, exit 2, before anything is
+// stored (and no error carries the plaintext): a host that never joined,
+// a group with no members, a member from before secrets, a secret over the
+// limit, --secret without --file, a bad --admin-recipient, a host missing
+// from --recipients. With --recipients FILE naming every host, the put
+// encrypts to those and pins nothing.
+func TestSecretBadInputStoresNothing(t *testing.T) {
+	t.Parallel()
+	endpoint := registrytest.StartEtcd(t).Endpoint()
+	reg := registrytest.NewClient(t, endpoint)
+	dir := t.TempDir()
+	e := &env{t: t, endpoint: endpoint, reg: reg, host: "h1"}
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// Two members that never ran here: n1 (group web) with a recipient,
+	// old1 (group legacy) from before secrets.
+	n1, err := secret.LoadOrCreate(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := registrytest.RawClient(t, endpoint)
+	for host, m := range map[string]reconcile.Member{
+		"n1":   {Host: "n1", Groups: []string{"web"}, Recipient: n1.Recipient()},
+		"old1": {Host: "old1", Groups: []string{"legacy"}},
+	} {
+		b, _ := json.Marshal(m)
+		if _, err := raw.Put(context.Background(), registry.DefaultPrefix+"/members/"+host, string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	content, token := plaintext(t)
+	unitFile := write("app.service", secretUnit)
+	file := "/etc/app/db.env=" + write("db.env", content)
+	big := "/etc/app/big=" + write("big", strings.Repeat("x", secret.MaxPlaintext+1))
+	pins := filepath.Join(dir, "pins", "known_recipients")
+	partial := write("recipients", "# ours\nh1 "+n1.Recipient()+"\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown host", []string{"--host", "h9", "--file", file, "--secret"}, "no agent has joined as h9: no key to encrypt to"},
+		{"empty group", []string{"--group", "db", "--file", file, "--secret"}, "group db has no members"},
+		{"from before secrets", []string{"--group", "legacy", "--file", file, "--secret"}, "old1 publishes no recipient: its agent is from before secrets"},
+		{"over the limit", []string{"--group", "web", "--file", big, "--secret"}, "over a secret's limit of 64 KiB"},
+		{"no --file", []string{"--group", "web", "--secret"}, "give the secret as --file"},
+		{"bad admin", []string{"--group", "web", "--file", file, "--secret", "--admin-recipient", "age1nope"}, "--admin-recipient"},
+		{"admin without --secret", []string{"--group", "web", "--file", file, "--admin-recipient", n1.Recipient()}, "only with --secret"},
+		{"missing from --recipients", []string{"--group", "web", "--file", file, "--secret", "--recipients", partial}, "has no line for n1"},
+	} {
+		out, code := secretCLI(e, pins, append([]string{"unit", "put", unitFile}, tc.args...)...)
+		if code != exitUsage || !strings.Contains(out, tc.want) || strings.Contains(out, token) {
+			t.Errorf("%s: exit %d, want %d saying %q (and never the plaintext)\n%s", tc.name, code, exitUsage, tc.want, out)
+		}
+	}
+	if ls, err := reg.List(context.Background(), nil); err != nil || len(ls) != 0 {
+		t.Errorf("refused puts stored %d keys (%v)", len(ls), err)
+	}
+
+	// --recipients naming every host: encrypted to them, no pin made.
+	full := write("recipients-full", "n1 "+n1.Recipient()+"\n")
+	if out, code := secretCLI(e, pins, "unit", "put", unitFile, "--group", "web", "--file", file, "--secret", "--recipients", full); code != 0 {
+		t.Fatalf("put --secret --recipients: exit %d\n%s", code, out)
+	}
+	v, err := reg.Get(context.Background(), registry.Target{Group: "web"}, reconcile.ConfigKey("app.service", "/etc/app/db.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := reconcile.DecodeConfigFile(v)
+	if err != nil || !cf.Secret || strings.Join(cf.To, ",") != "n1" || cf.Mode != 0o600 {
+		t.Fatalf("stored %+v (%v), want a secret to n1, mode 0600", cf, err)
+	}
+	if p, err := n1.Decrypt(cf.Content); err != nil || string(p) != content {
+		t.Errorf("n1 cannot decrypt what was put to it: %v", err)
+	}
+	if _, err := os.Stat(pins); err == nil {
+		t.Errorf("--recipients made a pins file")
+	}
+
+	// rekey with a key the secret was not encrypted to: the key named,
+	// nothing stored.
+	otherDir := t.TempDir()
+	if _, err := secret.LoadOrCreate(otherDir); err != nil {
+		t.Fatal(err)
+	}
+	_, rev, _ := reg.GetRevision(context.Background(), registry.Target{Group: "web"}, reconcile.ConfigKey("app.service", "/etc/app/db.env"))
+	out, code := secretCLI(e, pins, "secrets", "rekey", "--group", "web", "--identity", filepath.Join(otherDir, secret.IdentityFile))
+	if _, rev2, _ := reg.GetRevision(context.Background(), registry.Target{Group: "web"}, reconcile.ConfigKey("app.service", "/etc/app/db.env")); code != exitError ||
+		!strings.Contains(out, "app.service.files/etc/app/db.env: cannot decrypt with") || !strings.Contains(out, "nothing stored") || rev2 != rev {
+		t.Errorf("secrets rekey with a key it was not encrypted to: exit %d, revision %d → %d, want %d naming the key, nothing stored\n%s", code, rev, rev2, exitError, out)
+	}
+	noPlaintext(t, endpoint, token, nil)
+}

@@ -77,3 +77,55 @@ func TestKilledWhileWritingASecretLeavesNoPlaintext(t *testing.T) {
 		last = plaintext
 	}
 }
+
+// A secret whose ciphertext changed by one byte (in etcd, behind the CLI's
+// back) is refused: the unit's status says it cannot be decrypted, the
+// file keeps the version it had, and the unit keeps its MainPID.
+func TestTamperedSecretKeepsTheRunningVersion(t *testing.T) {
+	t.Parallel() // waits on systemd, not the CPU
+	e := newEnv(t)
+	root := filepath.Join(e.h.Dir, "secrets")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) { o.fileRoots = []string{root} })
+	to := recipientOf(t, e.reg, e.host)
+	dest := filepath.Join(root, "db.env")
+	unit := "[Service]\nType=exec\nEnvironmentFile=" + dest + "\nExecStart=/bin/sleep 1000\n[X-Agentd]\nHealthySec=0\nRestartTriggers=" + dest + "\n"
+	key := reconcile.ConfigKey("db.service", dest)
+	put := func(value []byte) {
+		t.Helper()
+		if _, err := e.reg.Put(context.Background(), registry.Target{Host: e.host}, map[string][]byte{"db.service": []byte(unit), key: value}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seal := func(plaintext string) []byte {
+		ct, err := secret.Encrypt([]byte(plaintext), []string{to})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reconcile.ConfigFile{Mode: 0o600, Owner: "root:root", Secret: true, To: []string{e.host}, Content: ct}.Encode()
+	}
+	v1 := seal("PASSWORD=one\n")
+	put(v1)
+	waitFor(t, nil, 30*time.Second, "v1 runs", func() bool { return environHas(e.h.MainPID(t, "db.service"), "PASSWORD=one") })
+	pid := e.h.MainPID(t, "db.service")
+
+	bad := seal("PASSWORD=two\n")
+	body := bytes.Index(bad, []byte("\n-----END")) - 10 // a byte of the armoured body, not of its frame
+	bad[body] ^= 'A' ^ 'B'
+	if bad[body] == '\n' || bad[body] == '-' {
+		bad[body] = 'C'
+	}
+	put(bad)
+	waitFor(t, nil, 30*time.Second, "db.service's status refuses the damaged secret", func() bool {
+		s, ok := e.status("db.service")
+		return ok && strings.Contains(s.Error, key+": cannot decrypt")
+	})
+	if b, _ := os.ReadFile(dest); string(b) != "PASSWORD=one\n" {
+		t.Errorf("%s holds %q after the damaged put, want v1 kept", dest, b)
+	}
+	if p := e.h.MainPID(t, "db.service"); p != pid {
+		t.Errorf("db.service MainPID %d → %d after a damaged secret", pid, p)
+	}
+}

@@ -146,7 +146,9 @@ func sameDesired(x, y *DesiredUnit) bool {
 		return x == y
 	}
 	sameFile := func(f, g DesiredFile) bool {
-		return f.Path == g.Path && f.Hash == g.Hash && f.Source == g.Source && f.Sealed == g.Sealed
+		// The revision too: a status says which revision of a key it runs
+		// (a put of the same content moves it).
+		return f.Path == g.Path && f.Hash == g.Hash && f.Source == g.Source && f.Sealed == g.Sealed && f.Revision == g.Revision
 	}
 	if x.Name != y.Name || x.Instance != y.Instance || x.Policy != y.Policy || (x.File == nil) != (y.File == nil) ||
 		(x.Err == nil) != (y.Err == nil) || len(x.DropIns) != len(y.DropIns) {

@@ -186,6 +186,15 @@ func TestConfigFileSet(t *testing.T) {
 		if p := pid(); p != running {
 			t.Errorf("--file %s refused, yet web.service restarted (MainPID %d → %d)", tc.file, running, p)
 		}
+		// The good unit file back first (no --wait: its set still holds the
+		// refused file, so the host applies nothing), then the refused
+		// file's key out, then the good set confirmed: the other order
+		// leaves, between the two commands, the refused put's unit file
+		// (W=4) with nothing refused in its set, which the agent then
+		// rightly applies (seen in CI: a restart, and one back).
+		if out, code := e.cli("unit", "put", e.writeUnit("web.service", unit("")), "--host", e.host); code != 0 {
+			t.Fatalf("put the good unit file back: exit %d\n%s", code, out)
+		}
 		dest, _, _ := strings.Cut(tc.file, "=")
 		if out, code := e.cli("unit", "rm", reconcile.ConfigKey("web.service", dest), "--host", e.host); code != 0 {
 			t.Fatalf("rm the refused file's key: exit %d\n%s", code, out)

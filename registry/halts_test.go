@@ -183,8 +183,11 @@ func TestWatchHalts(t *testing.T) {
 	if got := haltsOf(first.Halts); !slices.Equal(got, want) {
 		t.Fatalf("initial halts = %v, want %v (the agent's groups only, sorted)", got, want)
 	}
-	if first.Revision != last || !has(first, "group:web:w.service=W") {
-		t.Errorf("initial snapshot at revision %d with %v, want revision %d (units and halts read at once)", first.Revision, units(first), last)
+	// At or after the last write (h2's session may write its own keys
+	// meanwhile: seen in CI one revision later), units and halts from
+	// that one read.
+	if first.Revision < last || !has(first, "group:web:w.service=W") {
+		t.Errorf("initial snapshot at revision %d with %v, want revision %d or later (units and halts read at once)", first.Revision, units(first), last)
 	}
 
 	// Halts of other groups produce no callback; a halt of the agent's

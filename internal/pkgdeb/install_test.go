@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -200,7 +201,9 @@ func TestInstalledAsAUser(t *testing.T) {
 
 	if exists("/usr/bin/man") {
 		out := mustRun("MANPAGER=cat MANWIDTH=80 man agentd 2>&1")
-		if !strings.Contains(out, "agentd - Redeploy systemd units in place across a fleet") || !strings.Contains(out, "agentd-unit(8)") {
+		// man breaks a long SEE ALSO list after a hyphen ("agentd-\n unit(8)").
+		joined := regexp.MustCompile(`-\n\s+`).ReplaceAllString(out, "-")
+		if !strings.Contains(joined, "agentd - Redeploy systemd units in place across a fleet") || !strings.Contains(joined, "agentd-unit(8)") {
 			t.Errorf("man agentd:\n%s", out)
 		}
 		if out := mustRun("MANPAGER=cat man 8 agentd-unit-put 2>&1"); !strings.Contains(out, "--wait") {

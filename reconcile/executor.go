@@ -110,6 +110,14 @@ func (x executor) writeFiles(act Action, replaced map[string]LocalFile, out *wro
 				return err
 			}
 		}
+		if w.Sealed != "" {
+			// A secret is kept now, not at the end of the pass: its
+			// records know it by its ciphertext's hash, which the file
+			// on disk cannot give back if the agent dies before then.
+			if err := x.man.PutBlob(w.Sealed, w.Content); err != nil {
+				return err
+			}
+		}
 		if err := write(w.Path, w.Content); err != nil {
 			return err
 		}

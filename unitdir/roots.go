@@ -518,15 +518,23 @@ func (t target) writeTemp(tmp string) error {
 	if _, err := f.Write(t.file.Content); err != nil {
 		return err
 	}
-	// The owner first: a chown drops the setuid and setgid bits.
-	if err := f.Chown(t.uid, t.gid); err != nil {
+	// The owner first: a chown drops the setuid and setgid bits. Not
+	// when the file has it already (the agent's own user, root:root for
+	// the packaged service): chown is a privileged call its sandbox
+	// filters (SystemCallFilter=~@privileged), even to the same owner.
+	fi, err := f.Stat()
+	if err != nil {
 		return err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != t.uid || int(st.Gid) != t.gid {
+		if err := f.Chown(t.uid, t.gid); err != nil {
+			return err
+		}
 	}
 	if err := f.Chmod(t.file.Mode); err != nil { // whatever the umask
 		return err
 	}
-	fi, err := f.Stat()
-	if err != nil {
+	if fi, err = f.Stat(); err != nil {
 		return err
 	}
 	if mode, owner := attrsOf(fi); mode != t.file.Mode || owner != t.file.Owner {

@@ -113,7 +113,7 @@ func TestSecretAsSystemdCredential(t *testing.T) {
 		t.Fatalf("%s: %v; want systemd's credential, not the plaintext nor the age file", dest, err)
 	}
 	for _, dir := range []string{root, e.h.StateDir, e.h.UnitDir} {
-		noPlaintextUnder(t, dir, plaintext)
+		noPlaintextUnder(t, dir, plaintext) // a credential's blob is the credential
 	}
 }
 

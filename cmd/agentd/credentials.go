@@ -22,6 +22,8 @@ type systemdCreds struct {
 	// manager loads encrypted credentials from systemd 256 on only.
 	user    bool
 	version int
+	// withKey is systemd-creds' --with-key (--credential-key).
+	withKey string
 
 	mu sync.Mutex
 	// made keeps the credential last made of each (name, plaintext):
@@ -62,7 +64,11 @@ func (c *systemdCreds) Seal(ctx context.Context, name, path string, plaintext []
 	if made, ok := c.made[id]; ok {
 		return made, nil
 	}
-	made, err := runCreds(ctx, plaintext, "encrypt", "--name="+name, "-", "-")
+	key := c.withKey
+	if key == "" {
+		key = "auto"
+	}
+	made, err := runCreds(ctx, plaintext, "encrypt", "--name="+name, "--with-key="+key, "-", "-")
 	if err != nil {
 		return nil, err
 	}

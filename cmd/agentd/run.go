@@ -60,6 +60,9 @@ type runOptions struct {
 	// secrets with ("": <state-dir>/identity.age, made at first start);
 	// recipient is its public side, published with the membership.
 	identity, recipient string
+	// credentialKey is --credential-key: what systemd-creds encrypts
+	// credentials with (its --with-key).
+	credentialKey string
 	// allowedSigners is --allowed-signers: only changes its signers signed
 	// are applied.
 	allowedSigners string
@@ -169,6 +172,8 @@ of the group answers alike. There is no authentication: listen on loopback
 		"a FleetLock client's reboot slots are freed this long after its last pre-reboot if it never calls steady-state (whole seconds; longer than a reboot takes)")
 	fs.StringVar(&o.identity, "identity", "",
 		"decrypt secrets (unit put --secret) with this SSH ed25519 host key, e.g. /etc/ssh/ssh_host_ed25519_key (default: an age key made at first start in the state directory, identity.age)")
+	fs.StringVar(&o.credentialKey, "credential-key", "auto",
+		"what secrets put as systemd credentials (unit put --credential) are encrypted with: auto (TPM2 where present, else the host key on persistent storage), host, tpm2 or host+tpm2 (systemd-creds --with-key)")
 	fs.StringVar(&o.allowedSigners, "allowed-signers", "",
 		"apply only changes signed (agentd unit put --sign-key) by a key of this file (ssh-keygen's allowed_signers format: principals [namespaces=\"agentd\"] key); "+
 			"anything else is refused and the running version kept (default: no signature needed)")
@@ -195,6 +200,11 @@ func (o *runOptions) bindLocal(fs *pflag.FlagSet) {
 
 // defaults fills the paths that depend on --user.
 func (o *runOptions) defaults() error {
+	switch o.credentialKey {
+	case "", "auto", "host", "tpm2", "host+tpm2":
+	default:
+		return withCode(exitUsage, fmt.Errorf("--credential-key %q: want auto, host, tpm2 or host+tpm2", o.credentialKey))
+	}
 	if o.host == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -504,7 +514,7 @@ func (r *agentRun) openLocal(ctx context.Context) error {
 	}
 	r.sd = sd
 	r.met.SetSystemdConnected(true)
-	r.creds = &systemdCreds{user: o.user}
+	r.creds = &systemdCreds{user: o.user, withKey: o.credentialKey}
 	if r.creds.version, err = sd.Version(ctx); err != nil {
 		log.Warn("the service manager's version is not known: secrets put as credentials are refused", "err", err)
 	}

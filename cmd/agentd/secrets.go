@@ -35,10 +35,12 @@ type secretFlags struct {
 	recipients string   // --recipients FILE
 	acceptNew  bool     // --accept-new: pin a host seen for the first time
 	pins       string   // --known-recipients FILE ("": secret.DefaultPinsPath)
+	credential string   // --credential NAME (unit put only)
 }
 
 func (s *secretFlags) bind(cmd *cobra.Command, put bool) {
 	if put {
+		cmd.Flags().StringVar(&s.credential, "credential", "", "with --secret and one --file: each host makes a systemd credential NAME of it (systemd-creds: TPM2 where present, else the host key) and writes that, for a unit's LoadCredentialEncrypted=NAME:DEST — no plaintext on the host's disk")
 		cmd.Flags().BoolVar(&s.on, "secret", false, "encrypt every --file of the put (age) to the targeted hosts: --host H, or every member of --group G (live or down), and each --admin-recipient; the registry holds only ciphertext (default mode 0600)")
 	}
 	cmd.Flags().StringArrayVar(&s.admins, "admin-recipient", nil, "also encrypt to this age1… recipient or ssh-ed25519 public key, e.g. the operator's, for a later agentd secrets rekey. Repeatable")
@@ -57,8 +59,16 @@ func (s *secretFlags) check(cmd *cobra.Command, files []string) error {
 	if s.on && len(files) == 0 {
 		return withCode(exitUsage, errors.New("unit put --secret: give the secret as --file DEST=SRC (the unit file itself is never encrypted)"))
 	}
+	if s.credential != "" {
+		if err := reconcile.ValidateCredentialName(s.credential); err != nil {
+			return withCode(exitUsage, fmt.Errorf("unit put --credential: %w", err))
+		}
+		if len(files) != 1 {
+			return withCode(exitUsage, errors.New("unit put --credential: give exactly one --file, the credential's"))
+		}
+	}
 	if !s.on {
-		for _, f := range []string{"admin-recipient", "recipients", "accept-new", "known-recipients"} {
+		for _, f := range []string{"admin-recipient", "recipients", "accept-new", "known-recipients", "credential"} {
 			if cmd.Flags().Changed(f) {
 				return withCode(exitUsage, fmt.Errorf("unit put --%s: only with --secret", f))
 			}
@@ -103,6 +113,9 @@ func (s *secretFlags) seal(cmd *cobra.Command, ef *etcdFlags, tg registry.Target
 			_, dest, _ := reconcile.ConfigDest(k)
 			return withCode(exitUsage, fmt.Errorf("unit put --secret --file %s: %d bytes, over a secret's limit of %d KiB; nothing stored", dest, len(cf.Content), secret.MaxPlaintext>>10))
 		}
+		if s.credential != "" {
+			cf.Credential = s.credential
+		}
 		plain[k] = cf
 	}
 	return withRegistry(cmd, ef, func(ctx context.Context, reg *registry.Client) error {
@@ -126,7 +139,7 @@ func sealFile(cf reconcile.ConfigFile, to sealTo) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return reconcile.ConfigFile{Mode: cf.Mode, Owner: cf.Owner, Secret: true, To: to.hosts, Content: ct}.Encode(), nil
+	return reconcile.ConfigFile{Mode: cf.Mode, Owner: cf.Owner, Secret: true, To: to.hosts, Credential: cf.Credential, Content: ct}.Encode(), nil
 }
 
 // resolve finds tg's hosts and the recipient of each (pinned, or from

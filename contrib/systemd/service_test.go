@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -630,5 +631,55 @@ func TestSystemOfflineStartRunsOnLastKnownGood(t *testing.T) {
 	}
 	if out := e.mustAgentd("agentd", "status"); !strings.Contains(out, "hello.service") {
 		t.Errorf("agentd status does not show the saved snapshot's unit:\n%s", out)
+	}
+}
+
+// A secret put as a systemd credential, on a booted systemd with the
+// shipped unit: the agent (sandboxed, no capabilities) decrypts it with its
+// identity and has systemd-creds encrypt it with the host key; a unit reads
+// the plaintext through LoadCredentialEncrypted=, and no file on the host
+// holds it — not the credential store, not the agent's state directory.
+func TestSystemSecretAsCredential(t *testing.T) {
+	// The container's /var is a tmpfs: systemd-creds' auto refuses a host
+	// key there (as it should on a real host), so the host key is asked
+	// for by name.
+	e := newSysEnv(t, "[Service]\nReadWritePaths=/etc/credstore.encrypted\nEnvironment=AGENTD_FILE_ROOT=/etc/credstore.encrypted AGENTD_CREDENTIAL_KEY=host\n")
+	e.c.MustRun(t, "mkdir", "-m", "0700", "-p", "/etc/credstore.encrypted")
+	e.c.MustRun(t, "systemd-creds", "setup") // the host key, made before the sandboxed agent needs it
+	e.start()
+	plaintext := "s3cr3t-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	dir := filepath.Join(e.c.Share, "units")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "db.txt"), []byte(plaintext), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	unit := "[Service]\nType=exec\nLoadCredentialEncrypted=db\n" +
+		"ExecStart=/bin/sh -c 'cat \"$CREDENTIALS_DIRECTORY/db\" > /run/seen; exec /bin/sleep 1000'\n" +
+		"[X-Agentd]\nHealthySec=1\nRestartTriggers=/etc/credstore.encrypted/db\n"
+	if err := os.WriteFile(filepath.Join(dir, "cred.service"), []byte(unit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := e.agentd("agentd", "unit", "put", "/run/harness/units/cred.service", "--file", "/etc/credstore.encrypted/db=/run/harness/units/db.txt",
+		"--secret", "--credential", "db", "--host", sysHost, "--wait", "--timeout", "60s"); code != 0 {
+		t.Fatalf("put --secret --credential: exit %d\n%s", code, out)
+	}
+	if got := e.c.MustRun(t, "cat", "/run/seen"); got != plaintext {
+		t.Fatalf("cred.service read %q from its credential, want the secret", got)
+	}
+	for _, dir := range []string{"etc/credstore.encrypted", "var/lib/agentd", "etc/systemd/system"} {
+		filepath.WalkDir(filepath.Join(e.c.Root, dir), func(p string, d fs.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return nil
+			}
+			if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), plaintext) {
+				t.Errorf("%s holds the plaintext", p)
+			}
+			return nil
+		})
+	}
+	if out := e.c.MustRun(t, "systemd-creds", "decrypt", "--name=db", "/etc/credstore.encrypted/db", "-"); out != plaintext {
+		t.Errorf("systemd-creds decrypt of what the agent wrote: %q", out)
 	}
 }

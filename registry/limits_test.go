@@ -57,7 +57,7 @@ func TestLimitRequestBytesRefusedBeforeSending(t *testing.T) {
 	if _, err := c.Put(ctxT(t), Target{Host: "h1"}, under); err != nil {
 		t.Fatalf("a put of 1.5 MB: %v", err)
 	}
-	if n := requestBytes(writeTxnFor(c, under)); n > MaxRequestBytes || n < 3*2*250<<10 {
+	if n := requestBytes(writeTxnFor(c, under).txn); n > MaxRequestBytes || n < 3*2*250<<10 {
 		t.Errorf("measured %d bytes for 3 × 250 KiB twice", n)
 	}
 }

@@ -514,7 +514,7 @@ func (c *Client) guardMirrorState(ctx context.Context, x *txn, mc MirrorCommit, 
 	key := c.mirrorStateKey(mc.Name)
 	ops := []clientv3.Op{clientv3.OpGet(key)}
 	if mc.Leader != nil {
-		ops = append(ops, clientv3.OpGet(mc.Leader.el.Key()))
+		ops = append(ops, clientv3.OpGet(mc.Leader.key))
 	}
 	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
@@ -528,7 +528,7 @@ func (c *Client) guardMirrorState(ctx context.Context, x *txn, mc MirrorCommit, 
 	}
 	if mc.Leader != nil {
 		kvs := resp.Responses[1].GetResponseRange().GetKvs()
-		if len(kvs) == 0 || kvs[0].CreateRevision != mc.Leader.el.Rev() {
+		if len(kvs) == 0 || kvs[0].CreateRevision != mc.Leader.rev {
 			return fmt.Errorf("%s: %w (%s); nothing written", mc, ErrNotLeader, mc.Leader.id)
 		}
 		x.guard(mc.Leader.Guard())
@@ -659,6 +659,10 @@ type MirrorLeader struct {
 	id   string
 	sess *concurrency.Session
 	el   *concurrency.Election
+	// key and rev are the election key and its create revision, kept:
+	// el forgets them on Resign.
+	key string
+	rev int64
 }
 
 // CampaignMirror blocks until the replica id leads mirror name, or ctx
@@ -681,14 +685,15 @@ func (c *Client) CampaignMirror(ctx context.Context, name, id string, ttl time.D
 		l.close()
 		return nil, fmt.Errorf("campaign for mirror %s: %w", name, err)
 	}
+	l.key, l.rev = l.el.Key(), l.el.Rev()
 	// The election waits for the older candidates only: its own key may
 	// have gone with its lease meanwhile.
-	resp, err := c.cli.Get(ctx, l.el.Key())
+	resp, err := c.cli.Get(ctx, l.key)
 	switch {
 	case err != nil:
 		l.close()
 		return nil, fmt.Errorf("campaign for mirror %s: %w", name, err)
-	case len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != l.el.Rev():
+	case len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != l.rev:
 		l.close()
 		return nil, fmt.Errorf("campaign for mirror %s: %w: the lease was lost while waiting", name, ErrNotLeader)
 	}
@@ -707,7 +712,7 @@ func (l *MirrorLeader) Done() <-chan struct{} { return l.sess.Done() }
 
 // Guard holds while the election key of this leadership stands.
 func (l *MirrorLeader) Guard() clientv3.Cmp {
-	return clientv3.Compare(clientv3.CreateRevision(l.el.Key()), "=", l.el.Rev())
+	return clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)
 }
 
 // Resign ends the leadership and gives its lease back: the next replica

@@ -489,7 +489,7 @@ func (c *Client) commitTxn(ctx context.Context, mc MirrorCommit, o writeOptions)
 			all[t] = nil
 		}
 	}
-	keys := 0
+	keys, written := 0, map[Target]bool{}
 	for _, t := range slices.SortedFunc(maps.Keys(all), compareTargets) {
 		ws, err := c.commitTarget(ctx, t, mc.Puts[t], mc.Deletes[t], o)
 		if err != nil {
@@ -499,9 +499,10 @@ func (c *Client) commitTxn(ctx context.Context, mc MirrorCommit, o writeOptions)
 			x.guard(w.ifs...)
 			x.then(w.ops...)
 			keys += w.keys
+			written[t] = true
 		}
 	}
-	if err := c.guardOwners(ctx, x, mc); err != nil {
+	if err := c.guardOwners(ctx, x, mc, written); err != nil {
 		return nil, 0, err
 	}
 	return x, keys, nil
@@ -607,9 +608,10 @@ func subset(st map[string]*keyState, names []string) map[string]*keyState {
 
 // guardOwners adds the owner records of mc.Owned (written when new or
 // changed) and the removal of this mirror's owners of the other targets,
-// each guarded on its owner key as read. A target another mirror owns is
-// refused.
-func (c *Client) guardOwners(ctx context.Context, x *txn, mc MirrorCommit) error {
+// each guarded on its owner key as read. A target of mc.Owned or of
+// written (the targets the commit writes keys of) that another mirror
+// owns is refused.
+func (c *Client) guardOwners(ctx context.Context, x *txn, mc MirrorCommit, written map[Target]bool) error {
 	resp, err := c.cli.Get(ctx, c.ownersRoot(), clientv3.WithPrefix())
 	if err != nil {
 		return fmt.Errorf("%s: read %s: %w", mc, c.ownersRoot(), err)
@@ -625,6 +627,9 @@ func (c *Client) guardOwners(ctx context.Context, x *txn, mc MirrorCommit) error
 	want := map[string]bool{}
 	for _, t := range mc.Owned {
 		key := c.ownerKey(t)
+		if want[key] {
+			continue // named twice
+		}
 		want[key] = true
 		kv := cur[key]
 		if kv == nil {
@@ -643,9 +648,23 @@ func (c *Client) guardOwners(ctx context.Context, x *txn, mc MirrorCommit) error
 	}
 	for _, key := range slices.Sorted(maps.Keys(cur)) {
 		var own mirrorOwner
-		if !want[key] && json.Unmarshal(cur[key].Value, &own) == nil && own.Name == mc.Name {
+		if want[key] || json.Unmarshal(cur[key].Value, &own) != nil {
+			continue
+		}
+		t, _ := c.ownerTarget(key)
+		switch {
+		case own.Name == mc.Name:
 			x.guard(clientv3.Compare(clientv3.ModRevision(key), "=", cur[key].ModRevision))
 			x.then(clientv3.OpDelete(key))
+		case written[t]:
+			// A target the commit writes but does not own (it leaves the
+			// tree) that another mirror owns now.
+			return fmt.Errorf("%s: %s: %w", mc, t, &MirroredError{Target: t, Mirror: own.Name, URL: own.URL, Branch: own.Branch})
+		}
+	}
+	for t := range written {
+		if key := c.ownerKey(t); cur[key] == nil && !want[key] {
+			x.guard(clientv3.Compare(clientv3.ModRevision(key), "=", 0))
 		}
 	}
 	return nil

@@ -203,9 +203,17 @@ func TestMirrorOwnership(t *testing.T) {
 	if _, err := c.ApplyCommit(ctx, other); !errors.Is(err, ErrMirrored) || !strings.Contains(err.Error(), `mirror "default"`) {
 		t.Errorf("another mirror taking web: %v", err)
 	}
+	other.Owned = nil
+	other.Deletes = map[Target][]string{mirWeb: {"b.service"}}
+	if _, err := c.ApplyCommit(ctx, other); !errors.Is(err, ErrMirrored) {
+		t.Errorf("another mirror deleting from web: %v", err)
+	}
 	if _, ok, _ := c.MirrorState(ctx, "other"); ok {
 		t.Error("the refused commit wrote the other mirror's state")
 	}
+	twice := commit(3, 2, "web named twice")
+	twice.Owned = []Target{mirWeb, mirWeb}
+	apply(t, c, twice)
 }
 
 func TestCampaignMirror(t *testing.T) {

@@ -421,7 +421,7 @@ func newMirrorMetrics(name string) *mirrorMetrics {
 		commits: prometheus.NewCounter(prometheus.CounterOpts{Name: "agentd_mirror_commits_mirrored_total",
 			Help: "Commits written to the registry.", ConstLabels: l}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentd_mirror_commits_refused_total",
-			Help: "Commits refused, by reason (unsigned, unknown-key, not-allowed, not-ssh, bad-signature, not-fast-forward, render, mass-delete).",
+			Help:        "Commits refused, by reason (unsigned, unknown-key, not-allowed, not-ssh, bad-signature, not-fast-forward, render, mass-delete).",
 			ConstLabels: l}, []string{"reason"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "agentd_mirror_leader",
 			Help: "1 while this process is the elected mirror, 0 while it stands by.", ConstLabels: l}),

@@ -70,10 +70,13 @@ func (p *percentValue) Set(s string) error {
 	return nil
 }
 
-// defaultMirrorCacheDir is --cache-dir's default: /var/lib/agentd-mirror
-// for root (agentd-mirror.service's StateDirectory=), else
-// $XDG_STATE_HOME/agentd-mirror.
+// defaultMirrorCacheDir is --cache-dir's default: the service's state
+// directory ($STATE_DIRECTORY, agentd-mirror.service's StateDirectory=),
+// /var/lib/agentd-mirror for root, else $XDG_STATE_HOME/agentd-mirror.
 func defaultMirrorCacheDir() string {
+	if v, _, _ := strings.Cut(os.Getenv("STATE_DIRECTORY"), ":"); filepath.IsAbs(v) {
+		return v
+	}
 	if os.Geteuid() == 0 {
 		return "/var/lib/agentd-mirror"
 	}

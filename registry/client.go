@@ -64,6 +64,10 @@ type Client struct {
 	// for a progress notification, as etcd ignores the request while a
 	// watcher of the stream catches up (the catch-up read must do).
 	testNoProgress bool
+	// testAfterChunk, when set (tests only), runs after the nth chunk of
+	// a commit written behind a hold; an error stops the commit there, as
+	// a mirror killed would.
+	testAfterChunk func(n int) error
 	// testAfterKeysRead, when set (tests only), runs in Remove between
 	// its read of the keys and its transaction.
 	testAfterKeysRead func()

@@ -29,6 +29,7 @@ import (
 //	<p>/mirror/<name>/election/    the election of its leader among its replicas (concurrency.Election, lease-bound)
 //	<p>/mirror/<name>/sync         JSON SyncRequest: a one-shot request to sync now, consumed (deleted) by the leader
 //	<p>/mirror/owners/<target>     JSON {name,url,branch}: the mirror that owns the target ("groups/web", "hosts/h1")
+//	<p>/mirror/holds/<name>        JSON {commit,parent,targets}: a commit over etcd's limits being written (mirror_chunks.go); agents read it
 //
 // A target is owned while the tree of the last mirrored commit holds it.
 // Put and Remove (and so `unit revert`) refuse to write to an owned target
@@ -47,7 +48,8 @@ import (
 //
 // The mirror runs with an operator's credentials (it writes every target
 // it owns and their history); agents read and write nothing under
-// <p>/mirror/ (AgentPermissions grants nothing there). An operator role
+// <p>/mirror/ (AgentPermissions grants nothing there) but the holds,
+// which they read. An operator role
 // that may Put needs read access to <p>/mirror/owners/.
 
 var (
@@ -133,12 +135,12 @@ func (c *Client) ownerTarget(key string) (Target, bool) {
 }
 
 // validMirrorName checks a mirror's name: a key segment like a group's,
-// other than "owners".
+// other than "owners" and "holds".
 func validMirrorName(name string) error {
 	if err := ValidateName("mirror", name); err != nil {
 		return err
 	}
-	if name == "owners" {
+	if name == "owners" || name == "holds" {
 		return fmt.Errorf("%w mirror name %q: reserved", ErrInvalid, name)
 	}
 	return nil
@@ -435,10 +437,12 @@ func (mc MirrorCommit) validate() error {
 // (ErrMirrored). An empty commit (no puts, no deletes) still moves the
 // state.
 //
-// A commit over etcd's limits (MaxTxnOps, MaxRequestBytes) is refused
-// with an error wrapping a *LimitError that names the commit; nothing is
-// written. Splitting a large commit across content-addressed keys, so
-// that it still lands as one revision, is left for later.
+// A commit over etcd's limits (MaxTxnOps, MaxRequestBytes, or the
+// server's own when lower) is written in chunks behind a hold that keeps
+// the hosts it covers where they were until its last transaction
+// (mirror_chunks.go); a hold left by a mirror that stopped is taken over
+// and finished. A small commit still goes in one transaction, and removes
+// a hold left there.
 func (c *Client) ApplyCommit(ctx context.Context, mc MirrorCommit) (int64, error) {
 	if err := mc.validate(); err != nil {
 		return 0, err
@@ -454,13 +458,13 @@ func (c *Client) ApplyCommit(ctx context.Context, mc MirrorCommit) (int64, error
 			return 0, err
 		}
 		what := LimitError{Op: "put", Keys: keys, Write: fmt.Sprintf("commit %s (%q) of mirror %s", short(mc.Commit), oneLine(mc.Subject), mc.Name)}
-		if err := checkTxnLimits(x, what); err != nil {
-			return 0, fmt.Errorf("mirror %s: %w", mc.Name, err)
+		if checkTxnLimits(x, what) != nil {
+			return c.applyChunked(ctx, mc, o) // mirror_chunks.go
 		}
 		resp, err := x.commit(ctx, c.cli)
 		if err != nil {
-			if lerr := serverLimit(err, x, what); lerr != nil {
-				return 0, fmt.Errorf("mirror %s: %w", mc.Name, lerr)
+			if serverLimit(err, x, what) != nil {
+				return c.applyChunked(ctx, mc, o)
 			}
 			return 0, fmt.Errorf("%s: %w", mc, err)
 		}
@@ -549,7 +553,7 @@ func (c *Client) guardMirrorState(ctx context.Context, x *txn, mc MirrorCommit, 
 	}
 	x.guard(clientv3.Compare(clientv3.ModRevision(key), "=", modRev))
 	x.then(clientv3.OpPut(key, string(b)))
-	return nil
+	return c.guardHold(ctx, x, mc) // mirror_chunks.go
 }
 
 // commitTarget composes the writes of one target of a commit: its puts

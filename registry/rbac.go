@@ -17,8 +17,9 @@ import (
 // an agent under that role.
 //
 // Git mirrors (mirror.go) run with an operator's credentials, not an
-// agent's: an agent reads and writes nothing under <p>/mirror/, so its
-// role grants nothing there. (An operator's role that may Put or Remove
+// agent's: an agent writes nothing under <p>/mirror/ and reads only the
+// holds (<p>/mirror/holds/: a commit over etcd's limits being written,
+// mirror_chunks.go). (An operator's role that may Put or Remove
 // needs read access to <p>/mirror/owners/: every write checks whether a
 // mirror owns its target.)
 //
@@ -68,6 +69,7 @@ func AgentRole(host string) string { return "agentd-host-" + host }
 //	<p>/rollouts/admit/<g>/         prefix  readwrite  each group's admissions (a host watches its own; the coordinator writes them)
 //	<p>/rollouts/summary/<g>/       prefix  readwrite  each group's rollout summaries (the coordinator writes them)
 //	<p>/rollouts/coordinator/<g>/   prefix  readwrite  each group's coordinator election (Campaign)
+//	<p>/mirror/holds/               prefix  read       the git mirrors' holds (Watch waits while one covers its targets)
 //
 // Groups are sorted and deduplicated, as Watch does.
 func AgentPermissions(prefix, host string, groups []string) ([]Permission, error) {
@@ -95,6 +97,7 @@ func AgentPermissions(prefix, host string, groups []string) ([]Permission, error
 		{Key: c.factsKey(host), Write: true, Why: "its facts for previews (the files it did not write, the content it refused), bound to its lease"},
 		{Key: c.progressDir(host), Prefix: true, Write: true, Why: "its own progress in the rollouts (watched; written as it takes, soaks or reverts a change)"},
 		{Key: c.progressRoot(), Prefix: true, Why: "every host's progress in the rollouts (read by its group's coordinator, when this host is elected)"},
+		{Key: c.holdsRoot(), Prefix: true, Why: "the git mirrors' holds (watched: a commit over etcd's limits being written; its hosts wait for the whole of it)"},
 	}
 	for _, g := range gs {
 		perms = append(perms,

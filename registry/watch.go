@@ -81,7 +81,7 @@ func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnap
 	for _, g := range gs {
 		w.prefixes = append(w.prefixes, c.targetRoot(Target{Group: g}), c.groupHalts(g), c.rolloutGroup(g), c.admitDir(g, host))
 	}
-	w.prefixes = append(w.prefixes, c.progressDir(host))
+	w.prefixes = append(w.prefixes, c.progressDir(host), c.holdsRoot()) // holds: mirror_chunks.go
 
 	fails := 0
 	retry := func(what string, err error) error {
@@ -113,7 +113,8 @@ func (c *Client) Watch(ctx context.Context, host string, groups []string, onSnap
 		for i := range w.shown {
 			w.shown[i] = rev
 		}
-		onSnapshot(w.snapshot(state, rev))
+		w.released, w.keysRev = false, 0
+		w.handOut(ctx, state, rev, onSnapshot)
 		if c.testAfterRead != nil {
 			c.testAfterRead()
 		}
@@ -151,6 +152,12 @@ type unitWatch struct {
 	// out: when a progress notification moves it, a snapshot goes out
 	// again (a unit change held back for it can go on).
 	handedRollouts int64
+	// released: a mirror's hold over this host's targets went; the watch
+	// reads everything again (mirror_chunks.go).
+	released bool
+	// keysRev is the newest revision of a change of a unit key, signature
+	// or halt: a snapshot is handed on once the holds are known up to it.
+	keysRev int64
 }
 
 // Snapshot is what Watch hands out: the host's keys, and its view of its
@@ -187,6 +194,8 @@ type unitState struct {
 	rollouts map[string]*rollout.Record
 	mine     map[string]idProgress
 	admitted map[string]string
+	// holds are the mirrors' holds, by key (mirror_chunks.go).
+	holds map[string]mirrorHold
 }
 
 type idProgress struct {
@@ -196,7 +205,7 @@ type idProgress struct {
 
 func newUnitState() *unitState {
 	return &unitState{entries: map[string]reconcile.Entry{}, sigs: map[string]reconcile.Entry{}, halts: map[string]reconcile.Halt{},
-		rollouts: map[string]*rollout.Record{}, mine: map[string]idProgress{}, admitted: map[string]string{}}
+		rollouts: map[string]*rollout.Record{}, mine: map[string]idProgress{}, admitted: map[string]string{}, holds: map[string]mirrorHold{}}
 }
 
 func (s *unitState) snapshot(rev int64) Snapshot {
@@ -258,6 +267,7 @@ func (s *unitState) delete(key string) {
 	delete(s.rollouts, key)
 	delete(s.mine, key)
 	delete(s.admitted, key)
+	delete(s.holds, key)
 }
 
 func (w *unitWatch) put(s *unitState, kv *mvccpb.KeyValue) {
@@ -272,6 +282,10 @@ func (w *unitWatch) put(s *unitState, kv *mvccpb.KeyValue) {
 	}
 	if strings.HasPrefix(string(kv.Key), w.c.rolloutsRoot()) {
 		w.putRollout(s, kv)
+		return
+	}
+	if strings.HasPrefix(string(kv.Key), w.c.holdsRoot()) {
+		w.putHold(s, kv)
 		return
 	}
 	t, unit, ok := w.c.parseUnitKey(string(kv.Key))
@@ -348,6 +362,9 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 		}
 	}
 	for {
+		if w.released {
+			return nil // read it all again, at one revision
+		}
 		var it watchItem
 		select {
 		case <-ctx.Done():
@@ -359,7 +376,7 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 				if err := w.catchUp(ctx, state, rev); err != nil {
 					return err
 				}
-				onSnapshot(w.snapshot(state, rev))
+				w.handOut(ctx, state, rev, onSnapshot)
 			}
 			armCatchUp()
 			continue
@@ -371,7 +388,7 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 		}
 		if !changed {
 			if w.handedRollouts < rev && w.rolloutsRevision(rev) > w.handedRollouts {
-				onSnapshot(w.snapshot(state, rev))
+				w.handOut(ctx, state, rev, onSnapshot)
 				armCatchUp()
 			}
 			continue
@@ -380,13 +397,13 @@ func (w *unitWatch) watch(ctx context.Context, state *unitState, rev int64, onSn
 		// handed out at once, without asking etcd for a progress
 		// notification (a request per host per step).
 		if p := w.prefixes[it.from]; p == w.c.progressDir(w.host) || strings.HasPrefix(p, w.c.admitRoot()) {
-			onSnapshot(w.snapshot(state, rev))
+			w.handOut(ctx, state, rev, onSnapshot)
 			continue
 		}
 		if err := w.settle(ctx, wctx, state, &rev, it.from, merged); err != nil {
 			return err
 		}
-		onSnapshot(w.snapshot(state, rev))
+		w.handOut(ctx, state, rev, onSnapshot)
 		armCatchUp()
 	}
 }
@@ -562,9 +579,11 @@ func (w *unitWatch) apply(state *unitState, rev *int64, it watchItem) (bool, err
 		case clientv3.EventTypePut:
 			w.put(state, ev.Kv)
 		case clientv3.EventTypeDelete:
+			w.release(state, string(ev.Kv.Key))
 			state.delete(string(ev.Kv.Key))
 		}
 		*rev = max(*rev, ev.Kv.ModRevision)
+		w.noteChange(it.from, ev.Kv.ModRevision)
 	}
 	return len(resp.Events) > 0, nil
 }

@@ -61,6 +61,10 @@ var errWatchClosed = errors.New("watch channel closed")
 // of a successful read plus watched events. Snapshot.Revision is the read
 // revision, then the revision of the newest change applied.
 //
+// While a git mirror's hold names host or one of groups (a commit over
+// etcd's limits being written, mirror_chunks.go) it hands on nothing; when
+// the hold goes it reads everything again and hands that on.
+//
 // onSnapshot runs on Watch's goroutine; it should return quickly (store the
 // snapshot and poke a loop). Watch returns ctx.Err() when ctx is done, an
 // error for invalid arguments, or one when the Client is closed.

@@ -28,6 +28,7 @@ import (
 	"github.com/agentd/agentd/internal/citest"
 	"github.com/agentd/agentd/mirror"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/sshsig"
 )
 
@@ -198,6 +199,12 @@ func (f *fakeMirrorStore) ApplyCommit(_ context.Context, mc registry.MirrorCommi
 	f.state = registry.MirrorState{Name: mc.Name, URL: mc.URL, Branch: mc.Branch, Commit: mc.Commit, Signer: mc.Signer,
 		Author: mc.Author, Subject: mc.Subject, Revision: f.rev}
 	return f.rev, nil
+}
+
+func (f *fakeMirrorStore) KnownHosts(context.Context) ([]registry.KnownHost, error) { return nil, nil }
+
+func (f *fakeMirrorStore) Rollout(_ context.Context, id string, _ bool) (rollout.View, error) {
+	return rollout.View{}, fmt.Errorf("%w: %s", registry.ErrNoRollout, id)
 }
 
 func (f *fakeMirrorStore) RefuseCommit(_ context.Context, name string, r registry.MirrorRefusal) error {

@@ -198,6 +198,14 @@ and deletes against the keys mirrored so far. A commit that deletes more than
 --allow-mass-delete"; one that deletes all of them is always refused. A fetch
 that fails, or a registry that does not answer, changes nothing.
 
+A group with groups/<group>/rollout.toml (canary, waves, max_unavailable,
+soak, pause_after_canary: the options of "unit put --group") gets each commit's
+change to it as a rollout over its hosts, as "unit put --group G --waves …"
+stages one; "agentd mirror status" shows the rollouts the last commit started.
+--notify-url POSTs each commit's verdict as JSON (applied right after the
+write of a commit without rollouts; else done, failed, aborted or superseded
+once they end), retried; README.md ("Git mirror") documents its shape.
+
 A target (host or group) the mirror writes belongs to it: "agentd unit put"
 and "unit rm" to it are refused (exit 2) unless --force.
 

@@ -594,3 +594,28 @@ func TestMirrorPercentFlag(t *testing.T) {
 		}
 	}
 }
+
+// A commit's verdict is the worst of its rollouts' ends; applied without.
+func TestMirrorVerdictOf(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		phases []string
+		want   string
+	}{
+		{"no rollouts", nil, verdictApplied},
+		{"all done", []string{"done", "done"}, verdictDone},
+		{"one superseded", []string{"done", "superseded"}, verdictSuperseded},
+		{"one gone", []string{"superseded", phaseGone}, verdictAborted},
+		{"one failed", []string{"aborted", "failed", "done"}, verdictFailed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var rs []verdictRollout
+			for _, p := range c.phases {
+				rs = append(rs, verdictRollout{Phase: p})
+			}
+			if got := verdictOf(rs); got != c.want {
+				t.Errorf("verdictOf(%v) = %s, want %s", c.phases, got, c.want)
+			}
+		})
+	}
+}

@@ -19,6 +19,14 @@
 //	                                  until new content for the unit is put
 //	                                  (Put and Remove delete it) or an
 //	                                  operator deletes it
+//	<p>/mirror/<name>/state           JSON MirrorState: a git mirror's last
+//	                                  commit mirrored and last refused
+//	<p>/mirror/<name>/election/       its replicas' leader election, lease-bound
+//	<p>/mirror/<name>/sync            JSON SyncRequest, taken by the leader
+//	<p>/mirror/owners/<scope>         JSON {name,url,branch}: the mirror that
+//	                                  owns a target (<scope> "groups/<g>" or
+//	                                  "hosts/<h>"); Put and Remove refuse to
+//	                                  write there without Force (mirror.go)
 //
 // <unit> is a unit name ("hello.service") or a drop-in ("hello.service.d/10-x.conf").
 //
@@ -40,6 +48,12 @@
 // CLI side: [Client.Put], [Client.Remove], [Client.List], [Client.Get],
 // [Client.Members], [Client.Statuses], [Client.WatchStatuses],
 // [Client.Holders], [Client.Slots] and [Client.Halts].
+//
+// Mirror side (`agentd mirror`, mirror.go): [Client.ApplyCommit] writes a
+// git commit as one revision; [Client.MirrorState], [Client.MirrorTree],
+// [Client.RefuseCommit], [Client.ResetMirror], [Client.CampaignMirror],
+// [Client.RequestMirrorSync], [Client.WatchMirrorSync] and
+// [Client.MirrorOwner].
 //
 // [StartEmbedded] runs a single-node etcd inside the process (for `agentd run`
 // without endpoints, and for tests via registrytest.StartEtcd).

@@ -80,6 +80,11 @@ type writeOptions struct {
 	// a revert (Reverting).
 	signer ChangeSigner
 	revert bool
+	// force writes to a target a mirror owns (Force); mirror says the
+	// write is the mirror's own (ApplyCommit), which guards the owners
+	// itself (mirror.go).
+	force  bool
+	mirror bool
 }
 
 func newWriteOptions(opts []WriteOption) writeOptions {

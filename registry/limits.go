@@ -67,6 +67,18 @@ type LimitError struct {
 	Size   int    // bytes, or operations for LimitOps
 	Max    int
 	Server bool
+	// Write names the write in the message when it is not one put or
+	// removal of one target (a mirrored commit: "commit 0123456789ab of
+	// mirror default"); "" reads "this <Op> to <Target>".
+	Write string
+}
+
+// what names the write: "this put to groups/web", or Write.
+func (e *LimitError) what() string {
+	if e.Write != "" {
+		return e.Write
+	}
+	return fmt.Sprintf("this %s to %s", e.Op, e.Target)
 }
 
 func (e *LimitError) Error() string {
@@ -79,17 +91,17 @@ func (e *LimitError) Error() string {
 		return fmt.Sprintf("%s is %s; the registry takes at most %s in one value: make it smaller (agentd's limit for a unit file); %s",
 			e.Key, decimalBytes(e.Size), binaryBytes(e.Max), nothing)
 	case e.Limit == LimitOps && e.Server:
-		return fmt.Sprintf("this %s to %s is %d operations in one transaction (%d keys, each with its history record); etcd refused it: its --max-txn-ops is lower than the %d agentd needs: split it, or raise the server's limit; %s",
-			e.Op, e.Target, e.Size, e.Keys, e.Max, nothing)
+		return fmt.Sprintf("%s is %d operations in one transaction (%d keys, each with its history record); etcd refused it: its --max-txn-ops is lower than the %d agentd needs: split it, or raise the server's limit; %s",
+			e.what(), e.Size, e.Keys, e.Max, nothing)
 	case e.Limit == LimitOps:
-		return fmt.Sprintf("this %s to %s is %d operations in one transaction (%d keys, each with its history record); the registry takes at most %d (etcd's --max-txn-ops): split it, or raise the server's limit; %s",
-			e.Op, e.Target, e.Size, e.Keys, e.Max, nothing)
+		return fmt.Sprintf("%s is %d operations in one transaction (%d keys, each with its history record); the registry takes at most %d (etcd's --max-txn-ops): split it, or raise the server's limit; %s",
+			e.what(), e.Size, e.Keys, e.Max, nothing)
 	case e.Server:
-		return fmt.Sprintf("this %s to %s is %s (%d keys, each with a copy in its history); etcd refused it as too large for one request: its --max-request-bytes is lower than the %s agentd allows: split it, or raise the server's limit; %s",
-			e.Op, e.Target, decimalBytes(e.Size), e.Keys, binaryBytes(e.Max), nothing)
+		return fmt.Sprintf("%s is %s (%d keys, each with a copy in its history); etcd refused it as too large for one request: its --max-request-bytes is lower than the %s agentd allows: split it, or raise the server's limit; %s",
+			e.what(), decimalBytes(e.Size), e.Keys, binaryBytes(e.Max), nothing)
 	}
-	return fmt.Sprintf("this %s to %s is %s (%d keys, each with a copy in its history); the registry takes at most %s in one request (etcd's --max-request-bytes): split it, or raise the server's limit; %s",
-		e.Op, e.Target, decimalBytes(e.Size), e.Keys, binaryBytes(e.Max), nothing)
+	return fmt.Sprintf("%s is %s (%d keys, each with a copy in its history); the registry takes at most %s in one request (etcd's --max-request-bytes): split it, or raise the server's limit; %s",
+		e.what(), decimalBytes(e.Size), e.Keys, binaryBytes(e.Max), nothing)
 }
 
 func (e *LimitError) Unwrap() error { return ErrTooLarge }
@@ -133,18 +145,41 @@ func checkValues(t Target, units map[string][]byte) error {
 // compares or operations than MaxTxnOps, or more bytes than
 // MaxRequestBytes.
 func checkLimits(w *writeTxn) error {
-	if n := max(len(w.ifs), len(w.ops)); n > MaxTxnOps {
-		return &LimitError{Op: w.op, Target: w.target, Limit: LimitOps, Keys: w.keys, Size: n, Max: MaxTxnOps}
+	return checkTxnLimits(&w.txn, LimitError{Op: w.op, Target: w.target, Keys: w.keys})
+}
+
+// checkTxnLimits is checkLimits for any transaction x; e says what x
+// writes (Op, Target, Keys, Write), the rest is filled in.
+func checkTxnLimits(x *txn, e LimitError) error {
+	if n := max(len(x.ifs), len(x.ops)); n > MaxTxnOps {
+		e.Limit, e.Size, e.Max = LimitOps, n, MaxTxnOps
+		return &e
 	}
-	if n := requestBytes(*w); n > MaxRequestBytes {
-		return &LimitError{Op: w.op, Target: w.target, Limit: LimitRequest, Keys: w.keys, Size: n, Max: MaxRequestBytes}
+	if n := requestBytes(*x); n > MaxRequestBytes {
+		e.Limit, e.Size, e.Max = LimitRequest, n, MaxRequestBytes
+		return &e
+	}
+	return nil
+}
+
+// serverLimit is the LimitError (Server set) for err when etcd refused x
+// for its size, else nil; e says what x writes, as for checkTxnLimits.
+func serverLimit(err error, x *txn, e LimitError) error {
+	e.Server = true
+	switch {
+	case errors.Is(err, rpctypes.ErrTooManyOps):
+		e.Limit, e.Size, e.Max = LimitOps, max(len(x.ifs), len(x.ops)), MaxTxnOps
+		return &e
+	case errors.Is(err, rpctypes.ErrRequestTooLarge) || status.Code(err) == codes.ResourceExhausted:
+		e.Limit, e.Size, e.Max = LimitRequest, requestBytes(*x), MaxRequestBytes
+		return &e
 	}
 	return nil
 }
 
 // requestBytes is the size etcd compares with its --max-request-bytes:
 // the transaction inside a raft request with its header.
-func requestBytes(w writeTxn) int {
+func requestBytes(w txn) int {
 	req := &pb.TxnRequest{}
 	for i := range w.ifs {
 		req.Compare = append(req.Compare, w.ifs[i].GetCompare())
@@ -181,11 +216,8 @@ func (c *Client) commitWrite(ctx context.Context, w *writeTxn) (*clientv3.TxnRes
 	if err == nil {
 		return resp, nil
 	}
-	switch {
-	case errors.Is(err, rpctypes.ErrTooManyOps):
-		return nil, &LimitError{Op: w.op, Target: w.target, Limit: LimitOps, Keys: w.keys, Size: max(len(w.ifs), len(w.ops)), Max: MaxTxnOps, Server: true}
-	case errors.Is(err, rpctypes.ErrRequestTooLarge) || status.Code(err) == codes.ResourceExhausted:
-		return nil, &LimitError{Op: w.op, Target: w.target, Limit: LimitRequest, Keys: w.keys, Size: requestBytes(*w), Max: MaxRequestBytes, Server: true}
+	if lerr := serverLimit(err, &w.txn, LimitError{Op: w.op, Target: w.target, Keys: w.keys}); lerr != nil {
+		return nil, lerr
 	}
 	verb := "put"
 	if w.removal() {

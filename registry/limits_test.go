@@ -57,7 +57,7 @@ func TestLimitRequestBytesRefusedBeforeSending(t *testing.T) {
 	if _, err := c.Put(ctxT(t), Target{Host: "h1"}, under); err != nil {
 		t.Fatalf("a put of 1.5 MB: %v", err)
 	}
-	if n := requestBytes(writeTxnFor(c, under)); n > MaxRequestBytes || n < 3*2*250<<10 {
+	if n := requestBytes(writeTxnFor(c, under).txn); n > MaxRequestBytes || n < 3*2*250<<10 {
 		t.Errorf("measured %d bytes for 3 × 250 KiB twice", n)
 	}
 }
@@ -142,7 +142,7 @@ func TestLimitLowerOnTheServerSaidPlainly(t *testing.T) {
 	}{
 		// etcd's own check: "etcdserver: request is too large".
 		{"over --max-request-bytes", bigUnits(3, 50<<10), LimitRequest,
-			"this put to hosts/h1 is 308.3 kB (3 keys, each with a copy in its history); etcd refused it as too large for one request: its --max-request-bytes is lower than the 1.5 MiB agentd allows: split it, or raise the server's limit; nothing stored"},
+			"this put to hosts/h1 is 308.4 kB (3 keys, each with a copy in its history); etcd refused it as too large for one request: its --max-request-bytes is lower than the 1.5 MiB agentd allows: split it, or raise the server's limit; nothing stored"},
 		// gRPC's, before etcd sees it (the server receives at most
 		// --max-request-bytes + 512 KiB): ResourceExhausted.
 		{"over the server's gRPC limit", bigUnits(3, 200<<10), LimitRequest, "etcd refused it as too large for one request"},

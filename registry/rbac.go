@@ -16,6 +16,12 @@ import (
 // prints the etcdctl commands that grant it, and the integration tests run
 // an agent under that role.
 //
+// Git mirrors (mirror.go) run with an operator's credentials, not an
+// agent's: an agent reads and writes nothing under <p>/mirror/, so its
+// role grants nothing there. (An operator's role that may Put or Remove
+// needs read access to <p>/mirror/owners/: every write checks whether a
+// mirror owns its target.)
+//
 // Lease calls need nothing more: LeaseGrant needs only an authenticated
 // user, and etcd allows keep-alive and revoke of a lease only to a user who
 // may write every key bound to it — for the agent, its own agents/<host>,

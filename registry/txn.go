@@ -60,9 +60,13 @@ func (c *Client) newWriteTxn(op string, t Target, names []string, values map[str
 func (w *writeTxn) removal() bool { return w.values == nil }
 
 // compose adds every guard and operation of the write; clears selects
-// the group's halts it deletes.
+// the group's halts it deletes. A write to a target a mirror owns is
+// refused unless forced (guardOwner, mirror.go).
 func (w *writeTxn) compose(ctx context.Context, clears func(reconcile.Halt) bool) error {
 	if err := w.guardKeys(); err != nil {
+		return err
+	}
+	if err := w.guardOwner(ctx); err != nil {
 		return err
 	}
 	w.writeKeys()

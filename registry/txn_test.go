@@ -57,10 +57,10 @@ func TestWriteTxnPut(t *testing.T) {
 	if got := opsOf(w); !slices.Equal(got, want) {
 		t.Errorf("operations:\n got %q\nwant %q", got, want)
 	}
-	// The key, its signature record, the halts, the key again (From) and
-	// the rollout record's absence.
-	if len(w.ifs) != 5 {
-		t.Errorf("%d guards, want 5", len(w.ifs))
+	// The key, the target's owner key (no mirror), its signature record,
+	// the halts, the key again (From) and the rollout record's absence.
+	if len(w.ifs) != 6 {
+		t.Errorf("%d guards, want 6", len(w.ifs))
 	}
 	if w.op != "put" || w.keys != 1 || r.Units["a.service"].From == nil {
 		t.Errorf("write %s of %d keys, rollout units %+v", w.op, w.keys, r.Units)
@@ -93,9 +93,10 @@ func TestWriteTxnRemoveWholeUnits(t *testing.T) {
 	if !slices.Equal(w.wholeUnits, []string{"a.service"}) || w.op != "removal" {
 		t.Fatalf("write %s, whole units %v", w.op, w.wholeUnits)
 	}
-	// The key, and its drop-ins and config files (a prefix each).
-	if len(w.ifs) != 3 {
-		t.Errorf("%d guards, want 3", len(w.ifs))
+	// The key, its drop-ins and config files (a prefix each), and the
+	// target's owner key (no mirror).
+	if len(w.ifs) != 4 {
+		t.Errorf("%d guards, want 4", len(w.ifs))
 	}
 	putBy(t, c, h1, "a.service.d/x.conf", "X")
 	if resp, err := c.commitWrite(ctxT(t), w); err != nil || resp.Succeeded {

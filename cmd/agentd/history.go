@@ -89,6 +89,9 @@ func writeOptions(cmd *cobra.Command) []registry.WriteOption {
 	if sign, ok := signOption(cmd); ok {
 		opts = append(opts, sign)
 	}
+	if f := cmd.Flags().Lookup("force"); f != nil && f.Value.String() == "true" {
+		opts = append(opts, registry.Force())
+	}
 	return opts
 }
 
@@ -259,6 +262,7 @@ the current one until its wave opens. With --wait, follow it to its end.`,
 	o.tf.bind(cmd)
 	bindKeep(cmd)
 	bindSign(cmd)
+	bindForce(cmd)
 	cmd.Flags().Int64Var(&o.to, "to", 0, "the revision to put back (default: the version before the current)")
 	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host runs the reverted version")
 	o.wf.bind(cmd)
@@ -369,7 +373,7 @@ func storeVersion(ctx context.Context, cmd *cobra.Command, reg *registry.Client,
 		return 0, fmt.Errorf("unit revert: %w; look at agentd unit history again", err)
 	}
 	if err != nil {
-		return 0, writeError(err)
+		return 0, writeError(explainMirrored(ctx, reg, tg, err))
 	}
 	return rev, nil
 }

@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/agentd/agentd/internal/citest"
 	"github.com/agentd/agentd/internal/systemdtest"
+	"github.com/agentd/agentd/internal/testlog"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/registry/registrytest"
@@ -33,24 +33,6 @@ import (
 // so a host that cannot decrypt is judged by its status alone.
 const secretUnit = "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n[X-Agentd]\nHealthySec=0\n"
 
-// lockedBuf collects an agent's log output to search it.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) Bytes() []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return bytes.Clone(l.b.Bytes())
-}
-
 // nsHost is one host of a group under test: `agentd run` as its own
 // process, in a mount namespace of its own where the one DEST directory
 // of the group's secret (shared) is a bind mount of the host's own root —
@@ -60,7 +42,7 @@ type nsHost struct {
 	host string
 	h    *systemdtest.Harness
 	root string // what the agent sees as shared
-	log  *lockedBuf
+	log  *testlog.Buffer
 	cmd  *exec.Cmd
 	done chan struct{}
 }
@@ -68,7 +50,7 @@ type nsHost struct {
 func startNSHost(t *testing.T, bin, endpoint, shared, host string) *nsHost {
 	t.Helper()
 	h := systemdtest.Start(t)
-	n := &nsHost{host: host, h: h, root: filepath.Join(h.Dir, "own-root"), log: &lockedBuf{}, done: make(chan struct{})}
+	n := &nsHost{host: host, h: h, root: filepath.Join(h.Dir, "own-root"), log: &testlog.Buffer{}, done: make(chan struct{})}
 	if err := os.MkdirAll(n.root, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +264,7 @@ func TestSecretToAGroupAndAJoiner(t *testing.T) {
 	logs := map[string][]byte{}
 	var pids []int
 	for _, n := range hosts {
-		logs[n.host+"'s agent log"] = n.log.Bytes()
+		logs[n.host+"'s agent log"] = []byte(n.log.String())
 		pids = append(pids, n.cmd.Process.Pid)
 	}
 	noPlaintext(t, endpoint, token, logs, pids...)

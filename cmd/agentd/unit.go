@@ -162,6 +162,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 	cmd.Flags().StringArrayVar(&o.files, "file", nil, fileHelp)
 	bindKeep(cmd)
 	bindSign(cmd)
+	bindForce(cmd)
 	cmd.Flags().BoolVar(&o.dryRun, "dry-run", false, "print what each targeted live host would do; store nothing")
 	o.sf.bind(cmd, "unit put", "nothing stored")
 	o.confirm.bind(cmd)
@@ -227,7 +228,7 @@ func (o *putOptions) put(ctx context.Context, cmd *cobra.Command, reg *registry.
 	}
 	rev, err := reg.Put(ctx, tg, units, opts...)
 	if err != nil {
-		return writeError(err)
+		return writeError(explainMirrored(ctx, reg, tg, err))
 	}
 	out := cmd.OutOrStdout()
 	for _, k := range slices.Sorted(maps.Keys(units)) {
@@ -303,6 +304,7 @@ follow the rollout to its end, exit codes as for put.`,
 	}
 	o.ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	o.tf.bind(cmd)
+	bindForce(cmd)
 	cmd.Flags().BoolVar(&o.recursive, "recursive", false, "also remove every drop-in of each UNIT in the registry for that target (one transaction)")
 	cmd.Flags().BoolVar(&o.wait, "wait", false, "wait until every targeted host has removed the units")
 	bindKeep(cmd)
@@ -334,7 +336,7 @@ func (o *rmOptions) remove(ctx context.Context, cmd *cobra.Command, reg *registr
 		err = fmt.Errorf("%w (name them too, or give --recursive to remove each unit with all its drop-ins)", err)
 	}
 	if err != nil {
-		return writeError(err)
+		return writeError(explainMirrored(ctx, reg, tg, err))
 	}
 	out := cmd.OutOrStdout()
 	for _, k := range removed {
@@ -451,11 +453,34 @@ func newUnitCatCmd() *cobra.Command {
 }
 
 // writeError gives a write that the registry refused before sending it —
-// over a size limit, or leaving drop-ins without their unit — the usage
+// over a size limit, leaving drop-ins without their unit, or to a target
+// a git mirror owns (without --force) — the usage
 // exit code: the arguments as given cannot be written, and nothing was.
 func writeError(err error) error {
-	if errors.Is(err, registry.ErrTooLarge) || errors.Is(err, registry.ErrDropInsStay) || errors.Is(err, registry.ErrTwoWriters) {
+	if errors.Is(err, registry.ErrTooLarge) || errors.Is(err, registry.ErrDropInsStay) || errors.Is(err, registry.ErrTwoWriters) ||
+		errors.Is(err, registry.ErrMirrored) {
 		return withCode(exitUsage, err)
 	}
 	return err
+}
+
+// bindForce adds --force to a command that writes unit keys (put, rm,
+// revert): it writes over a target a git mirror owns (agentd mirror).
+func bindForce(cmd *cobra.Command) {
+	cmd.Flags().Bool("force", false, "write even to a target a git mirror owns (agentd mirror status): a drift from git, "+
+		"undone by the mirror's next commit that changes the same keys")
+}
+
+// explainMirrored names the mirror that owns tg when the registry refused
+// a write because of it (registry.ErrMirrored), and says what to do.
+func explainMirrored(ctx context.Context, reg *registry.Client, tg registry.Target, err error) error {
+	if !errors.Is(err, registry.ErrMirrored) {
+		return err
+	}
+	name, url, ok, lerr := reg.MirrorOwner(ctx, tg)
+	if lerr != nil || !ok {
+		return fmt.Errorf("%w: change it in git, or give --force to write over the mirror's version", err)
+	}
+	return fmt.Errorf("%w: %s is mirrored from %s by mirror %q: change it in git (agentd mirror status --name %s), or give --force to write over the mirror's version",
+		err, tg, url, name, name)
 }

@@ -44,6 +44,7 @@ const DefaultMaintainer = "agentd maintainers <maintainers@users.noreply.a-seed-
 const (
 	BinPath         = "/usr/bin/agentd"
 	SystemUnitPath  = "/lib/systemd/system/agentd.service"
+	MirrorUnitPath  = "/lib/systemd/system/agentd-mirror.service" // disabled: postinst enables agentd.service only
 	UserUnitPath    = "/usr/lib/systemd/user/agentd.service"
 	DefaultsPath    = "/etc/default/agentd"
 	StateDir        = "/var/lib/agentd"
@@ -354,6 +355,7 @@ func (b *builder) contents(p *Package) (files.Contents, error) {
 	}
 	for _, u := range []struct{ src, dst string }{
 		{"contrib/systemd/agentd.service", SystemUnitPath},
+		{"contrib/systemd/agentd-mirror.service", MirrorUnitPath},
 		{"contrib/systemd/user/agentd.service", UserUnitPath},
 	} {
 		data, err := os.ReadFile(filepath.Join(b.o.Dir, u.src))

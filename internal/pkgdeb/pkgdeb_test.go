@@ -173,6 +173,7 @@ func TestPackageContents(t *testing.T) {
 	want := map[string]os.FileMode{
 		BinPath:                                 0o755,
 		SystemUnitPath:                          0o644,
+		MirrorUnitPath:                          0o644,
 		UserUnitPath:                            0o644,
 		DefaultsPath:                            0o644,
 		StateDir:                                os.ModeDir | 0o700,
@@ -246,6 +247,7 @@ func TestPackageContents(t *testing.T) {
 	// The units: the tree's, ExecStart= on /usr/bin/agentd.
 	for _, u := range []struct{ src, dst, exec string }{
 		{"contrib/systemd/agentd.service", SystemUnitPath, "ExecStart=/usr/bin/agentd run $AGENTD_OPTS\n"},
+		{"contrib/systemd/agentd-mirror.service", MirrorUnitPath, "ExecStart=/usr/bin/agentd mirror $AGENTD_MIRROR_OPTS\n"},
 		{"contrib/systemd/user/agentd.service", UserUnitPath, "ExecStart=/usr/bin/agentd run --user $AGENTD_OPTS\n"},
 	} {
 		src, err := os.ReadFile(filepath.Join("../..", u.src))

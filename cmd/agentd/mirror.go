@@ -40,6 +40,8 @@ type mirrorStore interface {
 	// KnownHosts are the hosts a commit's rollouts go to; Rollout reads
 	// one (mirror_notify.go).
 	KnownHosts(ctx context.Context) ([]registry.KnownHost, error)
+	// List reads a target's keys: those of a target a commit takes over.
+	List(ctx context.Context, t *registry.Target) ([]registry.Listed, error)
 	rolloutReader
 }
 
@@ -205,6 +207,9 @@ func (m *mirrorLoop) apply(ctx context.Context, leader *registry.MirrorLeader, p
 		if err != nil {
 			return m.refuse(ctx, st, c.Hash, authorOf(c), err)
 		}
+		if err := m.takeOver(ctx, current, next); err != nil {
+			return err
+		}
 		ch := mirror.Changes(current, next)
 		if err := mirror.Guard(current, ch, threshold); err != nil {
 			if !allowMass {
@@ -243,6 +248,29 @@ func (m *mirrorLoop) apply(ctx context.Context, leader *registry.MirrorLeader, p
 			"subject", mc.Subject, "put", keysIn(ch.Puts), "deleted", deletesIn(ch.Deletes), "revision", rev)
 		m.started(ctx, mc)
 		current, parent = next, c.Hash
+	}
+	return nil
+}
+
+// takeOver adds to current the keys of each target next holds that the
+// mirror does not own yet, as the registry has them: the commit that
+// takes a target over makes it what git says at once — keys put there by
+// hand go in that commit, under the mass-delete guard — rather than in
+// the commit after it.
+func (m *mirrorLoop) takeOver(ctx context.Context, current, next mirror.Tree) error {
+	for t := range next {
+		if _, owned := current[t]; owned {
+			continue
+		}
+		ls, err := m.store.List(ctx, &t)
+		if err != nil {
+			return fmt.Errorf("read %s, which the commit takes over: %w", t, err)
+		}
+		keys := map[string][]byte{}
+		for _, l := range ls {
+			keys[l.Unit] = l.Value
+		}
+		current[t] = keys
 	}
 	return nil
 }

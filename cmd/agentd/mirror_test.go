@@ -203,6 +203,10 @@ func (f *fakeMirrorStore) ApplyCommit(_ context.Context, mc registry.MirrorCommi
 
 func (f *fakeMirrorStore) KnownHosts(context.Context) ([]registry.KnownHost, error) { return nil, nil }
 
+func (f *fakeMirrorStore) List(context.Context, *registry.Target) ([]registry.Listed, error) {
+	return nil, nil
+}
+
 func (f *fakeMirrorStore) Rollout(_ context.Context, id string, _ bool) (rollout.View, error) {
 	return rollout.View{}, fmt.Errorf("%w: %s", registry.ErrNoRollout, id)
 }

@@ -43,6 +43,7 @@ type mirrorOptions struct {
 	metricsAddr       string
 	logLevel          string
 	leaseTTL          time.Duration
+	auth              mirrorAuthFlags // --ssh-key, --https-token-file, … (mirror_auth.go)
 
 	// id is this candidate's name in the election (default host:pid;
 	// tests running two in one process set their own).
@@ -154,6 +155,10 @@ func (o *mirrorOptions) check() (mirrorConfig, []byte, error) {
 		return usage("mirror: --allowed-signers: %w", err)
 	}
 	cfg.signers = as
+	home, _ := os.UserHomeDir()
+	if cfg.opts, err = o.auth.options(o.repo, home); err != nil {
+		return mirrorConfig{}, nil, err
+	}
 	var secret []byte
 	if o.webhookSecretFile != "" {
 		if secret, err = readWebhookSecret(o.webhookSecretFile); err != nil {
@@ -224,6 +229,7 @@ Under systemd: contrib/systemd/agentd-mirror.service (Type=notify).`,
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "TTL of the leader's lease: a standby takes over this long after the leader died")
+	o.auth.bind(fs)
 	cmd.AddCommand(newMirrorSyncCmd(), newMirrorStatusCmd(), newMirrorResetCmd())
 	return cmd
 }
@@ -293,7 +299,7 @@ func runMirror(ctx context.Context, o *mirrorOptions) error {
 			}
 		})
 	}
-	loop := &mirrorLoop{cfg: cfg, store: reg, log: log, met: met, now: time.Now}
+	loop := &mirrorLoop{cfg: cfg, store: withMirrorFaults(reg, cfg.dir, log), log: log, met: met, now: time.Now}
 	notify("READY=1")
 	log.Info("mirror running", "repo", cfg.url, "branch", cfg.branch, "dir", cfg.dir, "id", id,
 		"verify", o.verify, "poll", o.poll, "webhook", o.webhookListen, "metrics", o.metricsAddr)

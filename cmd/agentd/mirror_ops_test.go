@@ -29,6 +29,7 @@ import (
 
 	githttp "github.com/go-git/go-git/v5/plumbing/transport/http"
 	gitssh "github.com/go-git/go-git/v5/plumbing/transport/ssh"
+	"github.com/spf13/pflag"
 	"golang.org/x/crypto/ssh"
 
 	"github.com/agentd/agentd/internal/testport"
@@ -560,5 +561,42 @@ func TestMirrorKilledMidRound(t *testing.T) {
 			}
 			b.stop(t)
 		})
+	}
+}
+
+// contrib/systemd/agentd-mirror.default (/etc/default/agentd-mirror)
+// names every flag of `agentd mirror` as its AGENTD_<FLAG>, commented out,
+// and nothing else but AGENTD_MIRROR_OPTS (agentd-mirror.service's extra
+// arguments).
+func TestMirrorDefaultsFileNamesEveryFlag(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../contrib/systemd/agentd-mirror.default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "AGENTD_") {
+			t.Errorf("not commented out: %s", l)
+		}
+		if v, ok := strings.CutPrefix(l, "#AGENTD_"); ok {
+			name, _, _ := strings.Cut(v, "=")
+			named["AGENTD_"+name] = true
+		}
+	}
+	flags := map[string]bool{"AGENTD_MIRROR_OPTS": true}
+	newMirrorCmd().Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Hidden || f.Name == "help" {
+			return
+		}
+		flags[envVar(f.Name)] = true
+		if !named[envVar(f.Name)] {
+			t.Errorf("--%s: no #%s= in agentd-mirror.default", f.Name, envVar(f.Name))
+		}
+	})
+	for v := range named {
+		if !flags[v] {
+			t.Errorf("agentd-mirror.default names %s: no flag of agentd mirror", v)
+		}
 	}
 }

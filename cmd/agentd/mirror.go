@@ -37,6 +37,10 @@ type mirrorStore interface {
 	MirrorTree(ctx context.Context, name string) (map[registry.Target]map[string][]byte, error)
 	ApplyCommit(ctx context.Context, mc registry.MirrorCommit) (int64, error)
 	RefuseCommit(ctx context.Context, name string, r registry.MirrorRefusal) error
+	// KnownHosts are the hosts a commit's rollouts go to; Rollout reads
+	// one (mirror_notify.go).
+	KnownHosts(ctx context.Context) ([]registry.KnownHost, error)
+	rolloutReader
 }
 
 // mirrorConfig is one mirror's settings, checked (mirrorOptions.check).
@@ -69,6 +73,8 @@ type mirrorLoop struct {
 	met   *mirrorMetrics
 	now   func() time.Time
 	repo  *mirror.Repo // opened (cloned) at the first round that reaches the remote
+	// notify posts each commit's verdict (--notify-url; nil: off).
+	notify *mirrorNotifier
 }
 
 // fetchStatus is the result of the last fetch, kept in the mirror's
@@ -215,6 +221,13 @@ func (m *mirrorLoop) apply(ctx context.Context, leader *registry.MirrorLeader, p
 		if !parent.IsZero() {
 			mc.Parent = parent.String()
 		}
+		if mc.Rollouts, err = m.commitRollouts(ctx, c, ch); err != nil {
+			var re *mirror.RenderError
+			if errors.As(err, &re) {
+				return m.refuse(ctx, st, c.Hash, authorOf(c), err)
+			}
+			return fmt.Errorf("commit %s not written: %w", short(mc.Commit), err)
+		}
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 		rev, err := m.store.ApplyCommit(wctx, mc)
 		cancel()
@@ -229,6 +242,7 @@ func (m *mirrorLoop) apply(ctx context.Context, leader *registry.MirrorLeader, p
 		m.met.mirrored()
 		m.log.Info("mirrored commit", "commit", short(mc.Commit), "author", mc.Author, "signer", mc.Signer,
 			"subject", mc.Subject, "put", keysIn(ch.Puts), "deleted", deletesIn(ch.Deletes), "revision", rev)
+		m.started(ctx, mc)
 		current, parent = next, c.Hash
 	}
 	return nil

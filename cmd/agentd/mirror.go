@@ -53,6 +53,7 @@ type mirrorConfig struct {
 	start             plumbing.Hash
 	threshold         float64 // --mass-delete-threshold, 0..1
 	signers           *sshsig.AllowedSigners
+	opts              []mirror.Option // how to reach the remote: mirror.WithAuth (mirror_auth.go)
 }
 
 // repoDir is the bare clone; fetchFile the result of the last fetch, for
@@ -97,7 +98,7 @@ func (m *mirrorLoop) fetch(ctx context.Context) (plumbing.Hash, error) {
 	var tip plumbing.Hash
 	err := os.MkdirAll(m.cfg.dir, 0o700)
 	if err == nil && m.repo == nil {
-		m.repo, err = mirror.Open(ctx, m.cfg.url, m.cfg.branch, m.cfg.repoDir())
+		m.repo, err = mirror.Open(ctx, m.cfg.url, m.cfg.branch, m.cfg.repoDir(), m.cfg.opts...)
 	}
 	if err == nil {
 		tip, err = m.repo.Fetch(ctx)

@@ -44,6 +44,7 @@ type mirrorOptions struct {
 	notifyURL         string
 	logLevel          string
 	leaseTTL          time.Duration
+	auth              mirrorAuthFlags // --ssh-key, --https-token-file, … (mirror_auth.go)
 
 	// id is this candidate's name in the election (default host:pid;
 	// tests running two in one process set their own).
@@ -158,6 +159,10 @@ func (o *mirrorOptions) check() (mirrorConfig, []byte, error) {
 		return usage("mirror: --allowed-signers: %w", err)
 	}
 	cfg.signers = as
+	home, _ := os.UserHomeDir()
+	if cfg.opts, err = o.auth.options(o.repo, home); err != nil {
+		return mirrorConfig{}, nil, err
+	}
 	var secret []byte
 	if o.webhookSecretFile != "" {
 		if secret, err = readWebhookSecret(o.webhookSecretFile); err != nil {
@@ -237,6 +242,7 @@ Under systemd: contrib/systemd/agentd-mirror.service (Type=notify).`,
 	fs.StringVar(&o.notifyURL, "notify-url", "", "POST each mirrored commit's verdict (JSON: applied, or done, failed, aborted, superseded once its rollouts end) to `URL`, retried")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "TTL of the leader's lease: a standby takes over this long after the leader died")
+	o.auth.bind(fs)
 	cmd.AddCommand(newMirrorSyncCmd(), newMirrorStatusCmd(), newMirrorResetCmd())
 	return cmd
 }
@@ -306,7 +312,7 @@ func runMirror(ctx context.Context, o *mirrorOptions) error {
 			}
 		})
 	}
-	loop := &mirrorLoop{cfg: cfg, store: reg, log: log, met: met, now: time.Now,
+	loop := &mirrorLoop{cfg: cfg, store: withMirrorFaults(reg, cfg.dir, log), log: log, met: met, now: time.Now,
 		notify: newMirrorNotifier(ctx, o.notifyURL, reg, log)}
 	notify("READY=1")
 	log.Info("mirror running", "repo", cfg.url, "branch", cfg.branch, "dir", cfg.dir, "id", id,

@@ -206,6 +206,11 @@ type Member struct {
 	// what `unit put --secret` encrypts to for this host. Empty: an agent
 	// from before secrets.
 	Recipient string `json:"recipient,omitempty"`
+	// Labels are the host's labels (agentd run --label K=V) and the facts
+	// its agent read off it (arch, hostname, os.id, os.version_id,
+	// systemd.version), valid Kubernetes-style labels: what `agentd hosts
+	// --selector` picks hosts by. Empty: an agent from before labels.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // PassKey is the name, among a host's statuses, of its pass record: no

@@ -76,6 +76,10 @@ type writeOptions struct {
 	// rollout of the same keys instead of refusing.
 	rollout   *rollout.Record
 	supersede bool
+	// ended, shared by the writes of one transaction (a mirrored
+	// commit's), are the rollouts one of them supersedes already
+	// (endOnce, mirror_rollouts.go).
+	ended map[string]bool
 	// signer signs each key written (SignWith); revert says the write is
 	// a revert (Reverting).
 	signer ChangeSigner

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/rollout"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -78,6 +79,8 @@ type MirrorState struct {
 	// read; kept when only Refused changes since).
 	Revision int64          `json:",omitempty"`
 	Refused  *MirrorRefusal `json:",omitempty"` // the last refused commit, cleared by the next good one
+	// Rollouts are the rollouts Commit started (mirror_rollouts.go).
+	Rollouts []MirrorRollout `json:",omitempty"`
 }
 
 // MirrorRefusal is a commit the mirror refused (unsigned, not a
@@ -323,6 +326,7 @@ func (c *Client) ResetMirror(ctx context.Context, name, to, who string) error {
 		st.Commit, st.Signer, st.Author = to, "", oneLine(who)
 		st.Subject = oneLine(fmt.Sprintf("reset by %s to %s", who, short(to)))
 		st.At, st.Revision = time.Now().UTC(), 0 // the revision of this write, on read
+		st.Rollouts = nil
 	})
 }
 
@@ -382,6 +386,9 @@ type MirrorCommit struct {
 	// Leader, when set, guards the write: ErrNotLeader when its
 	// leadership is lost.
 	Leader *MirrorLeader
+	// Rollouts, by group, stage the commit's writes to those groups as
+	// rollouts (mirror_rollouts.go); a group not in it is written at once.
+	Rollouts map[string]*rollout.Record
 }
 
 // who is the history record's "who" of the commit's keys.
@@ -414,6 +421,9 @@ func (mc MirrorCommit) validate() error {
 		if err := t.Validate(); err != nil {
 			return fmt.Errorf("%s: owned: %w", mc, err)
 		}
+	}
+	if err := mc.validateRollouts(); err != nil {
+		return err
 	}
 	for t, dels := range mc.Deletes {
 		for _, d := range dels {
@@ -481,7 +491,8 @@ func (c *Client) ApplyCommit(ctx context.Context, mc MirrorCommit) (int64, error
 // registry holds now, and counts the unit keys it writes.
 func (c *Client) commitTxn(ctx context.Context, mc MirrorCommit, o writeOptions) (*txn, int, error) {
 	x := &txn{}
-	if err := c.guardMirrorState(ctx, x, mc, o.now().UTC()); err != nil {
+	next, err := c.guardMirrorState(ctx, x, mc, o.now().UTC())
+	if err != nil {
 		return nil, 0, err
 	}
 	all := maps.Clone(mc.Puts)
@@ -495,10 +506,11 @@ func (c *Client) commitTxn(ctx context.Context, mc MirrorCommit, o writeOptions)
 	}
 	keys, written := 0, map[Target]bool{}
 	for _, t := range slices.SortedFunc(maps.Keys(all), compareTargets) {
-		ws, err := c.commitTarget(ctx, t, mc.Puts[t], mc.Deletes[t], o)
+		ws, err := c.commitTarget(ctx, t, mc.Puts[t], mc.Deletes[t], mc.optionsFor(t, o))
 		if err != nil {
 			return nil, 0, fmt.Errorf("%s: %w", mc, err)
 		}
+		next.Rollouts = append(next.Rollouts, stagedRollouts(ws)...)
 		for _, w := range ws {
 			x.guard(w.ifs...)
 			x.then(w.ops...)
@@ -509,13 +521,16 @@ func (c *Client) commitTxn(ctx context.Context, mc MirrorCommit, o writeOptions)
 	if err := c.guardOwners(ctx, x, mc, written); err != nil {
 		return nil, 0, err
 	}
+	if err := c.putMirrorState(x, next); err != nil {
+		return nil, 0, err
+	}
 	return x, keys, nil
 }
 
 // guardMirrorState checks that the state holds mc.Parent and, with
 // mc.Leader, that it still leads; adds the guards that they still hold at
-// commit, and the write of the new state.
-func (c *Client) guardMirrorState(ctx context.Context, x *txn, mc MirrorCommit, now time.Time) error {
+// commit, and returns the new state (putMirrorState writes it).
+func (c *Client) guardMirrorState(ctx context.Context, x *txn, mc MirrorCommit, now time.Time) (MirrorState, error) {
 	key := c.mirrorStateKey(mc.Name)
 	ops := []clientv3.Op{clientv3.OpGet(key)}
 	if mc.Leader != nil {
@@ -523,18 +538,18 @@ func (c *Client) guardMirrorState(ctx context.Context, x *txn, mc MirrorCommit, 
 	}
 	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return fmt.Errorf("%s: read %s: %w", mc, key, err)
+		return MirrorState{}, fmt.Errorf("%s: read %s: %w", mc, key, err)
 	}
 	st, modRev := MirrorState{}, int64(0)
 	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
 		if st, modRev, err = decodeMirrorState(kvs[0]); err != nil {
-			return fmt.Errorf("%s: %w", mc, err)
+			return MirrorState{}, fmt.Errorf("%s: %w", mc, err)
 		}
 	}
 	if mc.Leader != nil {
 		kvs := resp.Responses[1].GetResponseRange().GetKvs()
 		if len(kvs) == 0 || kvs[0].CreateRevision != mc.Leader.rev {
-			return fmt.Errorf("%s: %w (%s); nothing written", mc, ErrNotLeader, mc.Leader.id)
+			return MirrorState{}, fmt.Errorf("%s: %w (%s); nothing written", mc, ErrNotLeader, mc.Leader.id)
 		}
 		x.guard(mc.Leader.Guard())
 	}
@@ -543,17 +558,24 @@ func (c *Client) guardMirrorState(ctx context.Context, x *txn, mc MirrorCommit, 
 		if held == "" {
 			held = "no commit"
 		}
-		return fmt.Errorf("%s: %w: the registry holds %s, the commit's parent is %s; nothing written", mc, ErrMirrorMoved, held, cmp.Or(mc.Parent, "none"))
+		return MirrorState{}, fmt.Errorf("%s: %w: the registry holds %s, the commit's parent is %s; nothing written", mc, ErrMirrorMoved, held, cmp.Or(mc.Parent, "none"))
 	}
-	next := MirrorState{Name: mc.Name, URL: mc.URL, Branch: mc.Branch, Commit: mc.Commit, Signer: mc.Signer,
-		Author: mc.Author, Subject: mc.Subject, At: now}
-	b, err := json.Marshal(next)
+	x.guard(clientv3.Compare(clientv3.ModRevision(key), "=", modRev))
+	if err := c.guardHold(ctx, x, mc); err != nil { // mirror_chunks.go
+		return MirrorState{}, err
+	}
+	return MirrorState{Name: mc.Name, URL: mc.URL, Branch: mc.Branch, Commit: mc.Commit, Signer: mc.Signer,
+		Author: mc.Author, Subject: mc.Subject, At: now}, nil
+}
+
+// putMirrorState adds the write of the new state st.
+func (c *Client) putMirrorState(x *txn, st MirrorState) error {
+	b, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
-	x.guard(clientv3.Compare(clientv3.ModRevision(key), "=", modRev))
-	x.then(clientv3.OpPut(key, string(b)))
-	return c.guardHold(ctx, x, mc) // mirror_chunks.go
+	x.then(clientv3.OpPut(c.mirrorStateKey(st.Name), string(b)))
+	return nil
 }
 
 // commitTarget composes the writes of one target of a commit: its puts
@@ -582,6 +604,7 @@ func (c *Client) commitTarget(ctx context.Context, t Target, puts map[string][]b
 			return nil, fmt.Errorf("put %s: %w", t, err)
 		}
 		ws = append(ws, w)
+		o = o.forRemoval() // its deletes: a rollout of their own
 	}
 	var gone []string
 	for _, d := range slices.Compact(slices.Sorted(slices.Values(dels))) {

@@ -156,11 +156,19 @@ func (c *Client) applyChunked(ctx context.Context, mc MirrorCommit, o writeOptio
 		}
 	}
 	n := 0
+	var staged []MirrorRollout
 	for _, t := range mc.commitTargets() {
-		for _, names := range chunkNames(mc.Puts[t], mc.Deletes[t]) {
-			if err := c.writeChunk(ctx, mc, t, names, holdRev, o); err != nil {
+		chunks := chunkNames(mc.Puts[t], mc.Deletes[t])
+		if t.Group != "" && mc.Rollouts[t.Group] != nil {
+			// A rollout's record stages its keys in one write.
+			chunks = [][]string{slices.Concat(chunks...)}
+		}
+		for _, names := range chunks {
+			rs, err := c.writeChunk(ctx, mc, t, names, holdRev, o)
+			if err != nil {
 				return 0, err
 			}
+			staged = append(staged, rs...)
 			n++
 			if c.testAfterChunk != nil {
 				if err := c.testAfterChunk(n); err != nil {
@@ -169,7 +177,7 @@ func (c *Client) applyChunked(ctx context.Context, mc MirrorCommit, o writeOptio
 			}
 		}
 	}
-	return c.releaseHold(ctx, mc, holdRev, o)
+	return c.releaseHold(ctx, mc, holdRev, staged, o)
 }
 
 // putHold writes the hold of mc (its targets added to those of a hold
@@ -186,7 +194,7 @@ func (c *Client) putHold(ctx context.Context, mc MirrorCommit) (holdRev int64, r
 		// The guards of mc's whole transaction: the state at the parent,
 		// the leader, the hold as read (the state's write is left out).
 		x := &txn{}
-		if err := c.guardMirrorState(ctx, x, mc, time.Time{}); err != nil {
+		if _, err := c.guardMirrorState(ctx, x, mc, time.Time{}); err != nil {
 			return 0, false, err
 		}
 		hx := &txn{ifs: x.ifs}
@@ -299,9 +307,10 @@ func chunkNames(puts map[string][]byte, dels []string) [][]string {
 }
 
 // writeChunk writes the keys names of target t of mc in one transaction,
-// guarded by the hold (holdRev) and the leader; one over the limits is
-// split in two.
-func (c *Client) writeChunk(ctx context.Context, mc MirrorCommit, t Target, names []string, holdRev int64, o writeOptions) error {
+// guarded by the hold (holdRev) and the leader, and returns the rollouts
+// it stages; one over the limits is split in two (unless it stages a
+// rollout: refused then).
+func (c *Client) writeChunk(ctx context.Context, mc MirrorCommit, t Target, names []string, holdRev int64, o writeOptions) ([]MirrorRollout, error) {
 	puts, dels := map[string][]byte{}, []string{}
 	for _, u := range names {
 		if v, ok := mc.Puts[t][u]; ok {
@@ -316,43 +325,47 @@ func (c *Client) writeChunk(ctx context.Context, mc MirrorCommit, t Target, name
 		if mc.Leader != nil {
 			x.guard(mc.Leader.Guard())
 		}
-		ws, err := c.commitTarget(ctx, t, puts, dels, o)
+		ws, err := c.commitTarget(ctx, t, puts, dels, mc.optionsFor(t, o))
 		if err != nil {
-			return fmt.Errorf("%s: %w", mc, err)
+			return nil, fmt.Errorf("%s: %w", mc, err)
 		}
 		for _, w := range ws {
 			x.guard(w.ifs...)
 			x.then(w.ops...)
 		}
 		if len(x.ops) == 0 {
-			return nil // deletes of keys gone already
+			return nil, nil // deletes of keys gone already
 		}
 		what := LimitError{Op: "put", Target: t, Keys: len(names), Write: fmt.Sprintf("a chunk of commit %s of mirror %s", short(mc.Commit), mc.Name)}
-		if max(len(x.ifs), len(x.ops)) > chunkMaxOps || checkTxnLimits(x, what) != nil {
-			if len(names) == 1 {
-				return fmt.Errorf("mirror %s: %w", mc.Name, checkTxnLimits(x, what))
+		lerr := checkTxnLimits(x, what)
+		rollout := t.Group != "" && mc.Rollouts[t.Group] != nil
+		if lerr != nil && (rollout || len(names) == 1) {
+			return nil, fmt.Errorf("mirror %s: %w", mc.Name, lerr)
+		}
+		if lerr != nil || max(len(x.ifs), len(x.ops)) > chunkMaxOps && !rollout {
+			a, err := c.writeChunk(ctx, mc, t, names[:len(names)/2], holdRev, o)
+			if err != nil {
+				return nil, err
 			}
-			if err := c.writeChunk(ctx, mc, t, names[:len(names)/2], holdRev, o); err != nil {
-				return err
-			}
-			return c.writeChunk(ctx, mc, t, names[len(names)/2:], holdRev, o)
+			b, err := c.writeChunk(ctx, mc, t, names[len(names)/2:], holdRev, o)
+			return append(a, b...), err
 		}
 		resp, err := x.commit(ctx, c.cli)
 		if err != nil {
 			if lerr := serverLimit(err, x, what); lerr != nil {
-				return fmt.Errorf("mirror %s: %w", mc.Name, lerr)
+				return nil, fmt.Errorf("mirror %s: %w", mc.Name, lerr)
 			}
-			return fmt.Errorf("%s: %w", mc, err)
+			return nil, fmt.Errorf("%s: %w", mc, err)
 		}
 		if resp.Succeeded {
-			return nil
+			return stagedRollouts(ws), nil
 		}
 		if err := c.checkHold(ctx, mc, holdRev); err != nil {
-			return err
+			return nil, err
 		}
 		// A key or a halt changed in between: compose again.
 	}
-	return fmt.Errorf("%s: its keys keep changing; the hold stays, retry", mc)
+	return nil, fmt.Errorf("%s: its keys keep changing; the hold stays, retry", mc)
 }
 
 // checkHold says why a chunk's guard failed when it is not a key's: the
@@ -377,20 +390,25 @@ func (c *Client) checkHold(ctx context.Context, mc MirrorCommit, holdRev int64) 
 	return nil
 }
 
-// releaseHold is the last transaction of a chunked commit: the state, the
-// owners and the removal of the hold, as the one transaction of a small
-// commit without keys.
-func (c *Client) releaseHold(ctx context.Context, mc MirrorCommit, holdRev int64, o writeOptions) (int64, error) {
+// releaseHold is the last transaction of a chunked commit: the state
+// (with the rollouts the chunks staged), the owners and the removal of
+// the hold, as the one transaction of a small commit without keys.
+func (c *Client) releaseHold(ctx context.Context, mc MirrorCommit, holdRev int64, staged []MirrorRollout, o writeOptions) (int64, error) {
 	written := map[Target]bool{}
 	for _, t := range mc.commitTargets() {
 		written[t] = true
 	}
 	for range 10 {
 		x := &txn{}
-		if err := c.guardMirrorState(ctx, x, mc, o.now().UTC()); err != nil {
+		next, err := c.guardMirrorState(ctx, x, mc, o.now().UTC())
+		if err != nil {
 			return 0, err
 		}
 		if err := c.guardOwners(ctx, x, mc, written); err != nil {
+			return 0, err
+		}
+		next.Rollouts = staged
+		if err := c.putMirrorState(x, next); err != nil {
 			return 0, err
 		}
 		x.guard(clientv3.Compare(clientv3.ModRevision(c.holdKey(mc.Name)), "=", holdRev))

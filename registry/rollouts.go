@@ -192,6 +192,9 @@ func (w *writeTxn) follow(base rolloutBase, now time.Time) (map[string]*rollout.
 			return nil, fmt.Errorf("%w: %s (%s) since %s; wait for it, abort it (agentd rollout abort %s), or pass --supersede to end it and start this one",
 				ErrRolloutRunning, old.ID, strings.Join(shared, ", "), old.CreatedAt.Local().Format(time.DateTime), old.ID)
 		}
+		if !w.o.endOnce(old.ID) {
+			continue // another write of the transaction ends it
+		}
 		old.End = &rollout.End{State: rollout.Superseded, Reason: "superseded by " + r.ID, At: now, SupersededBy: r.ID}
 		b, err := json.Marshal(old)
 		if err != nil {

@@ -31,7 +31,8 @@ var (
 // with Prometheus' PromQL parser (Grafana's variables substituted first),
 // and every metric name, label name and literal label value they select
 // is looked up in a live /metrics scrape of an agent that has started and
-// restarted a unit of a group with MaxUnavailable=, and serves FleetLock.
+// restarted a unit of a group with MaxUnavailable=, and serves FleetLock,
+// and of a git mirror that has mirrored a commit and refused one.
 func TestContribRulesAndDashboardUseExportedMetrics(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -51,6 +52,11 @@ func TestContribRulesAndDashboardUseExportedMetrics(t *testing.T) {
 	fleetLockCall(t, flAddr, "pre-reboot", "node-1", "web")
 	fleetLockCall(t, flAddr, "steady-state", "node-1", "web")
 	scraped := parseScrape(t, agentMetrics(t, metricsAddr))
+	// The mirror's series, from a running mirror's /metrics: it exports
+	// them on its own --metrics-addr (a scrape job of its own).
+	for name, f := range mirrorScrape(t, e.endpoint) {
+		scraped[name] = f
+	}
 
 	var exprs []contribExpr
 	groups, errs := rulefmt.ParseFile(alertsFile, false)
@@ -87,6 +93,9 @@ func TestContribRulesAndDashboardUseExportedMetrics(t *testing.T) {
 		`agentd_fleetlock_requests_total{endpoint="pre-reboot"}`:  "",
 		`agentd_rollout_halts{group=~".*"} > 0`:                   "",
 		`agentd_actions_total{kind="restart", result="done"} > 0`: "",
+		`agentd_mirror_commits_refused_total{reason="unsigned"}`:  "",
+		`agentd_mirror_commits_refused_total{reason="unsign"}`:    `agentd_mirror_commits_refused_total has no series with reason="unsign"`,
+		`agentd_mirror_leader{mirror="default"} == 1`:             "",
 	} {
 		got := strings.Join(scraped.check(expr), "; ")
 		if (want == "") != (got == "") || !strings.Contains(got, want) {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/selector"
 )
 
 func newHostsCmd() *cobra.Command {
@@ -22,23 +23,40 @@ func newHostsCmd() *cobra.Command {
 		ef     etcdFlags
 		asJSON bool
 		group  string
+		sel    string
 	)
 	cmd := &cobra.Command{
-		Use:   "hosts [--group G]",
+		Use:   "hosts [--group G] [--selector S]",
 		Short: "List the hosts that joined the registry, live or not, with their units' convergence",
 		Long: `List every host that has joined the registry (or, with --group, the members
 of one group): those whose agent is up (its lease-bound membership key) and
 those whose agent is down (their member record stays until "agentd hosts
 forget H"). A group --wait waits for all of them. The first line counts them;
-RUNS is what each runs: its units and the version (hash) of each.`,
+RUNS is what each runs: its units and the version (hash) of each.
+
+LABELS are the host's labels: those given to its agent (agentd run --label
+K=V), then the facts the agent read off the host (arch, hostname, os.id,
+os.version_id, systemd.version), shortened to fit; --json has them all.
+--selector picks hosts by them, in Kubernetes' label selector syntax:
+comma-separated requirements that must all hold, each k=v (or k==v), k!=v
+(also true of a host without k), k in (a,b), k notin (a,b), k (has the
+label), !k (has it not). A host that is down is judged by the labels of its
+last record.`,
+		Example: `  agentd hosts --selector env=prod
+  agentd hosts --group web --selector 'arch=arm64,rack in (r12,r13),!drain'
+  agentd hosts --selector 'os.id=debian,os.version_id!=12' --json | jq -r '.[].host'`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := groupFilter(group); err != nil {
 				return err
 			}
+			s, err := selector.Parse(sel)
+			if err != nil {
+				return withCode(exitUsage, fmt.Errorf("--selector %q: %w", sel, err))
+			}
 			return withRegistry(cmd, &ef, func(ctx context.Context, reg *registry.Client) error {
 				reg.SetLogger(cliWarnings(cmd.ErrOrStderr())) // keys skipped as garbage
-				rows, err := readHostRows(ctx, reg, group)
+				rows, err := readHostRows(ctx, reg, group, s)
 				if err != nil {
 					return err
 				}
@@ -52,6 +70,7 @@ RUNS is what each runs: its units and the version (hash) of each.`,
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().StringVar(&group, "group", "", "only the members of this group")
+	cmd.Flags().StringVar(&sel, "selector", "", "only the hosts whose labels match this selector, e.g. 'env=prod,arch in (amd64,arm64)'")
 	cmd.AddCommand(newHostsForgetCmd())
 	return cmd
 }
@@ -79,17 +98,20 @@ type hostRow struct {
 	Runs map[string]string `json:"runs,omitempty"`
 }
 
-// readHostRows reads every known host (of group, when not "") and judges
-// the statuses of the live ones (reconcile.StandingOf), read in one
-// transaction per 1,000 hosts.
-func readHostRows(ctx context.Context, reg *registry.Client, group string) ([]hostRow, error) {
-	known, err := reg.KnownHosts(ctx)
+// readHostRows reads every known host (of group, when not "", and whose
+// labels match sel) and judges the statuses of the live ones
+// (reconcile.StandingOf), read in one transaction per 1,000 hosts.
+func readHostRows(ctx context.Context, reg *registry.Client, group string, sel selector.Selector) ([]hostRow, error) {
+	all, err := reg.KnownHosts(ctx)
 	if err != nil {
 		return nil, err
 	}
+	known := slices.DeleteFunc(all, func(k registry.KnownHost) bool {
+		return group != "" && !slices.Contains(k.Groups, group) || !sel.Matches(k.Labels)
+	})
 	var live []string
 	for _, k := range known {
-		if k.Live && (group == "" || slices.Contains(k.Groups, group)) {
+		if k.Live {
 			live = append(live, k.Host)
 		}
 	}
@@ -99,9 +121,6 @@ func readHostRows(ctx context.Context, reg *registry.Client, group string) ([]ho
 	}
 	rows := []hostRow{}
 	for _, k := range known {
-		if group != "" && !slices.Contains(k.Groups, group) {
-			continue
-		}
 		r := hostRow{KnownHost: k}
 		if k.Live {
 			st := reports[k.Host].Statuses
@@ -125,6 +144,10 @@ func readHostRows(ctx context.Context, reg *registry.Client, group string) ([]ho
 	return rows, nil
 }
 
+// labelsWidth is how wide the LABELS column of `agentd hosts` grows before
+// the rest of a host's labels are only counted.
+const labelsWidth = 48
+
 func printHostRows(out io.Writer, rows []hostRow) error {
 	var live, down, ok, pending, failed int
 	for _, r := range rows {
@@ -138,13 +161,13 @@ func printHostRows(out io.Writer, rows []hostRow) error {
 	fmt.Fprintf(out, "%d %s · %d live · %d down · units %d ok · %d pending · %d failed\n",
 		len(rows), plural(len(rows), "host", "hosts"), live, down, ok, pending, failed)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tAGENT\tGROUPS\tVERSION\tUNITS OK/PENDING/FAILED\tRUNS\tMACHINE-ID\tSTARTED")
+	fmt.Fprintln(tw, "HOST\tAGENT\tGROUPS\tLABELS\tVERSION\tUNITS OK/PENDING/FAILED\tRUNS\tMACHINE-ID\tSTARTED")
 	for _, r := range rows {
 		agent, units := "live", fmt.Sprintf("%d/%d/%d", r.Converged, r.Pending, r.Failed)
 		if !r.Live {
 			agent, units = "down, last seen "+ago(time.Since(r.LastSeen))+" ago", "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Host, agent, strings.Join(r.Groups, ","), r.Version,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Host, agent, strings.Join(r.Groups, ","), describeLabels(r.Labels, labelsWidth), r.Version,
 			units, describeRuns(r.Runs), short(r.MachineID), r.StartedAt.Format(time.RFC3339))
 	}
 	return tw.Flush()

@@ -37,6 +37,12 @@ type mirrorStore interface {
 	MirrorTree(ctx context.Context, name string) (map[registry.Target]map[string][]byte, error)
 	ApplyCommit(ctx context.Context, mc registry.MirrorCommit) (int64, error)
 	RefuseCommit(ctx context.Context, name string, r registry.MirrorRefusal) error
+	// KnownHosts are the hosts a commit's rollouts go to; Rollout reads
+	// one (mirror_notify.go).
+	KnownHosts(ctx context.Context) ([]registry.KnownHost, error)
+	// List reads a target's keys: those of a target a commit takes over.
+	List(ctx context.Context, t *registry.Target) ([]registry.Listed, error)
+	rolloutReader
 }
 
 // mirrorConfig is one mirror's settings, checked (mirrorOptions.check).
@@ -47,6 +53,7 @@ type mirrorConfig struct {
 	start             plumbing.Hash
 	threshold         float64 // --mass-delete-threshold, 0..1
 	signers           *sshsig.AllowedSigners
+	opts              []mirror.Option // how to reach the remote: mirror.WithAuth (mirror_auth.go)
 }
 
 // repoDir is the bare clone; fetchFile the result of the last fetch, for
@@ -68,6 +75,8 @@ type mirrorLoop struct {
 	met   *mirrorMetrics
 	now   func() time.Time
 	repo  *mirror.Repo // opened (cloned) at the first round that reaches the remote
+	// notify posts each commit's verdict (--notify-url; nil: off).
+	notify *mirrorNotifier
 }
 
 // fetchStatus is the result of the last fetch, kept in the mirror's
@@ -89,7 +98,7 @@ func (m *mirrorLoop) fetch(ctx context.Context) (plumbing.Hash, error) {
 	var tip plumbing.Hash
 	err := os.MkdirAll(m.cfg.dir, 0o700)
 	if err == nil && m.repo == nil {
-		m.repo, err = mirror.Open(ctx, m.cfg.url, m.cfg.branch, m.cfg.repoDir())
+		m.repo, err = mirror.Open(ctx, m.cfg.url, m.cfg.branch, m.cfg.repoDir(), m.cfg.opts...)
 	}
 	if err == nil {
 		tip, err = m.repo.Fetch(ctx)
@@ -199,6 +208,9 @@ func (m *mirrorLoop) apply(ctx context.Context, leader *registry.MirrorLeader, p
 		if err != nil {
 			return m.refuse(ctx, st, c.Hash, authorOf(c), err)
 		}
+		if err := m.takeOver(ctx, current, next); err != nil {
+			return err
+		}
 		ch := mirror.Changes(current, next)
 		if err := mirror.Guard(current, ch, threshold); err != nil {
 			if !allowMass {
@@ -214,6 +226,13 @@ func (m *mirrorLoop) apply(ctx context.Context, leader *registry.MirrorLeader, p
 		if !parent.IsZero() {
 			mc.Parent = parent.String()
 		}
+		if mc.Rollouts, err = m.commitRollouts(ctx, c, ch); err != nil {
+			var re *mirror.RenderError
+			if errors.As(err, &re) {
+				return m.refuse(ctx, st, c.Hash, authorOf(c), err)
+			}
+			return fmt.Errorf("commit %s not written: %w", short(mc.Commit), err)
+		}
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
 		rev, err := m.store.ApplyCommit(wctx, mc)
 		cancel()
@@ -228,7 +247,31 @@ func (m *mirrorLoop) apply(ctx context.Context, leader *registry.MirrorLeader, p
 		m.met.mirrored()
 		m.log.Info("mirrored commit", "commit", short(mc.Commit), "author", mc.Author, "signer", mc.Signer,
 			"subject", mc.Subject, "put", keysIn(ch.Puts), "deleted", deletesIn(ch.Deletes), "revision", rev)
+		m.started(ctx, mc)
 		current, parent = next, c.Hash
+	}
+	return nil
+}
+
+// takeOver adds to current the keys of each target next holds that the
+// mirror does not own yet, as the registry has them: the commit that
+// takes a target over makes it what git says at once — keys put there by
+// hand go in that commit, under the mass-delete guard — rather than in
+// the commit after it.
+func (m *mirrorLoop) takeOver(ctx context.Context, current, next mirror.Tree) error {
+	for t := range next {
+		if _, owned := current[t]; owned {
+			continue
+		}
+		ls, err := m.store.List(ctx, &t)
+		if err != nil {
+			return fmt.Errorf("read %s, which the commit takes over: %w", t, err)
+		}
+		keys := map[string][]byte{}
+		for _, l := range ls {
+			keys[l.Unit] = l.Value
+		}
+		current[t] = keys
 	}
 	return nil
 }

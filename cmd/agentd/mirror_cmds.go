@@ -41,8 +41,10 @@ type mirrorOptions struct {
 	webhookListen     string
 	webhookSecretFile string
 	metricsAddr       string
+	notifyURL         string
 	logLevel          string
 	leaseTTL          time.Duration
+	auth              mirrorAuthFlags // --ssh-key, --https-token-file, … (mirror_auth.go)
 
 	// id is this candidate's name in the election (default host:pid;
 	// tests running two in one process set their own).
@@ -141,6 +143,9 @@ func (o *mirrorOptions) check() (mirrorConfig, []byte, error) {
 	if (o.webhookListen == "") != (o.webhookSecretFile == "") {
 		return usage("mirror: --webhook-listen and --webhook-secret-file go together: a webhook without a secret would let anybody trigger fetches")
 	}
+	if err := checkNotifyURL(o.notifyURL); err != nil {
+		return mirrorConfig{}, nil, withCode(exitUsage, err)
+	}
 	dir := o.cacheDir
 	if dir == "" {
 		dir = defaultMirrorCacheDir()
@@ -154,6 +159,10 @@ func (o *mirrorOptions) check() (mirrorConfig, []byte, error) {
 		return usage("mirror: --allowed-signers: %w", err)
 	}
 	cfg.signers = as
+	home, _ := os.UserHomeDir()
+	if cfg.opts, err = o.auth.options(o.repo, home); err != nil {
+		return mirrorConfig{}, nil, err
+	}
 	var secret []byte
 	if o.webhookSecretFile != "" {
 		if secret, err = readWebhookSecret(o.webhookSecretFile); err != nil {
@@ -194,6 +203,14 @@ and deletes against the keys mirrored so far. A commit that deletes more than
 --allow-mass-delete"; one that deletes all of them is always refused. A fetch
 that fails, or a registry that does not answer, changes nothing.
 
+A group with groups/<group>/rollout.toml (canary, waves, max_unavailable,
+soak, pause_after_canary: the options of "unit put --group") gets each commit's
+change to it as a rollout over its hosts, as "unit put --group G --waves …"
+stages one; "agentd mirror status" shows the rollouts the last commit started.
+--notify-url POSTs each commit's verdict as JSON (applied right after the
+write of a commit without rollouts; else done, failed, aborted or superseded
+once they end), retried; README.md ("Git mirror") documents its shape.
+
 A target (host or group) the mirror writes belongs to it: "agentd unit put"
 and "unit rm" to it are refused (exit 2) unless --force.
 
@@ -222,8 +239,10 @@ Under systemd: contrib/systemd/agentd-mirror.service (Type=notify).`,
 	fs.StringVar(&o.webhookListen, "webhook-listen", "", "serve push webhooks at http://ADDR/ (any path), e.g. :9180 (default: off)")
 	fs.StringVar(&o.webhookSecretFile, "webhook-secret-file", "", "file holding the webhook's shared secret (GitHub: the HMAC key; GitLab: the token)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (default: off)")
+	fs.StringVar(&o.notifyURL, "notify-url", "", "POST each mirrored commit's verdict (JSON: applied, or done, failed, aborted, superseded once its rollouts end) to `URL`, retried")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", 15*time.Second, "TTL of the leader's lease: a standby takes over this long after the leader died")
+	o.auth.bind(fs)
 	cmd.AddCommand(newMirrorSyncCmd(), newMirrorStatusCmd(), newMirrorResetCmd())
 	return cmd
 }
@@ -293,11 +312,13 @@ func runMirror(ctx context.Context, o *mirrorOptions) error {
 			}
 		})
 	}
-	loop := &mirrorLoop{cfg: cfg, store: reg, log: log, met: met, now: time.Now}
+	loop := &mirrorLoop{cfg: cfg, store: withMirrorFaults(reg, cfg.dir, log), log: log, met: met, now: time.Now,
+		notify: newMirrorNotifier(ctx, o.notifyURL, reg, log)}
 	notify("READY=1")
 	log.Info("mirror running", "repo", cfg.url, "branch", cfg.branch, "dir", cfg.dir, "id", id,
-		"verify", o.verify, "poll", o.poll, "webhook", o.webhookListen, "metrics", o.metricsAddr)
+		"verify", o.verify, "poll", o.poll, "webhook", o.webhookListen, "metrics", o.metricsAddr, "notify", o.notifyURL)
 	campaign(ctx, reg, loop, o, id, pokes)
+	loop.notify.wait()
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
@@ -432,6 +453,39 @@ type mirrorStatus struct {
 	// Fetch is the last fetch of a mirror run on this machine with this
 	// --cache-dir (null elsewhere).
 	Fetch *fetchStatus `json:"fetch"`
+	// Rollouts are the rollouts the last mirrored commit started, as
+	// `agentd rollout status` reads them.
+	Rollouts []mirrorRolloutStatus `json:"rollouts"`
+}
+
+// mirrorRolloutStatus is a rollout a mirrored commit started.
+type mirrorRolloutStatus struct {
+	ID     string `json:"id"`
+	Group  string `json:"group"`
+	Phase  string `json:"phase"`
+	Wave   int    `json:"wave,omitempty"` // counted from 1
+	Waves  int    `json:"waves,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// mirrorRollouts reads the rollouts of st's commit.
+func mirrorRollouts(ctx context.Context, reg *registry.Client, st registry.MirrorState) []mirrorRolloutStatus {
+	out := []mirrorRolloutStatus{}
+	for _, r := range st.Rollouts {
+		rs := mirrorRolloutStatus{ID: r.ID, Group: r.Group}
+		v, err := reg.Rollout(ctx, r.ID, false)
+		switch {
+		case errors.Is(err, registry.ErrNoRollout):
+			rs.Phase, rs.Reason = phaseGone, "its record is gone (agentd rollout rm)"
+		case err != nil:
+			rs.Phase, rs.Reason = "unknown", err.Error()
+		default:
+			ph := v.Phase()
+			rs.Phase, rs.Wave, rs.Waves, rs.Reason = string(ph.State), phaseWave(v, ph), len(v.Record.WaveEnds), ph.Reason
+		}
+		out = append(out, rs)
+	}
+	return out
 }
 
 func newMirrorStatusCmd() *cobra.Command {
@@ -445,7 +499,8 @@ func newMirrorStatusCmd() *cobra.Command {
 		Use:   "status [--name NAME] [--json]",
 		Short: "Show what the mirror mirrored last, and what it refused",
 		Long: `Show a mirror's state in the registry: the commit last mirrored (its signer,
-author and subject, the registry revision that wrote it), and the commit it
+author and subject, the registry revision that wrote it, the rollouts it
+started and their phase, as "agentd rollout status" shows it), and the commit it
 refused, if any, with its author and why. On the machine the mirror runs on
 (same --cache-dir), also when it last fetched and the result.`,
 		Args: usageArgs(cobra.NoArgs),
@@ -464,8 +519,7 @@ refused, if any, with its author and why. On the machine the mirror runs on
 				if !ok {
 					return fmt.Errorf("mirror status: no mirror named %q in the registry (has agentd mirror --name %s run yet?)", name, name)
 				}
-				var out mirrorStatus
-				out.State = st
+				out := mirrorStatus{State: st, Rollouts: mirrorRollouts(ctx, reg, st)}
 				if f, ok, err := readFetchStatus(filepath.Join(cacheDir, name, "fetch.json")); err != nil {
 					fmt.Fprintf(cmd.ErrOrStderr(), "warning: the last fetch is not known: %v\n", err)
 				} else if ok {
@@ -502,6 +556,20 @@ func printMirrorStatus(w io.Writer, s mirrorStatus, now time.Time) {
 	} else {
 		fmt.Fprintf(w, "mirrored:    %s %q by %s, signed by %s, at %s (revision %d)\n",
 			short(st.Commit), st.Subject, st.Author, orDash(st.Signer), st.At.Local().Format(time.RFC3339), st.Revision)
+	}
+	for i, r := range s.Rollouts {
+		label := "             "
+		if i == 0 {
+			label = "rollouts:    "
+		}
+		wave := ""
+		if r.Waves > 0 {
+			wave = fmt.Sprintf(", wave %d of %d", r.Wave, r.Waves)
+		}
+		fmt.Fprintf(w, "%s%s (group %s): %s%s%s\n", label, r.ID, r.Group, r.Phase, wave, prefixed(r.Reason))
+	}
+	if len(s.Rollouts) > 0 {
+		fmt.Fprintln(w, "             agentd rollout status ID --watch follows one")
 	}
 	if r := st.Refused; r != nil {
 		fmt.Fprintf(w, "refused:     %s by %s at %s: %s\n", short(r.Commit), r.Author, r.At.Local().Format(time.RFC3339), r.Reason)

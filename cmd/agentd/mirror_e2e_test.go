@@ -396,3 +396,33 @@ func TestMirrorE2EDirectPutRefused(t *testing.T) {
 		t.Fatalf("unit put to an unmirrored host: exit %d\n%s", code, out)
 	}
 }
+
+// The commit that takes a target over makes it what git says at once: a
+// key put there by hand before the mirror owned it goes in that commit
+// (under the mass-delete guard), not silently in the commit after it.
+func TestMirrorE2ETakeOverRemovesHandPutKeys(t *testing.T) {
+	t.Parallel()
+	etcd := registrytest.StartEtcd(t)
+	reg := registrytest.NewClient(t, etcd.Endpoint())
+	g := newGitRepo(t)
+	key, line := g.key("alice@example.com")
+	hand := map[string][]byte{"hand.service": []byte(helloV2)} // one of five: 20 %, at the guard
+	for i := range 4 {
+		hand[fmt.Sprintf("a%d.service", i)] = []byte(helloV1)
+	}
+	if _, err := reg.Put(context.Background(), h1, hand); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		g.write(fmt.Sprintf("hosts/h1/a%d.service", i), helloV1)
+	}
+	c1 := g.commit(key, "take h1 over")
+	startMirror(t, etcd.Endpoint(), g, g.signers(line), nil)
+	waitMirror(t, reg, "the first commit mirrored", atCommit(c1))
+	if _, err := reg.Get(context.Background(), h1, "hand.service"); err == nil {
+		t.Error("hand.service, put by hand and not in git, is still in hosts/h1 after the commit that took h1 over")
+	}
+	if _, err := reg.Get(context.Background(), h1, "a0.service"); err != nil {
+		t.Errorf("a0.service from git: %v", err)
+	}
+}

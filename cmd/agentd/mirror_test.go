@@ -28,6 +28,7 @@ import (
 	"github.com/agentd/agentd/internal/citest"
 	"github.com/agentd/agentd/mirror"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/sshsig"
 )
 
@@ -198,6 +199,16 @@ func (f *fakeMirrorStore) ApplyCommit(_ context.Context, mc registry.MirrorCommi
 	f.state = registry.MirrorState{Name: mc.Name, URL: mc.URL, Branch: mc.Branch, Commit: mc.Commit, Signer: mc.Signer,
 		Author: mc.Author, Subject: mc.Subject, Revision: f.rev}
 	return f.rev, nil
+}
+
+func (f *fakeMirrorStore) KnownHosts(context.Context) ([]registry.KnownHost, error) { return nil, nil }
+
+func (f *fakeMirrorStore) List(context.Context, *registry.Target) ([]registry.Listed, error) {
+	return nil, nil
+}
+
+func (f *fakeMirrorStore) Rollout(_ context.Context, id string, _ bool) (rollout.View, error) {
+	return rollout.View{}, fmt.Errorf("%w: %s", registry.ErrNoRollout, id)
 }
 
 func (f *fakeMirrorStore) RefuseCommit(_ context.Context, name string, r registry.MirrorRefusal) error {
@@ -585,5 +596,30 @@ func TestMirrorPercentFlag(t *testing.T) {
 		if err != nil || float64(p) != want {
 			t.Errorf("Set(%q) = %v, %v; want %v", in, float64(p), err, want)
 		}
+	}
+}
+
+// A commit's verdict is the worst of its rollouts' ends; applied without.
+func TestMirrorVerdictOf(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		phases []string
+		want   string
+	}{
+		{"no rollouts", nil, verdictApplied},
+		{"all done", []string{"done", "done"}, verdictDone},
+		{"one superseded", []string{"done", "superseded"}, verdictSuperseded},
+		{"one gone", []string{"superseded", phaseGone}, verdictAborted},
+		{"one failed", []string{"aborted", "failed", "done"}, verdictFailed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var rs []verdictRollout
+			for _, p := range c.phases {
+				rs = append(rs, verdictRollout{Phase: p})
+			}
+			if got := verdictOf(rs); got != c.want {
+				t.Errorf("verdictOf(%v) = %s, want %s", c.phases, got, c.want)
+			}
+		})
 	}
 }

@@ -168,14 +168,33 @@ func (f *strategyFlags) stage(ctx context.Context, reg *registry.Client, tg regi
 	return r, append(opts, registry.WithRollout(r, f.supersede)), nil
 }
 
-// newRollout is the rollout a write of f's strategy to group starts: the
-// group's members now (live or not), by name, cut into waves.
+// newRollout is the rollout a write of f's strategy to group starts
+// (groupRollout).
 func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, group string, warn io.Writer) (*rollout.Record, error) {
 	known, err := reg.KnownHosts(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var hosts, down []string
+	r, down := groupRollout(known, group, f.s, time.Now())
+	if r == nil {
+		return nil, fmt.Errorf("%s: no host has joined group %s: a rollout would have no host to go to (start agents with --group %s, or drop the rollout options); %s", f.name, group, group, f.nothing)
+	}
+	if len(down) > 0 {
+		fmt.Fprintf(warn, "warning: %s of group %s %s no live agent: the rollout waits for %s in %s wave\n",
+			rollout.NameHosts(down, len(down)), group, plural(len(down), "has", "have"), plural(len(down), "it", "them"), plural(len(down), "its", "their"))
+	}
+	r.By, r.Reason = storedBy(), strings.TrimSpace(f.reason)
+	return r, nil
+}
+
+// groupRollout is the rollout a write of strategy s to group starts (its
+// By and Reason left for the writer): the group's members now (known
+// hosts, live or not), by name, cut into waves; down are those without a
+// live agent. It is nil when no host has joined the group. `unit put
+// --group G --waves …` and `agentd mirror` (a group with a rollout.toml)
+// both stage their rollouts with it.
+func groupRollout(known []registry.KnownHost, group string, s rollout.Strategy, now time.Time) (r *rollout.Record, down []string) {
+	var hosts []string
 	for _, k := range known {
 		if slices.Contains(k.Groups, group) {
 			hosts = append(hosts, k.Host)
@@ -185,19 +204,13 @@ func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, gr
 		}
 	}
 	if len(hosts) == 0 {
-		return nil, fmt.Errorf("%s: no host has joined group %s: a rollout would have no host to go to (start agents with --group %s, or drop the rollout options); %s", f.name, group, group, f.nothing)
+		return nil, nil
 	}
 	slices.Sort(hosts)
-	if len(down) > 0 {
-		fmt.Fprintf(warn, "warning: %s of group %s %s no live agent: the rollout waits for %s in %s wave\n",
-			rollout.NameHosts(down, len(down)), group, plural(len(down), "has", "have"), plural(len(down), "it", "them"), plural(len(down), "its", "their"))
-	}
-	now := time.Now().UTC()
 	return &rollout.Record{
-		ID: registry.NewRolloutID(now), Group: group, Strategy: f.s,
-		Hosts: hosts, WaveEnds: f.s.WaveEnds(len(hosts)),
-		By: storedBy(), Reason: strings.TrimSpace(f.reason),
-	}, nil
+		ID: registry.NewRolloutID(now), Group: group, Strategy: s,
+		Hosts: hosts, WaveEnds: s.WaveEnds(len(hosts)),
+	}, down
 }
 
 func plural(n int, one, many string) string {

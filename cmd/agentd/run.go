@@ -60,6 +60,11 @@ type runOptions struct {
 	// secrets with ("": <state-dir>/identity.age, made at first start);
 	// recipient is its public side, published with the membership.
 	identity, recipient string
+	// labels is --label K=V (repeatable); given the labels parsed from it
+	// (newAgentRun), and published the labels published with the
+	// membership: given and the host's facts (openLocal).
+	labels           []string
+	given, published map[string]string
 	// credentialKey is --credential-key: what systemd-creds encrypts
 	// credentials with (its --with-key).
 	credentialKey string
@@ -113,6 +118,13 @@ files: a DEST under none of them, a symlink or directory in its place, or an
 owner this host does not have refuses the unit's whole change, and the
 running version is kept. Without --file-root every config file is refused.
 
+The agent publishes labels with its membership: those given with --label
+KEY=VALUE (repeatable; AGENTD_LABEL=K=V,K=V) and the facts it reads off the
+host: arch, hostname, os.id and os.version_id (ID= and VERSION_ID= of
+/etc/os-release; absent without one) and systemd.version. A given label with
+a fact's key is refused, and so is one that is not a valid Kubernetes label.
+"agentd hosts --selector" picks hosts by them.
+
 Under systemd (contrib/systemd/agentd.service, Type=notify) it reports READY=1
 after its first successful reconcile pass, or after --registry-timeout with the
 registry unreachable, running on the last registry snapshot it saved in the
@@ -139,6 +151,7 @@ of the group answers alike. There is no authentication: listen on loopback
     --embedded-key etcd-key.pem --embedded-ca clients-ca.pem   # remote clients need a client certificate
   agentd run --user                          # the user's systemd instance
   agentd run --file-root /etc/myapp          # config files (unit put --file) may go under /etc/myapp
+  agentd run --label rack=r12 --label env=prod   # agentd hosts --selector 'env=prod,rack in (r12,r13)'
   AGENTD_METRICS_ADDR=127.0.0.1:9100 agentd run   # every flag has an AGENTD_* variable
   agentd run --group web --fleetlock-listen 127.0.0.1:9190   # Zincati: base_url = "http://127.0.0.1:9190/", group = "web"`,
 		Args: usageArgs(cobra.NoArgs),
@@ -172,6 +185,10 @@ of the group answers alike. There is no authentication: listen on loopback
 		"a FleetLock client's reboot slots are freed this long after its last pre-reboot if it never calls steady-state (whole seconds; longer than a reboot takes)")
 	fs.StringVar(&o.identity, "identity", "",
 		"decrypt secrets (unit put --secret) with this SSH ed25519 host key, e.g. /etc/ssh/ssh_host_ed25519_key (default: an age key made at first start in the state directory, identity.age)")
+	fs.StringSliceVar(&o.labels, "label", nil,
+		"a label of this host, KEY=VALUE, e.g. rack=r12 (repeatable; Kubernetes' label syntax): published with its membership, picked by agentd hosts --selector. "+
+			"The agent adds the host's facts: "+strings.Join(factKeys, ", ")+" (a given label cannot have a fact's key)")
+	fs.Lookup("label").Value = labelFlag{fs.Lookup("label").Value} // checked as it is set
 	fs.StringVar(&o.credentialKey, "credential-key", "auto",
 		"what secrets put as systemd credentials (unit put --credential) are encrypted with: auto (TPM2 where present, else the host key on persistent storage), host, tpm2 or host+tpm2 (systemd-creds --with-key)")
 	fs.StringVar(&o.allowedSigners, "allowed-signers", "",
@@ -408,6 +425,9 @@ func newAgentRun(o *runOptions) (*agentRun, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.given, err = parseLabels(o.labels); err != nil {
+		return nil, withCode(exitUsage, fmt.Errorf("--label: %w", err))
+	}
 	log = log.With("host", o.host)
 	r := &agentRun{o: o, log: log, svc: newService(log), met: metrics.New(version)}
 	if r.allowed, err = o.loadAllowedSigners(); err != nil {
@@ -518,6 +538,7 @@ func (r *agentRun) openLocal(ctx context.Context) error {
 	if r.creds.version, err = sd.Version(ctx); err != nil {
 		log.Warn("the service manager's version is not known: secrets put as credentials are refused", "err", err)
 	}
+	o.published = memberLabels(o.given, hostFacts(r.creds.version, log))
 	if r.units, err = unitdir.Open(o.unitDir); err != nil {
 		return err
 	}
@@ -669,7 +690,7 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	}
 	log.Info("agent running", "unit_dir", o.unitDir, "state_dir", o.stateDir, "file_roots", strings.Join(o.fileRoots, ","), "debug_socket", o.debugSocket,
 		"groups", strings.Join(o.groups, ","), "etcd", strings.Join(r.endpoints, ","), "metrics", o.metricsAddr,
-		"fleetlock", o.fleetLockAddr, "watchdog", svc.watchdog)
+		"fleetlock", o.fleetLockAddr, "watchdog", svc.watchdog, "labels", describeLabels(o.published, 1<<20))
 	if o.ready != nil {
 		o.ready <- agent
 	}
@@ -710,7 +731,7 @@ func followRegistry(ctx context.Context, o *runOptions, endpoints []string, log 
 func connectRegistry(ctx context.Context, o *runOptions, endpoints []string, log *slog.Logger, met *metrics.Metrics) (*registry.Client, *registry.Session, error) {
 	member := reconcile.Member{
 		Host: o.host, MachineID: machineID(), Groups: o.groups, Version: version, StartedAt: time.Now().UTC(),
-		Recipient: o.recipient,
+		Recipient: o.recipient, Labels: o.published,
 	}
 	cfg := o.etcd.config(endpoints)
 	cfg.Logger = log

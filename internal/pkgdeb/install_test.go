@@ -35,7 +35,9 @@ const helloUnit = "[Unit]\nDescription=hello\n[Service]\nType=exec\nExecStart=/b
 //  4. dpkg -r agentd: the agent stops and is gone, hello.service keeps
 //     running (same PID), /var/lib/agentd and /etc/default/agentd stay;
 //  5. dpkg -P agentd (purge): /var/lib/agentd, the conffile and the
-//     enablement go; hello.service still runs.
+//     enablement go; hello.service still runs. agentd-mirror.service,
+//     disabled by the installation and enabled by the admin before the
+//     removal, loses its enablement and /var/lib/agentd-mirror too.
 func TestInstalledAsAUser(t *testing.T) {
 	t.Parallel()
 	startBuild() // builds while the container boots
@@ -99,7 +101,10 @@ func TestInstalledAsAUser(t *testing.T) {
 		out, _ := run("systemctl is-active " + unit)
 		return strings.TrimSpace(out)
 	}
-	const wants = "/etc/systemd/system/multi-user.target.wants/agentd.service"
+	const (
+		wants       = "/etc/systemd/system/multi-user.target.wants/agentd.service"
+		mirrorWants = "/etc/systemd/system/multi-user.target.wants/agentd-mirror.service"
+	)
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, _ := c.Run("journalctl", "--no-pager", "-b", "-u", "agentd", "-n", "100")
@@ -130,6 +135,12 @@ func TestInstalledAsAUser(t *testing.T) {
 	}
 	if got := mustRun("systemctl show -p FragmentPath,ExecStart agentd"); !strings.Contains(got, "FragmentPath="+SystemUnitPath) || !strings.Contains(got, "path=/usr/bin/agentd") {
 		t.Errorf("agentd.service is not the packaged one:\n%s", got)
+	}
+	if out, _ := run("systemctl is-enabled agentd-mirror"); strings.TrimSpace(out) != "disabled" {
+		t.Errorf("systemctl is-enabled agentd-mirror = %q after installation: want disabled", out)
+	}
+	if !exists(MirrorDefaults) {
+		t.Errorf("%s not installed", MirrorDefaults)
 	}
 	if got := mustRun("stat -c %a /var/lib/agentd"); strings.TrimSpace(got) != "700" {
 		t.Errorf("/var/lib/agentd mode %s", got)
@@ -254,6 +265,13 @@ printf 'reply: %s\n' "${COMPREPLY[@]}"`
 
 	mustRun("ls -lA " + StateDir)
 
+	// The admin enables the mirror (not started: it has no repository),
+	// and it has left a clone in its state directory.
+	mustRun("systemctl enable agentd-mirror 2>&1 && mkdir -p -m 0700 " + MirrorStateDir + "/default/repo")
+	if !exists(mirrorWants) {
+		t.Fatalf("systemctl enable agentd-mirror made no %s", mirrorWants)
+	}
+
 	// 4. Remove: the agent stops and goes; what it started keeps running.
 	// dpkg, not apt-get: the same maintainer scripts without apt's cache
 	// rebuild (seconds here, with the host's package lists).
@@ -290,7 +308,7 @@ printf 'reply: %s\n' "${COMPREPLY[@]}"`
 
 	// 5. Purge: state, configuration and enablement go; hello stays.
 	mustRun("dpkg -P agentd 2>&1")
-	for _, gone := range []string{StateDir, DefaultsPath, wants} {
+	for _, gone := range []string{StateDir, DefaultsPath, wants, MirrorStateDir, MirrorDefaults, mirrorWants} {
 		if exists(gone) {
 			t.Errorf("%s still there after purge", gone)
 		}

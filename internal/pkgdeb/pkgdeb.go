@@ -6,7 +6,8 @@
 // git describe stamped into it with -ldflags), asks that binary for its man
 // pages (the hidden `agentd man-pages`, cobra/doc) and its bash, zsh and
 // fish completions, and packs them with the files of the source tree:
-// contrib/systemd (the system and user units, /etc/default/agentd) and
+// contrib/systemd (the system, mirror and user units, /etc/default/agentd
+// and /etc/default/agentd-mirror) and
 // contrib/deb (maintainer scripts, copyright, lintian overrides). The unit
 // files are the tree's, with ExecStart= pointing at /usr/bin/agentd instead
 // of /usr/local/bin/agentd (a from-source install's path).
@@ -47,6 +48,8 @@ const (
 	MirrorUnitPath  = "/lib/systemd/system/agentd-mirror.service" // disabled: postinst enables agentd.service only
 	UserUnitPath    = "/usr/lib/systemd/user/agentd.service"
 	DefaultsPath    = "/etc/default/agentd"
+	MirrorDefaults  = "/etc/default/agentd-mirror" // agentd-mirror.service's EnvironmentFile=, every line commented
+	MirrorStateDir  = "/var/lib/agentd-mirror"     // its StateDirectory=: systemd makes it; purge removes it
 	StateDir        = "/var/lib/agentd"
 	ManDir          = "/usr/share/man/man8"
 	BashCompletion  = "/usr/share/bash-completion/completions/agentd"
@@ -351,6 +354,8 @@ func (b *builder) contents(p *Package) (files.Contents, error) {
 		file(bin, BinPath, 0o755),
 		{Destination: StateDir, Type: files.TypeDir, FileInfo: &files.ContentFileInfo{Mode: 0o700}},
 		{Source: filepath.Join(b.o.Dir, "contrib/systemd/agentd.default"), Destination: DefaultsPath, Type: files.TypeConfig,
+			FileInfo: &files.ContentFileInfo{Mode: 0o644}},
+		{Source: filepath.Join(b.o.Dir, "contrib/systemd/agentd-mirror.default"), Destination: MirrorDefaults, Type: files.TypeConfig,
 			FileInfo: &files.ContentFileInfo{Mode: 0o644}},
 	}
 	for _, u := range []struct{ src, dst string }{

@@ -140,7 +140,7 @@ func TestPackageContents(t *testing.T) {
 			t.Errorf("control lacks %q:\n%s", want, control)
 		}
 	}
-	if got := read("DEBIAN/conffiles"); got != DefaultsPath+"\n" {
+	if got := read("DEBIAN/conffiles"); got != DefaultsPath+"\n"+MirrorDefaults+"\n" {
 		t.Errorf("conffiles = %q", got)
 	}
 	for _, s := range []string{"postinst", "prerm", "postrm"} {
@@ -176,6 +176,7 @@ func TestPackageContents(t *testing.T) {
 		MirrorUnitPath:                          0o644,
 		UserUnitPath:                            0o644,
 		DefaultsPath:                            0o644,
+		MirrorDefaults:                          0o644,
 		StateDir:                                os.ModeDir | 0o700,
 		BashCompletion:                          0o644,
 		ZshCompletion:                           0o644,
@@ -268,8 +269,13 @@ func TestPackageContents(t *testing.T) {
 			t.Errorf("%s lacks %s", SystemUnitPath, want)
 		}
 	}
-	if src, _ := os.ReadFile("../../contrib/systemd/agentd.default"); read(DefaultsPath) != string(src) {
-		t.Errorf("%s differs from contrib/systemd/agentd.default", DefaultsPath)
+	for src, dst := range map[string]string{"agentd.default": DefaultsPath, "agentd-mirror.default": MirrorDefaults} {
+		if b, _ := os.ReadFile("../../contrib/systemd/" + src); read(dst) != string(b) {
+			t.Errorf("%s differs from contrib/systemd/%s", dst, src)
+		}
+	}
+	if unit := read(MirrorUnitPath); !strings.Contains(unit, "EnvironmentFile=-"+MirrorDefaults+"\n") {
+		t.Errorf("%s does not read %s", MirrorUnitPath, MirrorDefaults)
 	}
 	if !strings.HasPrefix(read(ZshCompletion), "#compdef agentd") {
 		t.Errorf("%s does not start with #compdef agentd", ZshCompletion)

@@ -21,7 +21,8 @@ esac
 // (unshare --mount): tmpfs over /run/systemd (with system/ when the case
 // has systemd as PID 1, the sd_booted test the scripts use), /etc/default
 // (holding $DEFAULTS as /etc/default/agentd), /etc/systemd/system and
-// /var/lib (holding a non-empty /var/lib/agentd). Nothing reaches the host.
+// /var/lib (holding a non-empty /var/lib/agentd and /var/lib/agentd-mirror,
+// the mirror's clones). Nothing reaches the host.
 // The script runs with $SCRIPT_PATH as its PATH.
 const scriptWrapper = `set -e
 for d in /run/systemd /etc/default /etc/systemd/system /var/lib; do
@@ -30,10 +31,12 @@ done
 [ "$BOOTED" = yes ] && mkdir /run/systemd/system
 [ -n "$DEFAULTS" ] && printf '%s\n' "$DEFAULTS" > /etc/default/agentd
 mkdir -m 0700 /var/lib/agentd && touch /var/lib/agentd/managed.json
+mkdir -p -m 0700 /var/lib/agentd-mirror/default/repo
 set +e
 PATH=$SCRIPT_PATH /bin/sh "$@"
 rc=$?
 [ -d /var/lib/agentd ] && echo "(state kept)" >> "$STUBLOG"
+[ -d /var/lib/agentd-mirror ] && echo "(mirror state kept)" >> "$STUBLOG"
 exit $rc
 `
 
@@ -67,11 +70,15 @@ func TestMaintainerScripts(t *testing.T) {
 		t.Fatal(err)
 	}
 	const (
-		started  = "AGENTD_START=yes"
-		enable   = "deb-systemd-helper --quiet was-enabled agentd.service\ndeb-systemd-helper enable agentd.service\n"
-		disabled = "deb-systemd-helper --quiet was-enabled agentd.service\ndeb-systemd-helper update-state agentd.service\n"
+		started = "AGENTD_START=yes"
+		// agentd-mirror.service is never enabled nor started: its state
+		// is recorded (for purge), and a running one restarts on upgrade.
+		mirror   = "deb-systemd-helper update-state agentd-mirror.service\n"
+		enable   = "deb-systemd-helper --quiet was-enabled agentd.service\ndeb-systemd-helper enable agentd.service\n" + mirror
+		disabled = "deb-systemd-helper --quiet was-enabled agentd.service\ndeb-systemd-helper update-state agentd.service\n" + mirror
 		reload   = "systemctl --system daemon-reload\n"
-		kept     = "(state kept)\n"
+		mirrorUp = reload + "deb-systemd-invoke try-restart agentd-mirror.service\n"
+		kept     = "(state kept)\n(mirror state kept)\n"
 	)
 	for _, c := range []struct {
 		name       string
@@ -94,19 +101,19 @@ func TestMaintainerScripts(t *testing.T) {
 		{name: "install, no helpers", args: []string{"postinst", "configure", ""}, booted: true, noHelpers: true,
 			calls: kept, stderr: "enabled, not started"},
 		{name: "upgrade", args: []string{"postinst", "configure", "1.0-1"}, booted: true, wasEnabled: true,
-			calls: enable + reload + "deb-systemd-invoke try-restart agentd.service\n" + kept},
+			calls: enable + mirrorUp + "deb-systemd-invoke try-restart agentd.service\n" + kept},
 		{name: "upgrade with AGENTD_START=yes", args: []string{"postinst", "configure", "1.0-1"}, booted: true, wasEnabled: true, defaults: started,
-			calls: enable + reload + "deb-systemd-invoke restart agentd.service\n" + kept},
+			calls: enable + mirrorUp + "deb-systemd-invoke restart agentd.service\n" + kept},
 		{name: "upgrade, disabled by the admin", args: []string{"postinst", "configure", "1.0-1"}, booted: true,
-			calls: disabled + reload + "deb-systemd-invoke try-restart agentd.service\n" + kept},
+			calls: disabled + mirrorUp + "deb-systemd-invoke try-restart agentd.service\n" + kept},
 		{name: "abort-upgrade", args: []string{"postinst", "abort-upgrade", "1.1-1"}, booted: true, wasEnabled: true,
-			calls: enable + reload + "deb-systemd-invoke try-restart agentd.service\n" + kept},
-		{name: "prerm remove", args: []string{"prerm", "remove"}, booted: true, calls: "deb-systemd-invoke stop agentd.service\n" + kept},
+			calls: enable + mirrorUp + "deb-systemd-invoke try-restart agentd.service\n" + kept},
+		{name: "prerm remove", args: []string{"prerm", "remove"}, booted: true, calls: "deb-systemd-invoke stop agentd.service agentd-mirror.service\n" + kept},
 		{name: "prerm remove, PID 1 not systemd", args: []string{"prerm", "remove"}, calls: kept},
 		{name: "prerm upgrade", args: []string{"prerm", "upgrade", "1.1-1"}, booted: true, calls: kept},
 		{name: "postrm remove", args: []string{"postrm", "remove"}, booted: true, calls: reload + kept},
 		{name: "postrm remove, PID 1 not systemd", args: []string{"postrm", "remove"}, calls: kept},
-		{name: "postrm purge", args: []string{"postrm", "purge"}, booted: true, calls: "deb-systemd-helper purge agentd.service\n"},
+		{name: "postrm purge", args: []string{"postrm", "purge"}, booted: true, calls: "deb-systemd-helper purge agentd.service\ndeb-systemd-helper purge agentd-mirror.service\n"},
 		{name: "postrm purge, no helpers", args: []string{"postrm", "purge"}, noHelpers: true, stderr: "deb-systemd-helper: not found"},
 		{name: "postrm upgrade", args: []string{"postrm", "upgrade", "1.1-1"}, booted: true, calls: kept},
 	} {

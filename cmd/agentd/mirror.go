@@ -141,6 +141,7 @@ func (m *mirrorLoop) syncOnce(ctx context.Context, leader *registry.MirrorLeader
 		last = plumbing.NewHash(st.Commit)
 	}
 	if tip == last {
+		m.met.caughtUp()
 		return nil
 	}
 	good, stop, err := m.verify(last, tip)
@@ -281,6 +282,7 @@ func (m *mirrorLoop) takeOver(ctx context.Context, current, next mirror.Tree) er
 // already is not written again (a round runs every poll).
 func (m *mirrorLoop) refuse(ctx context.Context, st registry.MirrorState, commit plumbing.Hash, author string, why error) error {
 	r := registry.MirrorRefusal{Commit: commit.String(), Author: author, Reason: why.Error(), At: m.now().UTC()}
+	m.met.stoppedAt()
 	if p := st.Refused; p != nil && p.Commit == r.Commit && p.Reason == r.Reason {
 		m.log.Debug("commit still refused", "commit", short(r.Commit), "reason", r.Reason)
 		return nil
@@ -448,6 +450,7 @@ type mirrorMetrics struct {
 	fetches   *prometheus.CounterVec
 	commits   prometheus.Counter
 	refusals  *prometheus.CounterVec
+	stopped   prometheus.Gauge
 	leader    prometheus.Gauge
 }
 
@@ -466,10 +469,12 @@ func newMirrorMetrics(name string) *mirrorMetrics {
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "agentd_mirror_commits_refused_total",
 			Help:        "Commits refused, by reason (unsigned, unknown-key, not-allowed, not-ssh, bad-signature, not-fast-forward, render, mass-delete).",
 			ConstLabels: l}, []string{"reason"}),
+		stopped: prometheus.NewGauge(prometheus.GaugeOpts{Name: "agentd_mirror_stopped",
+			Help: "1 while the mirror is stopped before a refused commit (until a commit is mirrored again), else 0.", ConstLabels: l}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "agentd_mirror_leader",
 			Help: "1 while this process is the elected mirror, 0 while it stands by.", ConstLabels: l}),
 	}
-	m.reg.MustRegister(m.lastFetch, m.fetchOK, m.fetches, m.commits, m.refusals, m.leader)
+	m.reg.MustRegister(m.lastFetch, m.fetchOK, m.fetches, m.commits, m.refusals, m.stopped, m.leader)
 	return m
 }
 
@@ -490,12 +495,29 @@ func (m *mirrorMetrics) fetched(at time.Time, ok bool) {
 func (m *mirrorMetrics) mirrored() {
 	if m != nil {
 		m.commits.Inc()
+		m.stopped.Set(0)
 	}
 }
 
 func (m *mirrorMetrics) refused(reason string) {
 	if m != nil {
 		m.refusals.WithLabelValues(reason).Inc()
+	}
+}
+
+// caughtUp says the mirror holds the branch's tip: not stopped.
+func (m *mirrorMetrics) caughtUp() {
+	if m != nil {
+		m.stopped.Set(0)
+	}
+}
+
+// stoppedAt says the mirror stands before a refused commit: set at each
+// round that meets it (a restarted mirror too), cleared by the next
+// commit mirrored.
+func (m *mirrorMetrics) stoppedAt() {
+	if m != nil {
+		m.stopped.Set(1)
 	}
 }
 

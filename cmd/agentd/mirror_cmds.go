@@ -456,6 +456,15 @@ type mirrorStatus struct {
 	// Rollouts are the rollouts the last mirrored commit started, as
 	// `agentd rollout status` reads them.
 	Rollouts []mirrorRolloutStatus `json:"rollouts"`
+	// Hold is a commit written in chunks and not finished (its hosts
+	// wait for it); null when none.
+	Hold *mirrorHold `json:"hold"`
+}
+
+// mirrorHold is a commit the mirror writes over several transactions.
+type mirrorHold struct {
+	Commit  string   `json:"commit"`
+	Targets []string `json:"targets"`
 }
 
 // mirrorRolloutStatus is a rollout a mirrored commit started.
@@ -520,6 +529,11 @@ refused, if any, with its author and why. On the machine the mirror runs on
 					return fmt.Errorf("mirror status: no mirror named %q in the registry (has agentd mirror --name %s run yet?)", name, name)
 				}
 				out := mirrorStatus{State: st, Rollouts: mirrorRollouts(ctx, reg, st)}
+				if commit, targets, held, err := reg.MirrorHold(ctx, name); err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: the mirror's write hold is not known: %v\n", err)
+				} else if held {
+					out.Hold = &mirrorHold{Commit: commit, Targets: targets}
+				}
 				if f, ok, err := readFetchStatus(filepath.Join(cacheDir, name, "fetch.json")); err != nil {
 					fmt.Fprintf(cmd.ErrOrStderr(), "warning: the last fetch is not known: %v\n", err)
 				} else if ok {
@@ -570,6 +584,10 @@ func printMirrorStatus(w io.Writer, s mirrorStatus, now time.Time) {
 	}
 	if len(s.Rollouts) > 0 {
 		fmt.Fprintln(w, "             agentd rollout status ID --watch follows one")
+	}
+	if h := s.Hold; h != nil {
+		fmt.Fprintf(w, "writing:     %s in several transactions to %s: their hosts wait until it is whole (a mirror stopped halfway: the next one finishes it)\n",
+			short(h.Commit), strings.Join(h.Targets, ", "))
 	}
 	if r := st.Refused; r != nil {
 		fmt.Fprintf(w, "refused:     %s by %s at %s: %s\n", short(r.Commit), r.Author, r.At.Local().Format(time.RFC3339), r.Reason)

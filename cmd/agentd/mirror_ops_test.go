@@ -600,3 +600,41 @@ func TestMirrorDefaultsFileNamesEveryFlag(t *testing.T) {
 		}
 	}
 }
+
+// agentd_mirror_stopped (what AgentdMirrorRefusedCommit reads) is 1 while
+// the mirror stands before a refused commit and 0 once it holds the tip
+// again: here after `mirror reset --to` the refused commit.
+func TestMirrorStoppedGauge(t *testing.T) {
+	t.Parallel()
+	etcd := registrytest.StartEtcd(t)
+	reg := registrytest.NewClient(t, etcd.Endpoint())
+	g := newGitRepo(t)
+	key, line := g.key("alice@example.com")
+	g.write("hosts/h1/a.service", helloV1)
+	g.commit(key, "one")
+	g.write("hosts/h1/b.service", helloV1)
+	c2 := g.commit("", "two, unsigned")
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	startMirror(t, etcd.Endpoint(), g, g.signers(line), func(o *mirrorOptions) { o.metricsAddr = addr; o.poll = time.Second })
+	waitMirror(t, reg, "the unsigned commit is refused", refusedCommit(c2))
+	stopped := func() float64 {
+		f, ok := parseScrape(t, agentMetrics(t, addr))["agentd_mirror_stopped"]
+		if !ok || len(f.GetMetric()) != 1 {
+			return -1
+		}
+		return f.GetMetric()[0].GetGauge().GetValue()
+	}
+	if v := stopped(); v != 1 {
+		t.Fatalf("agentd_mirror_stopped = %v before the refused commit, want 1", v)
+	}
+	if out, code := mirrorCLI(t, etcd.Endpoint(), "mirror", "reset", "--to", c2); code != 0 {
+		t.Fatalf("mirror reset: exit %d\n%s", code, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for stopped() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("agentd_mirror_stopped = %v after the reset to the tip, want 0", stopped())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

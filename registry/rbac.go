@@ -60,6 +60,7 @@ func AgentRole(host string) string { return "agentd-host-" + host }
 //	<p>/agents/<h>             key     readwrite  its membership record (Join compares and reads it; every Report is guarded by it)
 //	<p>/status/<h>/            prefix  readwrite  its statuses (Report puts them, lists the prefix, deletes stale keys)
 //	<p>/facts/<h>              key     readwrite  its facts for previews (PublishFacts puts them)
+//	<p>/selectors/             prefix  read       the selector targets (WatchSelectors; their sel- groups need their own --group in the role)
 //	<p>/groups/<g>/            prefix  read       each group's unit keys (Watch; Halt reads the unit's current content)
 //	<p>/halts/groups/<g>/      prefix  readwrite  each group's halts (Watch; Halt records a version this host failed)
 //	<p>/locks/groups/<g>/      prefix  readwrite  each group's MaxUnavailable queues (Acquire reads and watches the queue, writes its own key)
@@ -98,6 +99,7 @@ func AgentPermissions(prefix, host string, groups []string) ([]Permission, error
 		{Key: c.progressDir(host), Prefix: true, Write: true, Why: "its own progress in the rollouts (watched; written as it takes, soaks or reverts a change)"},
 		{Key: c.progressRoot(), Prefix: true, Why: "every host's progress in the rollouts (read by its group's coordinator, when this host is elected)"},
 		{Key: c.holdsRoot(), Prefix: true, Why: "the git mirrors' holds (watched: a commit over etcd's limits being written; its hosts wait for the whole of it)"},
+		{Key: c.selectorsRoot(), Prefix: true, Why: "the selector targets (watched: it joins the sel- groups whose selectors match its labels)"},
 	}
 	for _, g := range gs {
 		perms = append(perms,

@@ -95,7 +95,7 @@ func (s *Session) renewMember(ctx context.Context) {
 	defer t.Stop()
 	warned := false
 	for {
-		err := s.c.putMember(ctx, s.member)
+		err := s.c.putMember(ctx, s.memberNow())
 		switch {
 		case ctx.Err() != nil:
 			return

@@ -59,10 +59,14 @@ func (c *Client) putMember(ctx context.Context, m reconcile.Member) error {
 // a live agent (its membership key, for an agent that wrote no record),
 // sorted by host, read at one revision. For a live agent the groups and
 // version are its own; for one that is down, those of its last record.
+// The selector groups among Groups are those whose selectors (read at the
+// same revision) match the host's labels, as its agent computes them: a
+// selector's members are known before its agents have followed its record.
 func (c *Client) KnownHosts(ctx context.Context) ([]KnownHost, error) {
 	resp, err := c.cli.Txn(ctx).Then(
 		clientv3.OpGet(c.membersRoot(), clientv3.WithPrefix()),
 		clientv3.OpGet(c.agentsRoot(), clientv3.WithPrefix()),
+		clientv3.OpGet(c.selectorsRoot(), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("list %s and %s: %w", c.membersRoot(), c.agentsRoot(), err)
@@ -90,8 +94,10 @@ func (c *Client) KnownHosts(ctx context.Context) ([]KnownHost, error) {
 		}
 		k.Member, k.Live = m, true
 	}
+	sels := c.decodeSelectors(resp.Responses[2].GetResponseRange().GetKvs())
 	out := make([]KnownHost, 0, len(byHost))
 	for _, k := range byHost {
+		k.Groups = withSelectorGroups(k.Groups, sels, k.Labels)
 		out = append(out, *k)
 	}
 	slices.SortFunc(out, func(a, b KnownHost) int { return strings.Compare(a.Host, b.Host) })

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/agentd/agentd/reconcile"
@@ -82,8 +83,14 @@ func (c *Client) Selectors(ctx context.Context) (map[string]selector.Selector, i
 	if err != nil {
 		return nil, 0, fmt.Errorf("list %s: %w", c.selectorsRoot(), err)
 	}
+	return c.decodeSelectors(resp.Kvs), resp.Header.Revision, nil
+}
+
+// decodeSelectors decodes selector records by group, leaving out (and
+// logging) those that do not parse or are not at their group.
+func (c *Client) decodeSelectors(kvs []*mvccpb.KeyValue) map[string]selector.Selector {
 	out := map[string]selector.Selector{}
-	for _, kv := range resp.Kvs {
+	for _, kv := range kvs {
 		group := strings.TrimPrefix(string(kv.Key), c.selectorsRoot())
 		s, err := selector.Parse(string(kv.Value))
 		if err == nil && SelectorGroup(s) != group {
@@ -95,7 +102,20 @@ func (c *Client) Selectors(ctx context.Context) (map[string]selector.Selector, i
 		}
 		out[group] = s
 	}
-	return out, resp.Header.Revision, nil
+	return out
+}
+
+// withSelectorGroups are groups without its selector groups, plus those of
+// the selectors in all that match labels: the groups a host with these
+// labels is in, as its agent computes them.
+func withSelectorGroups(groups []string, all map[string]selector.Selector, labels map[string]string) []string {
+	out := slices.DeleteFunc(slices.Clone(groups), IsSelectorGroup)
+	for _, g := range MatchingSelectors(all, labels) {
+		if !slices.Contains(out, g) {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // SelectorOf returns the selector recorded for group (false: none).

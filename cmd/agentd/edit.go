@@ -93,6 +93,9 @@ as a rollout.`,
 				return err
 			}
 			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
+				if err := o.tf.record(ctx, reg); err != nil {
+					return err
+				}
 				return o.edit(ctx, cmd, reg, tg, key)
 			})
 		},

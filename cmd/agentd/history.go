@@ -254,6 +254,9 @@ the current one until its wave opens. With --wait, follow it to its end.`,
 				return err
 			}
 			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
+				if err := o.tf.record(ctx, reg); err != nil {
+					return err
+				}
 				return o.revert(ctx, cmd, reg, tg, unit)
 			})
 		},

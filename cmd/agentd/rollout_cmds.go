@@ -245,13 +245,22 @@ func newRolloutLsCmd() *cobra.Command {
 	var (
 		ef     etcdFlags
 		group  string
+		sel    string
 		asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "ls [--group G]",
+		Use:   "ls [--group G | --selector S]",
 		Short: "List rollouts, newest first",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if sel != "" {
+				tf := targetFlags{group: group, selector: sel}
+				tg, err := tf.target()
+				if err != nil {
+					return err
+				}
+				group = tg.Group
+			}
 			if err := groupFilter(group); err != nil {
 				return err
 			}
@@ -282,6 +291,7 @@ func newRolloutLsCmd() *cobra.Command {
 	}
 	ef.bind(cmd.Flags(), "etcd endpoints (default "+defaultEndpoint+")")
 	cmd.Flags().StringVar(&group, "group", "", "only this group's rollouts")
+	cmd.Flags().StringVar(&sel, "selector", "", "only the rollouts of this selector target (unit put --selector)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }

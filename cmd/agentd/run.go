@@ -722,7 +722,8 @@ func followRegistry(ctx context.Context, o *runOptions, endpoints []string, log 
 	}()
 	reporter.set(s)
 	poke("") // statuses can be published now
-	return reg.Watch(ctx, o.host, o.groups, onSnapshot)
+	f := &selectorFollower{o: o, log: log, met: met, reg: reg, s: s, elector: sessionElector{reporter.current}.elector}
+	return f.run(ctx, onSnapshot)
 }
 
 // connectRegistry dials etcd and joins, retrying while etcd is unreachable:

@@ -76,9 +76,9 @@ func listSecrets(ctx context.Context, reg *registry.Client, tg *registry.Target)
 	return out, nil
 }
 
-// optionalTarget is --host or --group, or nil for every target.
+// optionalTarget is --host, --group or --selector, or nil for every target.
 func optionalTarget(tf *targetFlags) (*registry.Target, error) {
-	if tf.host == "" && tf.group == "" {
+	if tf.host == "" && tf.group == "" && tf.selector == "" {
 		return nil, nil
 	}
 	tg, err := tf.target()

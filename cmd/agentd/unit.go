@@ -16,23 +16,67 @@ import (
 
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/selector"
 )
 
+// targetFlags are --host, --group and --selector: exactly one. A
+// selector target is the group registry.SelectorGroup names (a sel- group),
+// recorded with its selector before anything is written to it (record).
 type targetFlags struct {
-	host, group string
+	host, group, selector string
+	sel                   selector.Selector // parsed by target
 }
 
 func (t *targetFlags) bind(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&t.host, "host", "", "target one host")
 	cmd.Flags().StringVar(&t.group, "group", "", "target every member of a group")
+	cmd.Flags().StringVar(&t.selector, "selector", "", "target the hosts whose labels match this selector (e.g. 'env=prod,role=web'), as a group of their own")
 }
 
 func (t *targetFlags) target() (registry.Target, error) {
-	tg := registry.Target{Host: t.host, Group: t.group}
-	if err := tg.Validate(); err != nil {
-		return tg, withCode(exitUsage, fmt.Errorf("%w (use --host H or --group G)", err))
+	if t.selector == "" {
+		tg := registry.Target{Host: t.host, Group: t.group}
+		if err := tg.Validate(); err != nil {
+			return tg, withCode(exitUsage, fmt.Errorf("%w (use --host H, --group G or --selector S)", err))
+		}
+		return tg, nil
 	}
-	return tg, nil
+	if t.host != "" || t.group != "" {
+		return registry.Target{}, withCode(exitUsage, errors.New("--selector with --host or --group: give exactly one"))
+	}
+	s, err := selector.Parse(t.selector)
+	if err != nil {
+		return registry.Target{}, withCode(exitUsage, fmt.Errorf("--selector %q: %w", t.selector, err))
+	}
+	if s.Empty() {
+		return registry.Target{}, withCode(exitUsage, fmt.Errorf("--selector %q: empty; it would match every host (use --group all)", t.selector))
+	}
+	t.sel = s
+	return registry.Target{Group: registry.SelectorGroup(s)}, nil
+}
+
+// isSelector says whether the target is a selector (after target).
+func (t *targetFlags) isSelector() bool { return !t.sel.Empty() }
+
+// record writes the selector's record before keys are written to its
+// group (nothing for --host or --group).
+func (t *targetFlags) record(ctx context.Context, reg *registry.Client) error {
+	if !t.isSelector() {
+		return nil
+	}
+	if _, err := reg.PutSelector(ctx, t.sel); err != nil {
+		return writeError(err)
+	}
+	return nil
+}
+
+// describe is how the CLI names the target: "selector 'env=prod'" for a
+// selector, else its key segment.
+func (t *targetFlags) describe(tg registry.Target) string {
+	if t.isSelector() {
+		return "selector '" + t.sel.String() + "' (" + tg.String() + ")"
+	}
+	return tg.String()
 }
 
 func newUnitCmd() *cobra.Command {
@@ -222,6 +266,9 @@ func (o *putOptions) put(ctx context.Context, cmd *cobra.Command, reg *registry.
 			fmt.Fprintf(&warnings, "warning: the hosts' facts could not be read, so refusals are not known: %v\n", err)
 		}
 	}
+	if err := o.tf.record(ctx, reg); err != nil {
+		return err
+	}
 	r, opts, err := o.sf.stage(ctx, reg, tg, writeOptions(cmd), cmd.ErrOrStderr())
 	if err != nil {
 		return err
@@ -231,6 +278,9 @@ func (o *putOptions) put(ctx context.Context, cmd *cobra.Command, reg *registry.
 		return writeError(explainMirrored(ctx, reg, tg, err))
 	}
 	out := cmd.OutOrStdout()
+	if o.tf.isSelector() && !o.asJSON {
+		fmt.Fprintf(out, "target: %s\n", o.tf.describe(tg))
+	}
 	for _, k := range slices.Sorted(maps.Keys(units)) {
 		if o.asJSON {
 			writeJSONLine(out, map[string]any{"event": "stored", "key": tg.String() + "/units/" + k, "hash": reconcile.Hash(units[k]), "revision": rev})
@@ -319,6 +369,9 @@ follow the rollout to its end, exit codes as for put.`,
 // too) in one transaction, says what it removed, and with --wait waits
 // for the hosts.
 func (o *rmOptions) remove(ctx context.Context, cmd *cobra.Command, reg *registry.Client, tg registry.Target, keys []string) error {
+	if err := o.tf.record(ctx, reg); err != nil {
+		return err
+	}
 	r, opts, err := o.sf.stage(ctx, reg, tg, writeOptions(cmd), cmd.ErrOrStderr())
 	if err != nil {
 		return err
@@ -366,12 +419,12 @@ func newUnitLsCmd() *cobra.Command {
 		asJSON bool
 	)
 	cmd := &cobra.Command{
-		Use:   "ls [--host H | --group G]",
+		Use:   "ls [--host H | --group G | --selector S]",
 		Short: "List unit keys in the registry",
 		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var tp *registry.Target
-			if tf.host != "" || tf.group != "" {
+			if tf.host != "" || tf.group != "" || tf.selector != "" {
 				tg, err := tf.target()
 				if err != nil {
 					return err
@@ -383,11 +436,16 @@ func newUnitLsCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				sels, _, err := reg.Selectors(ctx)
+				if err != nil {
+					return err
+				}
 				out := cmd.OutOrStdout()
 				if asJSON {
 					type item struct {
 						Host     string `json:"host,omitempty"`
 						Group    string `json:"group,omitempty"`
+						Selector string `json:"selector,omitempty"`
 						Unit     string `json:"unit"`
 						Hash     string `json:"hash"`
 						Size     int    `json:"size"`
@@ -395,7 +453,7 @@ func newUnitLsCmd() *cobra.Command {
 					}
 					items := []item{}
 					for _, l := range ls {
-						items = append(items, item{l.Host, l.Group, l.Unit, reconcile.Hash(l.Value), len(l.Value), l.ModRevision})
+						items = append(items, item{l.Host, l.Group, selectorText(sels, l.Group), l.Unit, reconcile.Hash(l.Value), len(l.Value), l.ModRevision})
 					}
 					return writeJSON(out, items)
 				}
@@ -405,6 +463,9 @@ func newUnitLsCmd() *cobra.Command {
 					target := "hosts/" + l.Host
 					if l.Group != "" {
 						target = "groups/" + l.Group
+					}
+					if t := selectorText(sels, l.Group); t != "" {
+						target += " (selector '" + t + "')"
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", target, l.Unit, short(reconcile.Hash(l.Value)), len(l.Value), l.ModRevision)
 				}
@@ -483,4 +544,12 @@ func explainMirrored(ctx context.Context, reg *registry.Client, tg registry.Targ
 	}
 	return fmt.Errorf("%w: %s is mirrored from %s by mirror %q: change it in git (agentd mirror status --name %s), or give --force to write over the mirror's version",
 		err, tg, url, name, name)
+}
+
+// selectorText is the selector group stands for ("" for none).
+func selectorText(sels map[string]selector.Selector, group string) string {
+	if s, ok := sels[group]; ok {
+		return s.String()
+	}
+	return ""
 }

@@ -105,11 +105,12 @@ func (c *Client) decodeSelectors(kvs []*mvccpb.KeyValue) map[string]selector.Sel
 	return out
 }
 
-// withSelectorGroups are groups without its selector groups, plus those of
-// the selectors in all that match labels: the groups a host with these
-// labels is in, as its agent computes them.
+// withSelectorGroups are groups without the groups of the selectors in
+// all, plus those of them that match labels: the groups a host with these
+// labels is in, as its agent computes them. (A group named like a selector
+// group without a record, given to an agent with --group, stays.)
 func withSelectorGroups(groups []string, all map[string]selector.Selector, labels map[string]string) []string {
-	out := slices.DeleteFunc(slices.Clone(groups), IsSelectorGroup)
+	out := slices.DeleteFunc(slices.Clone(groups), func(g string) bool { _, ok := all[g]; return ok })
 	for _, g := range MatchingSelectors(all, labels) {
 		if !slices.Contains(out, g) {
 			out = append(out, g)

@@ -115,12 +115,21 @@ type putOptions struct {
 func newUnitPutCmd() *cobra.Command {
 	o := &putOptions{}
 	cmd := &cobra.Command{
-		Use:   "put FILE... (--host H | --group G) [--file DEST=SRC [--secret]] [--wait]",
+		Use:   "put FILE... (--host H | --group G | --selector S) [--file DEST=SRC [--secret]] [--wait]",
 		Short: "Store unit files (and drop-ins) for a host or group",
 		Long: `Store unit files in the registry, all in one transaction. The key is the file's
 base name; a file inside a directory named <unit>.d is stored as the drop-in
 <unit>.d/<name>.conf. --instance NAME stores an empty key that runs that
 instance of its template (e.g. --instance web@1.service).
+
+--selector S (e.g. 'env=prod,role=web', the syntax of agentd hosts
+--selector) targets the hosts whose labels match S, as a group of their own
+named sel-<12 hex digits of the SHA-256 of S's canonical form>, recorded
+with S at <p>/selectors/: each agent joins it while its labels match, and a
+host relabelled takes or drops its units in one pass. Everything that takes
+--group takes --selector (history, revert, rm, rollouts, --dry-run, secrets);
+--wait and the rollouts count the known hosts whose labels match S. A bad
+selector is refused (exit 2) and nothing is stored.
 
 --file DEST=SRC[:MODE[:OWNER]] adds a config file to the unit's set, stored
 as <unit>.files/<DEST>: each host writes it at DEST (only under a root its

@@ -121,6 +121,13 @@ func (o *editOptions) edit(ctx context.Context, cmd *cobra.Command, reg *registr
 	if err != nil {
 		return err
 	}
+	if cf, err := reconcile.DecodeConfigFile(old); reconcile.IsConfigPath(key) && err == nil && cf.Secret {
+		// The registry holds its ciphertext: an editor would show armour,
+		// and the plaintext must not land in a temp file.
+		_, dest, _ := reconcile.ConfigDest(key)
+		return withCode(exitUsage, fmt.Errorf("unit edit %s: a secret (age-encrypted to %s); put the new version with agentd unit put %s --file %s=SRC --secret; nothing stored",
+			key, strings.Join(cf.To, ", "), reconcile.UnitOfPath(key), dest))
+	}
 	tmp, err := newEditFile(key, old)
 	if err != nil {
 		return fmt.Errorf("unit edit: %w", err)

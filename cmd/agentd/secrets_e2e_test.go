@@ -450,3 +450,33 @@ func TestSecretBadInputStoresNothing(t *testing.T) {
 	}
 	noPlaintext(t, endpoint, token, nil)
 }
+
+// unit edit of a secret is refused before any editor runs: it would show
+// the armour, and the plaintext must not land in a temp file. (Not
+// parallel: it sets $EDITOR, to an editor that would fail otherwise.)
+func TestUnitEditRefusesASecret(t *testing.T) {
+	t.Setenv("EDITOR", "false")
+	endpoint := registrytest.StartEtcd(t).Endpoint()
+	reg := registrytest.NewClient(t, endpoint)
+	id, err := secret.LoadOrCreate(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ct, err := secret.Encrypt([]byte("PASSWORD=x\n"), []string{id.Recipient()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := reconcile.ConfigKey("app.service", "/etc/app/db.env")
+	web := registry.Target{Group: "web"}
+	value := reconcile.ConfigFile{Mode: 0o600, Owner: "root:root", Secret: true, To: []string{"n1"}, Content: ct}.Encode()
+	rev, err := reg.Put(context.Background(), web, map[string][]byte{"app.service": []byte(secretUnit), key: value})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, endpoint: endpoint, reg: reg, host: "h1"}
+	out, code := e.cli("unit", "edit", key, "--group", "web", "--yes")
+	_, rev2, _ := reg.GetRevision(context.Background(), web, key)
+	if code != exitUsage || !strings.Contains(out, "a secret (age-encrypted to n1)") || !strings.Contains(out, "--secret; nothing stored") || rev2 != rev {
+		t.Errorf("unit edit of a secret: exit %d, revision %d → %d, want %d saying it is a secret\n%s", code, rev, rev2, exitUsage, out)
+	}
+}

@@ -70,6 +70,7 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/hosts/h1/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/rollouts/hosts/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/mirror/holds/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/selectors/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/groups/db/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/halts/groups/db/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/locks/groups/db/",
@@ -108,7 +109,7 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 			Prefix          bool
 		}
 	}
-	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 16 ||
+	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 17 ||
 		v.Permissions[2].Key != "/agentd/agents/h1" || v.Permissions[2].Permission != "readwrite" || v.Permissions[2].Prefix {
 		t.Fatalf("--json: exit %d, %v\n%s", code, err, out)
 	}

@@ -137,6 +137,26 @@ func TestSelectorTarget(t *testing.T) {
 		}
 	}
 
+	// A rollout to a selector: its hosts are the matching ones, in waves,
+	// coordinated by one of them (the selector group's coordinator).
+	rolled := "[Service]\nType=exec\nExecStart=/bin/sleep 2000\n"
+	out, code = e.cli("unit", "put", e.writeUnit("rack.service", rolled), "--selector", "rack=r2", "--waves", "1,100%", "--soak", "1s", "--wait", "--timeout", "60s")
+	if code != 0 || !strings.Contains(out, "2 hosts in waves 1, 2") {
+		t.Fatalf("rollout to --selector rack=r2: exit %d\n%s", code, out)
+	}
+	rs, err := reg.Rollouts(ctx, registry.SelectorGroup(mustParse(t, "rack=r2")), false)
+	if err != nil || len(rs) != 1 || !slices.Equal(rs[0].Record.Hosts, []string{"h2", "h4"}) {
+		t.Fatalf("the selector's rollouts: %+v, %v; want one of h2 h4", rs, err)
+	}
+	for _, h := range []string{"h2", "h4"} {
+		if s, _ := agents[h].status("rack.service"); s.Hash != reconcile.Hash([]byte(rolled)) || s.ActiveState != "active" {
+			t.Errorf("%s after the rollout: %+v", h, s)
+		}
+	}
+	if out, code := e.cli("rollout", "ls", "--selector", "rack=r2"); code != 0 || !strings.Contains(out, registry.SelectorGroup(mustParse(t, "rack=r2"))) {
+		t.Errorf("rollout ls --selector: exit %d\n%s", code, out)
+	}
+
 	// unit rm --selector removes it from exactly those hosts.
 	if out, code := e.cli("unit", "rm", "app.service", "--selector", "env=prod", "--wait", "--timeout", "60s"); code != 0 {
 		t.Fatalf("unit rm --selector: exit %d\n%s", code, out)
@@ -167,4 +187,13 @@ func selectorHosts(t *testing.T, reg *registry.Client, group string) (cli, agent
 		}
 	}
 	return cli, agents
+}
+
+func mustParse(t *testing.T, s string) selector.Selector {
+	t.Helper()
+	sel, err := selector.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sel
 }

@@ -19,6 +19,8 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+
+	"github.com/agentd/agentd/selector"
 )
 
 const (
@@ -48,6 +50,8 @@ type Config struct {
 
 // Client is agentd's view of the registry. Safe for concurrent use.
 type Client struct {
+	// assumed are selectors KnownHosts counts as recorded (AssumeSelector).
+	assumed        map[string]selector.Selector
 	cli            *clientv3.Client
 	prefix         string
 	log            *slog.Logger

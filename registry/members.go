@@ -95,6 +95,9 @@ func (c *Client) KnownHosts(ctx context.Context) ([]KnownHost, error) {
 		k.Member, k.Live = m, true
 	}
 	sels := c.decodeSelectors(resp.Responses[2].GetResponseRange().GetKvs())
+	for g, s := range c.assumed {
+		sels[g] = s
+	}
 	out := make([]KnownHost, 0, len(byHost))
 	for _, k := range byHost {
 		k.Groups = withSelectorGroups(k.Groups, sels, k.Labels)

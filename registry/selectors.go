@@ -119,6 +119,16 @@ func withSelectorGroups(groups []string, all map[string]selector.Selector, label
 	return out
 }
 
+// AssumeSelector makes KnownHosts count the group of s as if s were
+// recorded: for a command that records it only later (a dry run never).
+// Call it before the Client is used concurrently.
+func (c *Client) AssumeSelector(s selector.Selector) {
+	if c.assumed == nil {
+		c.assumed = map[string]selector.Selector{}
+	}
+	c.assumed[SelectorGroup(s)] = s
+}
+
 // SelectorOf returns the selector recorded for group (false: none).
 func (c *Client) SelectorOf(ctx context.Context, group string) (selector.Selector, bool, error) {
 	all, _, err := c.Selectors(ctx)

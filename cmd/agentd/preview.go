@@ -140,11 +140,14 @@ func printPredictions(out io.Writer, fp fleetPreview, asJSON bool) error {
 
 // dryRunPut is `unit put --dry-run`: what each targeted live host would do;
 // nothing is stored.
-func dryRunPut(cmd *cobra.Command, ef *etcdFlags, tg registry.Target, units map[string][]byte, wait, asJSON bool, sf *strategyFlags) error {
+func dryRunPut(cmd *cobra.Command, ef *etcdFlags, tf *targetFlags, tg registry.Target, units map[string][]byte, wait, asJSON bool, sf *strategyFlags) error {
 	if wait {
 		return withCode(exitUsage, errors.New("unit put: --dry-run stores nothing, so there is nothing to --wait for"))
 	}
 	return withRegistry(cmd, ef, func(ctx context.Context, reg *registry.Client) error {
+		if tf.isSelector() {
+			reg.AssumeSelector(tf.sel) // counted, not recorded
+		}
 		// What the registry would refuse, the dry run refuses too.
 		if err := reg.CheckPut(ctx, tg, units, writeOptions(cmd)...); err != nil {
 			return writeError(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/secret"
+	"github.com/agentd/agentd/selector"
 )
 
 // Secrets (issue 36): `unit put --secret` encrypts each --file of the put
@@ -36,6 +37,9 @@ type secretFlags struct {
 	acceptNew  bool     // --accept-new: pin a host seen for the first time
 	pins       string   // --known-recipients FILE ("": secret.DefaultPinsPath)
 	credential string   // --credential NAME (unit put only)
+	// sel is the put's --selector (empty: none), counted before it is
+	// recorded (registry.Client.AssumeSelector).
+	sel selector.Selector
 }
 
 func (s *secretFlags) bind(cmd *cobra.Command, put bool) {
@@ -146,6 +150,9 @@ func sealFile(cf reconcile.ConfigFile, to sealTo) ([]byte, error) {
 // --recipients), plus the admins' (extra first: rekey's own). New pins
 // are saved unless dryRun, and said on w.
 func (s *secretFlags) resolve(ctx context.Context, reg *registry.Client, tg registry.Target, extra []string, w io.Writer, dryRun bool) (sealTo, error) {
+	if !s.sel.Empty() {
+		reg.AssumeSelector(s.sel)
+	}
 	known, err := reg.KnownHosts(ctx)
 	if err != nil {
 		return sealTo{}, err

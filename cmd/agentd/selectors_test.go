@@ -126,6 +126,16 @@ func TestSelectorTarget(t *testing.T) {
 		return slices.Equal(c, []string{"h1", "h3"}) && slices.Equal(a, c)
 	})
 
+	// A dry run to a new selector previews its hosts and records nothing.
+	out, code = e.cli("unit", "put", path, "--selector", "rack=r1", "--dry-run", "--json")
+	if code != 0 || !strings.Contains(out, `"host":"h1"`) || !strings.Contains(out, `"host":"h3"`) ||
+		strings.Contains(out, `"host":"h2"`) || strings.Contains(out, `"host":"h4"`) {
+		t.Errorf("unit put --selector rack=r1 --dry-run: exit %d\n%s", code, out)
+	}
+	if sels, _, err := reg.Selectors(ctx); err != nil || len(sels) != 1 {
+		t.Errorf("after the dry run the registry holds selectors %v (%v), want env=prod's only", sels, err)
+	}
+
 	// A selector put after the agents started is followed at once.
 	rackPath := e.writeUnit("rack.service", unit)
 	if out, code := e.cli("unit", "put", rackPath, "--selector", "rack=r2", "--wait", "--timeout", "60s"); code != 0 {

@@ -175,6 +175,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 			if err := o.sf.check(cmd, tg, o.wait, o.wf, o.dryRun); err != nil {
 				return err
 			}
+			o.secret.sel = o.tf.sel
 			if err := o.secret.check(cmd, o.files); err != nil {
 				return err
 			}
@@ -199,7 +200,7 @@ healthy, 3 when it failed or was aborted (after its hosts went back, with
 				}
 			}
 			if o.dryRun {
-				return dryRunPut(cmd, &o.ef, tg, units, o.wait, o.asJSON, &o.sf)
+				return dryRunPut(cmd, &o.ef, &o.tf, tg, units, o.wait, o.asJSON, &o.sf)
 			}
 			return withRegistry(cmd, &o.ef, func(ctx context.Context, reg *registry.Client) error {
 				return o.put(ctx, cmd, reg, tg, units)

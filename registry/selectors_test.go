@@ -127,3 +127,33 @@ func TestSessionSetGroups(t *testing.T) {
 		t.Fatalf("membership key lease %x (%v), want %x", lease, ok, s.Lease())
 	}
 }
+
+// TestKnownHostsSelectorGroups: KnownHosts puts a host in the group of
+// each recorded (or assumed) selector its labels match, as its agent does,
+// and out of one they no longer match.
+func TestKnownHostsSelectorGroups(t *testing.T) {
+	t.Parallel()
+	_, c := newTest(t)
+	ctx := ctxT(t)
+	prod, dev := mustSelector(t, "env=prod"), mustSelector(t, "env=dev")
+	m := member("h1", "m1")
+	m.Labels = map[string]string{"env": "prod"}
+	m.Groups = []string{"all", SelectorGroup(dev), "sel-unrecorded"}
+	mustJoin(t, c, m)
+	for _, s := range []selector.Selector{prod, dev} {
+		if _, err := c.PutSelector(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rack := mustSelector(t, "env in (prod),!rack")
+	c.AssumeSelector(rack)
+	known, err := c.KnownHosts(ctx)
+	if err != nil || len(known) != 1 {
+		t.Fatalf("KnownHosts = %v, %v", known, err)
+	}
+	got := slices.Sorted(slices.Values(known[0].Groups))
+	want := slices.Sorted(slices.Values([]string{"all", "sel-unrecorded", SelectorGroup(prod), SelectorGroup(rack)}))
+	if !slices.Equal(got, want) {
+		t.Fatalf("groups %v, want %v", got, want)
+	}
+}

@@ -3,6 +3,7 @@ package registry
 import (
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Least privilege in etcd.
@@ -60,7 +61,7 @@ func AgentRole(host string) string { return "agentd-host-" + host }
 //	<p>/agents/<h>             key     readwrite  its membership record (Join compares and reads it; every Report is guarded by it)
 //	<p>/status/<h>/            prefix  readwrite  its statuses (Report puts them, lists the prefix, deletes stale keys)
 //	<p>/facts/<h>              key     readwrite  its facts for previews (PublishFacts puts them)
-//	<p>/selectors/             prefix  read       the selector targets (WatchSelectors; their sel- groups need their own --group in the role)
+//	<p>/selectors/             prefix  read       the selector targets (WatchSelectors); and each per-group key below for "sel-" as a key prefix: every selector group
 //	<p>/groups/<g>/            prefix  read       each group's unit keys (Watch; Halt reads the unit's current content)
 //	<p>/halts/groups/<g>/      prefix  readwrite  each group's halts (Watch; Halt records a version this host failed)
 //	<p>/locks/groups/<g>/      prefix  readwrite  each group's MaxUnavailable queues (Acquire reads and watches the queue, writes its own key)
@@ -102,15 +103,27 @@ func AgentPermissions(prefix, host string, groups []string) ([]Permission, error
 		{Key: c.selectorsRoot(), Prefix: true, Why: "the selector targets (watched: it joins the sel- groups whose selectors match its labels)"},
 	}
 	for _, g := range gs {
-		perms = append(perms,
-			Permission{Key: c.groupsRoot() + g + "/", Prefix: true, Why: "group " + g + "'s unit keys and their signatures (watched; read before recording a halt)"},
-			Permission{Key: c.groupHalts(g), Prefix: true, Write: true, Why: "group " + g + "'s rollout halts (watched; written when this host fails a version)"},
-			Permission{Key: c.prefix + "/locks/groups/" + g + "/", Prefix: true, Write: true, Why: "group " + g + "'s MaxUnavailable= queues (read and watched; its own slot keys written and deleted)"},
-			Permission{Key: c.rolloutGroup(g), Prefix: true, Write: true, Why: "group " + g + "'s rollouts (watched; written to end one that completed or failed, as coordinator, or to pause one whose unit restarts too often)"},
-			Permission{Key: c.admitGroup(g), Prefix: true, Write: true, Why: "group " + g + "'s rollout admissions (its own watched; written as coordinator)"},
-			Permission{Key: c.summaryRoot() + g + "/", Prefix: true, Write: true, Why: "group " + g + "'s rollout summaries (written as coordinator)"},
-			Permission{Key: c.electionPrefix(g) + "/", Prefix: true, Write: true, Why: "group " + g + "'s coordinator election (its candidacy, on its lease)"},
-		)
+		perms = append(perms, c.groupPermissions(g, "group "+g)...)
+	}
+	// Every selector group (sel-…): which of them it joins it decides by
+	// its own labels (cmd/agentd), so its role covers them all, by the
+	// key prefix their names share.
+	for _, p := range c.groupPermissions(selectorPrefix, "every selector group (sel-…)") {
+		p.Key = strings.TrimSuffix(p.Key, "/")
+		perms = append(perms, p)
 	}
 	return perms, nil
+}
+
+// groupPermissions are what an agent needs of group g, who naming it.
+func (c *Client) groupPermissions(g, who string) []Permission {
+	return []Permission{
+		{Key: c.groupsRoot() + g + "/", Prefix: true, Why: who + "'s unit keys and their signatures (watched; read before recording a halt)"},
+		{Key: c.groupHalts(g), Prefix: true, Write: true, Why: who + "'s rollout halts (watched; written when this host fails a version)"},
+		{Key: c.prefix + "/locks/groups/" + g + "/", Prefix: true, Write: true, Why: who + "'s MaxUnavailable= queues (read and watched; its own slot keys written and deleted)"},
+		{Key: c.rolloutGroup(g), Prefix: true, Write: true, Why: who + "'s rollouts (watched; written to end one that completed or failed, as coordinator, or to pause one whose unit restarts too often)"},
+		{Key: c.admitGroup(g), Prefix: true, Write: true, Why: who + "'s rollout admissions (its own watched; written as coordinator)"},
+		{Key: c.summaryRoot() + g + "/", Prefix: true, Write: true, Why: who + "'s rollout summaries (written as coordinator)"},
+		{Key: c.electionPrefix(g) + "/", Prefix: true, Write: true, Why: who + "'s coordinator election (its candidacy, on its lease)"},
+	}
 }

@@ -85,6 +85,13 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/admit/web/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/summary/web/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/coordinator/web/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/groups/sel-",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/halts/groups/sel-",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/locks/groups/sel-",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/groups/sel-",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/admit/sel-",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/summary/sel-",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/coordinator/sel-",
 		"etcdctl user add agentd-host-h1 --interactive=false < '/root/h1 pw'",
 		"etcdctl user grant-role agentd-host-h1 agentd-host-h1",
 	}
@@ -109,7 +116,7 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 			Prefix          bool
 		}
 	}
-	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 17 ||
+	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 24 ||
 		v.Permissions[2].Key != "/agentd/agents/h1" || v.Permissions[2].Permission != "readwrite" || v.Permissions[2].Prefix {
 		t.Fatalf("--json: exit %d, %v\n%s", code, err, out)
 	}

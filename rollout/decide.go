@@ -211,18 +211,105 @@ func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision 
 
 // phase is where a rollout with no end written stands, the hosts that
 // hold it up, and when its progress deadline falls.
+//
+// With a success threshold, a failed host fails the rollout only when its
+// wave can no longer count as done (more of its hosts failed than the
+// threshold leaves room for); until then the failed hosts are the
+// offenders of whatever phase it is in, and a rollout that ends done with
+// some names them in its reason.
 func (r *Record) phase(g GroupView, w int, now time.Time) (Phase, []Offender, time.Time) {
-	if failed, n := r.failed(g.Progress); n > 0 {
-		f := failed[0]
-		reason := fmt.Sprintf("%s failed the change: %s", f.Host, f.Reason)
-		if n > 1 {
-			reason += fmt.Sprintf(" (and %d more %s)", n-1, plural(n-1, "host", "hosts"))
+	failed, n := r.failed(g.Progress)
+	if n > 0 {
+		lost := -1
+		if r.Strategy.SuccessThreshold > 0 {
+			lost = r.lostWave(g.Progress)
 		}
-		return Phase{State: Failed, Wave: f.Wave, Reason: reason}, failed, time.Time{}
+		if r.Strategy.SuccessThreshold == 0 || lost >= 0 {
+			f := failed[0]
+			if lost >= 0 {
+				f = failed[slices.IndexFunc(failed, func(o Offender) bool { return o.Wave == lost })]
+			}
+			reason := fmt.Sprintf("%s failed the change: %s", f.Host, f.Reason)
+			if n > 1 {
+				reason += fmt.Sprintf(" (and %d more %s)", n-1, plural(n-1, "host", "hosts"))
+			}
+			if lost >= 0 {
+				reason += fmt.Sprintf("; wave %d%s needs %d of its %d hosts healthy (--success-threshold %d%%)",
+					lost+1, parenthesized(r.WaveName(lost)), r.need(lost), len(r.WaveHosts(lost)), r.Strategy.SuccessThreshold)
+			}
+			return Phase{State: Failed, Wave: f.Wave, Reason: reason}, failed, time.Time{}
+		}
 	}
 	if w == len(r.WaveEnds) {
-		return Phase{State: Done, Wave: w - 1}, nil, time.Time{}
+		ph := Phase{State: Done, Wave: w - 1}
+		if n > 0 {
+			names := make([]string, len(failed))
+			for i, o := range failed {
+				names[i] = o.Host
+			}
+			ph.Reason = fmt.Sprintf("%s failed, within --success-threshold %d%%: %s",
+				plural(n, "1 host", fmt.Sprintf("%d hosts", n)), r.Strategy.SuccessThreshold, NameHosts(names, n))
+		}
+		return ph, failed, time.Time{}
 	}
+	ph, offenders, due := r.holding(g, w, now)
+	if n > 0 {
+		offenders = append(offenders, failed...)
+		offenders = offenders[:min(len(offenders), SampleSize)]
+	}
+	return ph, offenders, due
+}
+
+func parenthesized(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
+}
+
+// need is how many hosts of wave w must be healthy for it to count as
+// done: all of them, or the success threshold's share (rounded up).
+func (r *Record) need(w int) int {
+	n := len(r.WaveHosts(w))
+	if t := r.Strategy.SuccessThreshold; t > 0 && t < 100 {
+		return (n*t + 99) / 100
+	}
+	return n
+}
+
+// waveCounts is how many hosts of wave w are healthy and failed.
+func (r *Record) waveCounts(w int, progress map[string]*Progress) (healthy, failed int) {
+	for _, h := range r.WaveHosts(w) {
+		switch progress[h].StateOf() {
+		case HostHealthy:
+			healthy++
+		case HostFailed:
+			failed++
+		}
+	}
+	return healthy, failed
+}
+
+// waveDone says wave w counts as done: every host healthy, or, with a
+// success threshold, enough of them healthy and every other one failed.
+func (r *Record) waveDone(w int, progress map[string]*Progress) bool {
+	healthy, failed := r.waveCounts(w, progress)
+	return healthy >= r.need(w) && healthy+failed == len(r.WaveHosts(w))
+}
+
+// lostWave is the first wave that can no longer count as done (more of
+// its hosts failed than the success threshold leaves room for); -1: none.
+func (r *Record) lostWave(progress map[string]*Progress) int {
+	for w := range r.WaveEnds {
+		if _, failed := r.waveCounts(w, progress); failed > len(r.WaveHosts(w))-r.need(w) {
+			return w
+		}
+	}
+	return -1
+}
+
+// holding is the phase of a rollout that has not failed and is not done.
+func (r *Record) holding(g GroupView, w int, now time.Time) (Phase, []Offender, time.Time) {
 	// Held on purpose (a pause, the canary's promote, a gate): the
 	// progress deadline does not run, as the time nobody may move does
 	// not count against it.
@@ -287,6 +374,14 @@ func (r *Record) joiners(progress map[string]*Progress) []string {
 // openWave is the first wave with a host not done (len(WaveEnds) when
 // every host is).
 func (r *Record) openWave(progress map[string]*Progress) int {
+	if r.Strategy.SuccessThreshold > 0 {
+		for w := range r.WaveEnds {
+			if !r.waveDone(w, progress) {
+				return w
+			}
+		}
+		return len(r.WaveEnds)
+	}
 	for i, h := range r.Hosts {
 		if p := progress[h]; p == nil || p.State != HostHealthy {
 			return r.waveOf(i)

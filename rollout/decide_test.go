@@ -22,6 +22,7 @@ func at(s HostState, since time.Time, reason string) *Progress {
 
 func TestDecide(t *testing.T) {
 	canaryWaves := Strategy{Canary: Count{N: 1}, Waves: []Count{pct(50)}} // 5 hosts: [h1] [h2 h3] [h4 h5]
+	threshold50 := Strategy{Waves: []Count{{N: 4}}, SuccessThreshold: 50} // 5 hosts: [h1 h2 h3 h4] [h5]
 	now := t0.Add(30 * time.Second)
 	ago := func(d time.Duration) time.Time { return now.Add(-d) }
 	healthy := func(hosts ...string) map[string]*Progress {
@@ -296,6 +297,51 @@ func TestDecide(t *testing.T) {
 			name: "superseded before it started: nothing admitted", strategy: Strategy{MaxUnavailable: Count{N: 2}},
 			edit: func(r *Record) { r.End = &End{State: Superseded, SupersededBy: "r2", At: t0} },
 			want: Superseded,
+		},
+
+		// --success-threshold 50%: 5 hosts in waves [h1 h2 h3 h4] [h5].
+		{
+			name: "threshold: a failed host of the open wave does not fail the rollout", strategy: threshold50,
+			progress: with(with(with(healthy("h1"), "h2", at(HostFailed, ago(time.Second), "exit 1")), "h3", at(HostSoaking, ago(time.Second), "")), "h4", at(HostSoaking, ago(time.Second), "")),
+			want:     Running, offenders: []string{"h2"},
+		},
+		{
+			name: "threshold: enough healthy and the rest failed: the wave is done, the next admitted", strategy: threshold50,
+			progress: with(with(healthy("h1", "h2"), "h3", at(HostFailed, ago(time.Second), "exit 1")), "h4", at(HostFailed, ago(time.Second), "exit 1")),
+			want:     Running, wave: 1, admit: []string{"h5"}, offenders: []string{"h3", "h4"},
+		},
+		{
+			name: "threshold: enough healthy, one still soaking: the wave is not done", strategy: threshold50,
+			progress: with(with(healthy("h1", "h2"), "h3", at(HostFailed, ago(time.Second), "exit 1")), "h4", at(HostSoaking, ago(time.Second), "")),
+			want:     Running, offenders: []string{"h3"},
+		},
+		{
+			name: "threshold: more failed than it leaves room for: the rollout fails", strategy: threshold50,
+			progress: with(with(with(healthy("h1"), "h2", at(HostFailed, ago(time.Second), "exit 1")), "h3", at(HostFailed, ago(time.Second), "exit 2")), "h4", at(HostFailed, ago(time.Second), "exit 3")),
+			want:     Failed, wantEnd: true, reason: []string{"h2 failed the change: exit 1", "and 2 more", "wave 1 needs 2 of its 4 hosts healthy (--success-threshold 50%)"},
+			offenders: []string{"h2", "h3", "h4"},
+		},
+		{
+			name: "threshold: every wave done: ends done, naming the failed hosts", strategy: threshold50,
+			progress: with(with(healthy("h1", "h2", "h5"), "h3", at(HostFailed, ago(time.Second), "exit 1")), "h4", at(HostFailed, ago(time.Second), "exit 1")),
+			want:     Done, wantEnd: true, wave: 1, reason: []string{"2 hosts failed, within --success-threshold 50%: h3, h4"}, offenders: []string{"h3", "h4"},
+		},
+		{
+			name: "threshold: the last wave's one host failed: the rollout fails", strategy: threshold50,
+			progress: with(with(with(healthy("h1", "h2"), "h3", at(HostFailed, ago(time.Second), "exit 1")), "h4", at(HostFailed, ago(time.Second), "exit 1")), "h5", at(HostFailed, ago(time.Second), "boom")),
+			want:     Failed, wantEnd: true, wave: 1, reason: []string{"h5 failed the change: boom", "wave 2 needs 1 of its 1 hosts"}, offenders: []string{"h3", "h4", "h5"},
+		},
+		{
+			name: "no threshold: the first failure fails the rollout", strategy: Strategy{Waves: []Count{{N: 4}}},
+			progress: with(with(healthy("h1"), "h2", at(HostFailed, ago(time.Second), "exit 1")), "h3", at(HostSoaking, ago(time.Second), "")),
+			want:     Failed, wantEnd: true, reason: []string{"h2 failed the change: exit 1"}, notReason: []string{"threshold"}, offenders: []string{"h2"},
+		},
+		{
+			name: "waves by label: the waves the record names are admitted one by one", strategy: Strategy{WavesBy: "rack"},
+			edit: func(r *Record) {
+				r.WaveEnds, r.WaveLabels = []int{2, 4, 5}, []string{"rack=r1", "rack=r2", "(no rack)"}
+			},
+			progress: healthy("h1", "h2"), want: Running, wave: 1, admit: []string{"h3", "h4"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -107,6 +107,84 @@ type Strategy struct {
 	GateURL  string `json:"gateURL,omitempty"`
 	GateProm string `json:"gateProm,omitempty"`
 	PromURL  string `json:"promURL,omitempty"`
+	// WavesBy cuts the hosts into waves by the value of this label
+	// instead of by count (Canary and Waves unset): one value per wave,
+	// in WavesByOrder when given, else sorted; the hosts without the
+	// label, or with a value not listed, go in a last wave of their own.
+	WavesBy      string   `json:"wavesBy,omitempty"`
+	WavesByOrder []string `json:"wavesByOrder,omitempty"`
+	// SuccessThreshold, a percentage (1 to 100; 0: unset, all), lets a
+	// wave count as done when that share of its hosts is healthy and
+	// every other host of the wave failed: the rollout goes on, naming
+	// them, instead of failing on the first failure.
+	SuccessThreshold int `json:"successThreshold,omitempty"`
+}
+
+// ParseThreshold reads --success-threshold: "N%" (or "N"), 1 to 100.
+func ParseThreshold(what, s string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(s), "%"))
+	if err != nil || n < 1 || n > 100 {
+		return 0, fmt.Errorf("%s %q: want a percentage of a wave's hosts above 0 and at most 100 (90%%)", what, s)
+	}
+	return n, nil
+}
+
+// ParseWavesBy reads --waves-by: KEY, or KEY=v1,v2,… for the waves'
+// order.
+func ParseWavesBy(what, s string) (key string, order []string, err error) {
+	k, vs, listed := strings.Cut(strings.TrimSpace(s), "=")
+	key = strings.TrimSpace(k)
+	if listed {
+		for v := range strings.SplitSeq(vs, ",") {
+			order = append(order, strings.TrimSpace(v))
+		}
+	}
+	what += " " + strconv.Quote(s)
+	if key == "" {
+		return "", nil, fmt.Errorf("%s: want a label key (KEY or KEY=v1,v2,…)", what)
+	}
+	if err := (Strategy{WavesBy: key, WavesByOrder: order}).validateWavesBy(what); err != nil {
+		return "", nil, err
+	}
+	return key, order, nil
+}
+
+// validateWavesBy checks the label key and the listed values.
+func (s Strategy) validateWavesBy(what string) error {
+	if s.WavesBy == "" {
+		if len(s.WavesByOrder) > 0 {
+			return fmt.Errorf("%s: values without a label key", what)
+		}
+		return nil
+	}
+	if !validLabelPart(s.WavesBy) {
+		return fmt.Errorf("%s: label key %q: want letters, digits, '.', '_', '-' or '/'", what, s.WavesBy)
+	}
+	seen := map[string]bool{}
+	for _, v := range s.WavesByOrder {
+		switch {
+		case v == "":
+			return fmt.Errorf("%s: an empty value (want KEY or KEY=v1,v2,…)", what)
+		case !validLabelPart(v):
+			return fmt.Errorf("%s: value %q: want letters, digits, '.', '_', '-' or '/'", what, v)
+		case seen[v]:
+			return fmt.Errorf("%s: value %q listed twice", what, v)
+		}
+		seen[v] = true
+	}
+	return nil
+}
+
+func validLabelPart(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune("._-/", c)) {
+			return false
+		}
+	}
+	return true
 }
 
 // DefaultGateTimeout is --gate-timeout's default.
@@ -132,7 +210,8 @@ func (s Strategy) GateTimeoutOr() time.Duration {
 // IsRollout says the strategy stages the change (any option given).
 func (s Strategy) IsRollout() bool {
 	return !s.Canary.IsZero() || len(s.Waves) > 0 || !s.MaxUnavailable.IsZero() || s.Soak > 0 ||
-		s.ProgressDeadline > 0 || s.PauseAfterCanary || s.AutoRevert || s.MaxRestarts >= 0 || s.Gated()
+		s.ProgressDeadline > 0 || s.PauseAfterCanary || s.AutoRevert || s.MaxRestarts >= 0 || s.Gated() ||
+		s.WavesBy != "" || s.SuccessThreshold > 0
 }
 
 // Validate refuses a strategy that could not be run as written.
@@ -170,6 +249,24 @@ func (s Strategy) Validate() error {
 		if u != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 			errs = append(errs, fmt.Errorf("%s %q: want an http:// or https:// URL", flag, u))
 		}
+	}
+	if s.WavesBy != "" || len(s.WavesByOrder) > 0 {
+		what := "--waves-by " + s.WavesBy
+		if len(s.WavesByOrder) > 0 {
+			what += "=" + strings.Join(s.WavesByOrder, ",")
+		}
+		if err := s.validateWavesBy(what); err != nil {
+			errs = append(errs, err)
+		}
+		if len(s.Waves) > 0 || !s.Canary.IsZero() {
+			errs = append(errs, fmt.Errorf("%s: waves by label go without --waves and --canary (one wave per value: list the canary's value first)", what))
+		}
+		if s.PauseAfterCanary {
+			errs = append(errs, fmt.Errorf("%s: --pause-after-canary needs --canary, which waves by label go without", what))
+		}
+	}
+	if s.SuccessThreshold < 0 || s.SuccessThreshold > 100 {
+		errs = append(errs, fmt.Errorf("--success-threshold %d%%: want a percentage above 0 and at most 100", s.SuccessThreshold))
 	}
 	if s.GateTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--gate-timeout %s: want a duration of 0 (the default, %s) or more", s.GateTimeout, DefaultGateTimeout))
@@ -213,6 +310,53 @@ func (s Strategy) WaveEnds(total int) []int {
 	return ends
 }
 
+// ByLabel orders hosts for a rollout by label (s.WavesBy), labels
+// giving each host's labels: the hosts of each value together, the values
+// in s.WavesByOrder or else sorted, the hosts without the label or with a
+// value not listed last; names in each wave sorted. It returns the hosts
+// in order, the cumulative wave ends and a label per wave ("rack=r1", or
+// "(no rack)" for the last); unlabeled are the hosts of that last wave.
+func (s Strategy) ByLabel(hosts []string, labels map[string]map[string]string) (order []string, ends []int, names []string, unlabeled []string) {
+	byValue := map[string][]string{}
+	for _, h := range hosts {
+		v, ok := labels[h][s.WavesBy]
+		if ok && (len(s.WavesByOrder) == 0 || slices.Contains(s.WavesByOrder, v)) {
+			byValue[v] = append(byValue[v], h)
+		} else {
+			unlabeled = append(unlabeled, h)
+		}
+	}
+	values := s.WavesByOrder
+	if len(values) == 0 {
+		for v := range byValue {
+			values = append(values, v)
+		}
+		slices.Sort(values)
+	}
+	add := func(name string, hs []string) {
+		if len(hs) == 0 {
+			return
+		}
+		slices.Sort(hs)
+		order = append(order, hs...)
+		ends = append(ends, len(order))
+		names = append(names, name)
+	}
+	for _, v := range values {
+		add(s.WavesBy+"="+v, byValue[v])
+	}
+	add("(no "+s.WavesBy+")", unlabeled)
+	return order, ends, names, unlabeled
+}
+
+// WaveName is wave w's label ("rack=r1"), "" for a rollout by count.
+func (r *Record) WaveName(w int) string {
+	if w < 0 || w >= len(r.WaveLabels) {
+		return ""
+	}
+	return r.WaveLabels[w]
+}
+
 // Record is one staged change, at <prefix>/rollouts/groups/<group>/<id>.
 // The CLI writes it with the change; pause, resume, promote, abort and the
 // gate write its control fields; the coordinator writes End (and a host
@@ -231,6 +375,10 @@ type Record struct {
 	// they take it; WaveEnds cuts them into waves.
 	Hosts    []string `json:"hosts"`
 	WaveEnds []int    `json:"waveEnds"`
+	// WaveLabels name the waves of a rollout by label (Strategy.WavesBy),
+	// one per wave: "rack=r1", or "(no rack)" for the hosts without one
+	// of the values.
+	WaveLabels []string `json:"waveLabels,omitempty"`
 	// Joined are the hosts the coordinator added to the last wave because
 	// their agents joined the group after the start (also in Hosts).
 	Joined    []string  `json:"joined,omitempty"`

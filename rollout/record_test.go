@@ -137,6 +137,15 @@ func TestStrategyValidate(t *testing.T) {
 		{Strategy{MaxRestarts: -2}, "--max-restarts"},
 		{Strategy{Canary: Count{N: 1}, Waves: []Count{{N: 2}, pct(50)}, MaxRestarts: -1}, ""},
 		{Strategy{Canary: Count{N: 1}, PauseAfterCanary: true, Soak: time.Second, ProgressDeadline: time.Minute}, ""},
+		{Strategy{WavesBy: "rack", MaxRestarts: -1}, ""},
+		{Strategy{WavesBy: "zone", WavesByOrder: []string{"a", "b"}, SuccessThreshold: 90, MaxRestarts: -1}, ""},
+		{Strategy{WavesBy: "rack", Waves: []Count{pct(50)}, MaxRestarts: -1}, "go without --waves and --canary"},
+		{Strategy{WavesBy: "rack", Canary: Count{N: 1}, MaxRestarts: -1}, "go without --waves and --canary"},
+		{Strategy{WavesBy: "ra ck", MaxRestarts: -1}, `label key "ra ck"`},
+		{Strategy{WavesBy: "zone", WavesByOrder: []string{"a", "a"}, MaxRestarts: -1}, `"a" listed twice`},
+		{Strategy{WavesByOrder: []string{"a"}, MaxRestarts: -1}, "values without a label key"},
+		{Strategy{SuccessThreshold: 101, MaxRestarts: -1}, "--success-threshold 101%"},
+		{Strategy{SuccessThreshold: -1, MaxRestarts: -1}, "--success-threshold -1%"},
 	} {
 		err := tc.s.Validate()
 		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
@@ -438,6 +447,90 @@ func TestViewSettled(t *testing.T) {
 			r.End = tc.end
 			if got := (View{Record: r, Summary: tc.summary, Entries: entries}).Settled(); got != tc.want {
 				t.Errorf("Settled() = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseWavesBy(t *testing.T) {
+	for _, tc := range []struct {
+		in    string
+		key   string
+		order []string
+		err   string
+	}{
+		{in: "rack", key: "rack"},
+		{in: "zone=a,b,c", key: "zone", order: []string{"a", "b", "c"}},
+		{in: " zone = a , b ", key: "zone", order: []string{"a", "b"}},
+		{in: "zone=", err: "an empty value"},
+		{in: "zone=a,,b", err: "an empty value"},
+		{in: "=a", err: "want a label key"},
+		{in: "  ", err: "want a label key"},
+		{in: "ra ck", err: `label key "ra ck"`},
+		{in: "zone=a b", err: `value "a b"`},
+		{in: "zone=a,a", err: `"a" listed twice`},
+	} {
+		key, order, err := ParseWavesBy("--waves-by", tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "--waves-by") {
+				t.Errorf("ParseWavesBy(%q) = %v, want an error saying %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || key != tc.key || !slices.Equal(order, tc.order) {
+			t.Errorf("ParseWavesBy(%q) = %q, %q, %v; want %q, %q", tc.in, key, order, err, tc.key, tc.order)
+		}
+	}
+}
+
+func TestParseThreshold(t *testing.T) {
+	for in, want := range map[string]int{"90%": 90, "100%": 100, "1%": 1, " 50 ": 50, "0%": 0, "101%": 0, "-5%": 0, "x": 0, "": 0} {
+		got, err := ParseThreshold("--success-threshold", in)
+		if got != want || (err == nil) != (want > 0) {
+			t.Errorf("ParseThreshold(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+}
+
+func TestByLabel(t *testing.T) {
+	labels := map[string]map[string]string{
+		"a1": {"rack": "r2"}, "a2": {"rack": "r1"}, "a3": {"rack": "r2"}, "a4": {"rack": "r1"},
+		"a5": {}, "a6": {"rack": "r3"},
+	}
+	hosts := []string{"a1", "a2", "a3", "a4", "a5", "a6", "a7"} // a7: no labels known
+	for _, tc := range []struct {
+		name      string
+		s         Strategy
+		order     []string
+		ends      []int
+		names     []string
+		unlabeled []string
+	}{
+		{
+			name: "sorted values, the unlabeled last", s: Strategy{WavesBy: "rack"},
+			order: []string{"a2", "a4", "a1", "a3", "a6", "a5", "a7"}, ends: []int{2, 4, 5, 7},
+			names: []string{"rack=r1", "rack=r2", "rack=r3", "(no rack)"}, unlabeled: []string{"a5", "a7"},
+		},
+		{
+			name: "listed values in their order, the unlisted with the unlabeled", s: Strategy{WavesBy: "rack", WavesByOrder: []string{"r2", "r1"}},
+			order: []string{"a1", "a3", "a2", "a4", "a5", "a6", "a7"}, ends: []int{2, 4, 7},
+			names: []string{"rack=r2", "rack=r1", "(no rack)"}, unlabeled: []string{"a5", "a6", "a7"},
+		},
+		{
+			name: "a listed value no host has makes no wave", s: Strategy{WavesBy: "rack", WavesByOrder: []string{"r9", "r1", "r2", "r3"}},
+			order: []string{"a2", "a4", "a1", "a3", "a6", "a5", "a7"}, ends: []int{2, 4, 5, 7},
+			names: []string{"rack=r1", "rack=r2", "rack=r3", "(no rack)"}, unlabeled: []string{"a5", "a7"},
+		},
+		{
+			name: "nobody has the label: one wave", s: Strategy{WavesBy: "zone"},
+			order: []string{"a1", "a2", "a3", "a4", "a5", "a6", "a7"}, ends: []int{7},
+			names: []string{"(no zone)"}, unlabeled: hosts,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			order, ends, names, unlabeled := tc.s.ByLabel(slices.Clone(hosts), labels)
+			if !slices.Equal(order, tc.order) || !slices.Equal(ends, tc.ends) || !slices.Equal(names, tc.names) || !slices.Equal(unlabeled, tc.unlabeled) {
+				t.Errorf("ByLabel = %v %v %v %v\nwant %v %v %v %v", order, ends, names, unlabeled, tc.order, tc.ends, tc.names, tc.unlabeled)
 			}
 		})
 	}

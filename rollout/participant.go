@@ -82,6 +82,7 @@ func (h *Participant) Overlay(s reconcile.Snapshot, v HostView) (reconcile.Snaps
 		runs = Overlay(s.Entries, h.host, v.Records, v.Mine)
 		s.Signatures = OverlaySignatures(s.Signatures, s.Entries, runs, v.Records, v.Mine)
 		s.Entries = runs
+		s.Halts = ToleratedHalts(s.Halts, v.Records)
 	}
 	var held bool
 	if s.Entries, held = HoldUnconfirmed(s.Entries, prev, v.KnownUpTo); held {
@@ -302,6 +303,27 @@ func (h *Participant) Running() []HostRollout {
 			continue
 		}
 		out = append(out, hr)
+	}
+	return out
+}
+
+// ToleratedHalts are halts without those a running rollout with a success
+// threshold tolerates: a host that failed its change halts the group's
+// version for the other hosts (reconcile's own guard), but such a rollout
+// lets a share of each wave fail, so its coordinator, not the first
+// failure, decides whether the others go on. Pure.
+func ToleratedHalts(halts []reconcile.Halt, records []*Record) []reconcile.Halt {
+	if len(halts) == 0 {
+		return halts
+	}
+	var out []reconcile.Halt
+	for _, h := range halts {
+		if !slices.ContainsFunc(records, func(r *Record) bool {
+			u, ok := r.Units[h.Unit]
+			return ok && r.End == nil && r.Strategy.SuccessThreshold > 0 && h.Scope == "groups/"+r.Group && h.Hash == u.ToHash
+		}) {
+			out = append(out, h)
+		}
 	}
 	return out
 }

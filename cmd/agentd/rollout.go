@@ -35,6 +35,7 @@ type strategyFlags struct {
 	gateCmd, gateURL, gateProm    string
 	promURL                       string
 	gateTimeout                   time.Duration
+	wavesBy, successThreshold     string
 	supersede                     bool
 	reason                        string
 
@@ -62,6 +63,8 @@ func (f *strategyFlags) bind(cmd *cobra.Command, name, nothing string) {
 	fs.StringVar(&f.gateURL, "gate-url", "", "rollout: the coordinator GETs `URL` before each wave after the first; the wave opens on 2xx, else the rollout pauses (no command has to follow it)")
 	fs.StringVar(&f.gateProm, "gate-prom", "", "rollout: the coordinator asks --prom-url for the PromQL `EXPR` before each wave after the first; the wave opens when it holds (a non-empty result), else the rollout pauses")
 	fs.StringVar(&f.promURL, "prom-url", "", "rollout: the Prometheus `URL` --gate-prom asks (its /api/v1/query)")
+	fs.StringVar(&f.wavesBy, "waves-by", "", "rollout: one wave per value of the hosts' label `KEY` (sorted), or KEY=v1,v2,… in that order; the hosts without one of the values go in a last wave; instead of --canary and --waves")
+	fs.StringVar(&f.successThreshold, "success-threshold", "", "rollout: a wave counts as done when `N%` of its hosts are healthy and the others failed (named); default: all of them, the first failure fails the rollout")
 	fs.BoolVar(&f.supersede, "supersede", false, "rollout: end a running rollout of the same keys (as superseded) instead of refusing")
 	fs.StringVar(&f.reason, "reason", "", reasonHelp)
 }
@@ -137,6 +140,20 @@ func (f *strategyFlags) strategy() (rollout.Strategy, error) {
 			s.Waves = append(s.Waves, c)
 		}
 	}
+	if f.wavesBy != "" {
+		key, order, err := rollout.ParseWavesBy("--waves-by", f.wavesBy)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		s.WavesBy, s.WavesByOrder = key, order
+	}
+	if f.successThreshold != "" {
+		t, err := rollout.ParseThreshold("--success-threshold", f.successThreshold)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		s.SuccessThreshold = t
+	}
 	if f.gateTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--gate-timeout %s: want a duration above 0 (a gate must end)", f.gateTimeout))
 	}
@@ -183,6 +200,12 @@ func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, gr
 		fmt.Fprintf(warn, "warning: %s of group %s %s no live agent: the rollout waits for %s in %s wave\n",
 			rollout.NameHosts(down, len(down)), group, plural(len(down), "has", "have"), plural(len(down), "it", "them"), plural(len(down), "its", "their"))
 	}
+	if n := len(r.WaveLabels); n > 0 && strings.HasPrefix(r.WaveLabels[n-1], "(no ") {
+		rest := r.WaveHosts(n - 1)
+		fmt.Fprintf(warn, "warning: %s of group %s %s no %s label%s: %s in the last wave, %s\n",
+			rollout.NameHosts(rest, len(rest)), group, plural(len(rest), "has", "have"), f.s.WavesBy, listedNote(f.s.WavesByOrder),
+			plural(len(rest), "it goes", "they go"), r.WaveLabels[n-1])
+	}
 	r.By, r.Reason = storedBy(), strings.TrimSpace(f.reason)
 	return r, nil
 }
@@ -207,10 +230,26 @@ func groupRollout(known []registry.KnownHost, group string, s rollout.Strategy, 
 		return nil, nil
 	}
 	slices.Sort(hosts)
-	return &rollout.Record{
+	r = &rollout.Record{
 		ID: registry.NewRolloutID(now), Group: group, Strategy: s,
 		Hosts: hosts, WaveEnds: s.WaveEnds(len(hosts)),
-	}, down
+	}
+	if s.WavesBy != "" {
+		labels := make(map[string]map[string]string, len(known))
+		for _, k := range known {
+			labels[k.Host] = k.Labels
+		}
+		r.Hosts, r.WaveEnds, r.WaveLabels, _ = s.ByLabel(hosts, labels)
+	}
+	return r, down
+}
+
+// listedNote is " (or one of the values listed)" for --waves-by KEY=v1,….
+func listedNote(order []string) string {
+	if len(order) == 0 {
+		return ""
+	}
+	return " with one of the values " + strings.Join(order, ",")
 }
 
 func plural(n int, one, many string) string {
@@ -236,8 +275,8 @@ func announceRollout(ctx context.Context, out io.Writer, asJSON bool, reg *regis
 			"rollout %s: superseded by %s (ended; its hosts take this one instead)\n", id, r.ID)
 	}
 	say(out, asJSON, map[string]any{"event": "rollout", "rollout": r.ID, "group": r.Group, "hosts": r.Hosts, "waveEnds": r.WaveEnds},
-		"rollout %s: %d %s in %s %s; follow it with agentd rollout status %s --watch\n",
-		r.ID, len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), plural(len(r.WaveEnds), "wave", "waves"), joinInts(r.WaveEnds), r.ID)
+		"rollout %s: %d %s in %s %s%s; follow it with agentd rollout status %s --watch\n",
+		r.ID, len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), plural(len(r.WaveEnds), "wave", "waves"), joinInts(r.WaveEnds), waveLabels(r), r.ID)
 }
 
 func joinInts(ns []int) string {

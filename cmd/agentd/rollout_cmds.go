@@ -48,6 +48,14 @@ func describeStrategy(s rollout.Strategy) string {
 	add(s.GateURL != "", "--gate-url %s", s.GateURL)
 	add(s.GateProm != "", "--gate-prom %q --prom-url %s", s.GateProm, s.PromURL)
 	add(s.GateTimeout > 0, "--gate-timeout %s", s.GateTimeout)
+	if s.WavesBy != "" {
+		w := s.WavesBy
+		if len(s.WavesByOrder) > 0 {
+			w += "=" + strings.Join(s.WavesByOrder, ",")
+		}
+		parts = append(parts, "--waves-by "+w)
+	}
+	add(s.SuccessThreshold > 0, "--success-threshold %d%%", s.SuccessThreshold)
 	if len(parts) == 0 {
 		return "-"
 	}
@@ -145,7 +153,7 @@ func printRolloutStatus(out io.Writer, v rollout.View, ph rollout.Phase, which h
 	fmt.Fprintf(&b, "rollout %s of group %s: %s\n", r.ID, r.Group, strings.Join(slices.Sorted(maps.Keys(r.Units)), ", "))
 	fmt.Fprintf(&b, "phase:    %s\n", describePhase(v, ph))
 	fmt.Fprintf(&b, "strategy: %s\n", describeStrategy(r.Strategy))
-	fmt.Fprintf(&b, "waves:    %s of %d %s\n", joinInts(r.WaveEnds), len(r.Hosts), plural(len(r.Hosts), "host", "hosts"))
+	fmt.Fprintf(&b, "waves:    %s of %d %s%s\n", joinInts(r.WaveEnds), len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), waveLabels(r))
 	started := fmt.Sprintf("started:  %s (%s ago)", r.CreatedAt.Local().Format(time.DateTime), ago(now.Sub(r.CreatedAt)))
 	if r.By != "" {
 		started += " by " + r.By

@@ -369,7 +369,25 @@ func isTerminal(out io.Writer) bool {
 
 // describePhase is "running, wave 2 of 3" with the phase's reason.
 func describePhase(v rollout.View, ph rollout.Phase) string {
-	return fmt.Sprintf("%s, wave %d of %d%s", ph.State, phaseWave(v, ph), len(v.Record.WaveEnds), prefixed(ph.Reason))
+	w := phaseWave(v, ph)
+	return fmt.Sprintf("%s, wave %d of %d%s%s", ph.State, w, len(v.Record.WaveEnds), labelOf(v.Record, w-1), prefixed(ph.Reason))
+}
+
+// labelOf is " (rack=r2)" for wave w (from 0) of a rollout by label.
+func labelOf(r *rollout.Record, w int) string {
+	if name := r.WaveName(w); name != "" {
+		return " (" + name + ")"
+	}
+	return ""
+}
+
+// waveLabels is " by label: rack=r1, rack=r2, (no rack)" for a rollout by
+// label.
+func waveLabels(r *rollout.Record) string {
+	if len(r.WaveLabels) == 0 {
+		return ""
+	}
+	return " by label: " + strings.Join(r.WaveLabels, ", ")
 }
 
 // phaseWave is the phase's wave counted from 1 (a rollout whose every

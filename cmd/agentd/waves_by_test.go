@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/agentd/agentd/internal/systemdtest"
+	"github.com/agentd/agentd/registry/registrytest"
+	"github.com/agentd/agentd/rollout"
+)
+
+// Issue 38, item 3: waves by label. labelledFleet is a fleet whose hosts
+// h1.. carry the labels given (in order), each its own systemd.
+func labelledFleet(t *testing.T, labels ...string) *fleet {
+	t.Helper()
+	endpoint := registrytest.StartEtcd(t).Endpoint()
+	f := &fleet{t: t, endpoint: endpoint, reg: registrytest.NewClient(t, endpoint), byRun: map[string]string{}}
+	f.events = filepath.Join(t.TempDir(), "events")
+	for i, l := range labels {
+		h := systemdtest.Start(t)
+		e := &env{t: t, h: h, endpoint: endpoint, reg: f.reg, host: fmt.Sprintf("h%d", i+1), groups: []string{"web"}, quiet: true}
+		e.startAgentOn([]string{endpoint}, func(o *runOptions) { o.labels = []string{l} })
+		f.hosts = append(f.hosts, e)
+		f.byRun[filepath.Join(h.Dir, "run")] = e.host
+	}
+	return f
+}
+
+// `unit put --group web --waves-by rack --wait`: by systemd's own start
+// times, every r1 host started the change before any r2 host did, and
+// `rollout status` names the waves by their label.
+func TestRolloutWavesByRack(t *testing.T) {
+	t.Parallel()                                                      // its own systemds and etcd: waits on them, not the CPU
+	f := labelledFleet(t, "rack=r2", "rack=r1", "rack=r2", "rack=r1") // r1: h2 h4; r2: h1 h3
+	policy := "HealthySec=0.5"
+	f.put(f.unit("/bin/sleep 1000", policy), 0)
+	clearEvents(f)
+	out := f.put(f.unit("/bin/sleep 1001", policy), 0, "--waves-by", "rack")
+	id := rolloutID(t, out)
+	if !strings.Contains(out, "4 hosts in waves 2, 4 by label: rack=r1, rack=r2") {
+		t.Errorf("put --wait: want the waves named by label:\n%s", out)
+	}
+	rack := map[string]string{"h1": "r2", "h2": "r1", "h3": "r2", "h4": "r1"}
+	var lastR1, firstR2 float64
+	starts := map[string]int{}
+	for _, ev := range f.readEvents() {
+		if ev.stop {
+			continue
+		}
+		starts[ev.host]++
+		switch rack[ev.host] {
+		case "r1":
+			lastR1 = max(lastR1, ev.at)
+		case "r2":
+			if firstR2 == 0 {
+				firstR2 = ev.at
+			}
+		}
+	}
+	if len(starts) != 4 || lastR1 == 0 || firstR2 == 0 || lastR1 >= firstR2 {
+		t.Errorf("starts by host %v; last r1 start %.3f, first r2 start %.3f: want every r1 host started before any r2 host", starts, lastR1, firstR2)
+	}
+	t.Logf("last r1 start %.3f, first r2 start %.3f (%.3fs later)", lastR1, firstR2, firstR2-lastR1)
+
+	st, code := f.hosts[0].cli("rollout", "status", id)
+	if code != 0 || !strings.Contains(st, "done, wave 2 of 2 (rack=r2)") || !strings.Contains(st, "by label: rack=r1, rack=r2") ||
+		!strings.Contains(st, "--waves-by rack") {
+		t.Errorf("rollout status: exit %d, want the phase and the waves named by label:\n%s", code, st)
+	}
+	v, err := f.reg.Rollout(context.Background(), id, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := v.Record; strings.Join(r.Hosts, " ") != "h2 h4 h1 h3" || fmt.Sprint(r.WaveEnds) != "[2 4]" {
+		t.Errorf("record hosts %v, waves %v: want h2 h4 | h1 h3", r.Hosts, r.WaveEnds)
+	}
+}
+
+// --success-threshold 50%: one host of the last rack fails the change;
+// the rollout goes on and ends done, naming it.
+func TestRolloutSuccessThreshold(t *testing.T) {
+	t.Parallel()
+	f := labelledFleet(t, "rack=r2", "rack=r1", "rack=r2", "rack=r1", "zone=x")
+	policy := "HealthySec=0.5"
+	f.put(f.unit("/bin/sleep 1000", policy), 0)
+	bad := filepath.Join(f.hosts[2].h.Dir, "run") // h3 (rack r2) fails the change
+	next := f.unit(fmt.Sprintf("/bin/sh -c 'test %%t = %s && exit 1; exec /bin/sleep 1001'", bad), policy)
+	out := f.put(next, 0, "--waves-by", "rack=r1,r2", "--success-threshold", "50%")
+	id := rolloutID(t, out)
+	if !strings.Contains(out, "warning: h5 of group web has no rack label with one of the values r1,r2: it goes in the last wave, (no rack)") {
+		t.Errorf("put: want h5 named as going in the last wave:\n%s", out)
+	}
+	v, err := f.reg.Rollout(context.Background(), id, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := v.Record.End; e == nil || e.State != rollout.Done || !strings.Contains(e.Reason, "1 host failed, within --success-threshold 50%: h3") {
+		t.Fatalf("rollout ended %+v: want done naming h3", e)
+	}
+	if p := v.Progress["h3"]; p == nil || p.State != rollout.HostFailed {
+		t.Errorf("h3: %+v, want failed", p)
+	}
+	st, _ := f.hosts[0].cli("rollout", "status", id)
+	if !strings.Contains(st, "h3 (wave 2): failed") || !strings.Contains(st, "wave 3 of 3 ((no rack))") {
+		t.Errorf("rollout status: want h3 named an offender:\n%s", st)
+	}
+	t.Logf("put said:\n%s\nstatus:\n%s", out, st)
+}

@@ -109,3 +109,28 @@ func TestRolloutSuccessThreshold(t *testing.T) {
 	}
 	t.Logf("put said:\n%s\nstatus:\n%s", out, st)
 }
+
+// Bad --waves-by and --success-threshold are usage errors (exit 2) naming
+// the offending text, before anything is read or written.
+func TestWavesByRefusedAtPut(t *testing.T) {
+	t.Parallel() // refused before anything is opened
+	e := &env{t: t}
+	unit := filepath.Join(t.TempDir(), "app.service")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--waves-by", "ra ck"}, `label key "ra ck"`},
+		{[]string{"--waves-by", "zone="}, "an empty value"},
+		{[]string{"--waves-by", "zone=a,,b"}, "an empty value"},
+		{[]string{"--waves-by", "rack", "--waves", "50%"}, "go without --waves and --canary"},
+		{[]string{"--waves-by", "rack", "--canary", "1"}, "go without --waves and --canary"},
+		{[]string{"--success-threshold", "0%"}, `--success-threshold "0%"`},
+		{[]string{"--success-threshold", "101%"}, `--success-threshold "101%"`},
+	} {
+		out, code := e.cli(append([]string{"unit", "put", unit, "--group", "web", "--wait"}, tc.args...)...)
+		if code != exitUsage || !strings.Contains(out, tc.want) || !strings.Contains(out, "nothing stored") {
+			t.Errorf("unit put %s: exit %d, want %d saying %q and nothing stored:\n%s", strings.Join(tc.args, " "), code, exitUsage, tc.want, out)
+		}
+	}
+}

@@ -116,6 +116,12 @@ func TestParseRollout(t *testing.T) {
 		{"waves = [\"50%\", \"10%\"]\n", "cumulative"},
 		{"waves = 3\n", "list"},
 		{"canary\n", "key = value"},
+		{"waves_by = \"rack\"\nsuccess_threshold = \"90%\"\n", ""},
+		{"waves_by = \"zone=a,b,c\"\n", ""},
+		{"waves_by = rack\n", "quoted"},
+		{"waves_by = \"zone=a,,b\"\n", "waves_by"},
+		{"success_threshold = \"0%\"\n", "success_threshold"},
+		{"waves_by = \"rack\"\nwaves = [\"100%\"]\n", "waves"},
 	} {
 		_, err := ParseRollout([]byte(tc.in))
 		switch {
@@ -124,6 +130,13 @@ func TestParseRollout(t *testing.T) {
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("ParseRollout(%q) = %v, want %q", tc.in, err, tc.want)
 		}
+	}
+}
+
+func TestParseRolloutByLabel(t *testing.T) {
+	s, err := ParseRollout([]byte("waves_by = \"zone=a,b\"\nsuccess_threshold = \"90%\"\n"))
+	if err != nil || s.WavesBy != "zone" || strings.Join(s.WavesByOrder, ",") != "a,b" || s.SuccessThreshold != 90 {
+		t.Errorf("ParseRollout: %+v, %v; want waves by zone a,b and a threshold of 90", s, err)
 	}
 }
 

@@ -19,6 +19,8 @@ var rolloutKeys = map[string]string{
 	"soak":               `a duration ("10m")`,
 	"max_unavailable":    `a number of hosts (2) or a percentage ("20%")`,
 	"pause_after_canary": "true or false",
+	"waves_by":           `a label key, or the key and the waves' order: "rack" or "zone=a,b,c"`,
+	"success_threshold":  `a percentage of a wave's hosts: "90%"`,
 }
 
 // ParseRollout reads a group's rollout.toml: the options of `unit put
@@ -54,7 +56,7 @@ func ParseRollout(b []byte) (rollout.Strategy, error) {
 			continue
 		}
 		if _, known := rolloutKeys[k]; !known {
-			fail("unknown key %q (known: canary, max_unavailable, pause_after_canary, soak, waves)", k)
+			fail("unknown key %q (known: canary, max_unavailable, pause_after_canary, soak, success_threshold, waves, waves_by)", k)
 			continue
 		}
 		if first, dup := seen[k]; dup {
@@ -116,6 +118,17 @@ func setRollout(s *rollout.Strategy, k, v string) error {
 			return fmt.Errorf("%s is not true or false", v)
 		}
 		s.PauseAfterCanary = v == "true"
+	case "waves_by", "success_threshold":
+		str, err := unquote(v)
+		if err != nil {
+			return err
+		}
+		if k == "waves_by" {
+			s.WavesBy, s.WavesByOrder, err = rollout.ParseWavesBy("waves_by", str)
+		} else {
+			s.SuccessThreshold, err = rollout.ParseThreshold("success_threshold", str)
+		}
+		return err
 	}
 	return nil
 }

@@ -633,21 +633,28 @@ func subset(st map[string]*keyState, names []string) map[string]*keyState {
 	return out
 }
 
-// guardOwners adds the owner records of mc.Owned (written when new or
-// changed) and the removal of this mirror's owners of the other targets,
-// each guarded on its owner key as read. A target of mc.Owned or of
-// written (the targets the commit writes keys of) that another mirror
-// owns is refused.
-func (c *Client) guardOwners(ctx context.Context, x *txn, mc MirrorCommit, written map[Target]bool) error {
+// readOwners reads every owner record, by key, and encodes mc's own:
+// what guardOwners and claimOwners compare.
+func (c *Client) readOwners(ctx context.Context, mc MirrorCommit) (map[string]*mvccpb.KeyValue, []byte, error) {
 	resp, err := c.cli.Get(ctx, c.ownersRoot(), clientv3.WithPrefix())
 	if err != nil {
-		return fmt.Errorf("%s: read %s: %w", mc, c.ownersRoot(), err)
+		return nil, nil, fmt.Errorf("%s: read %s: %w", mc, c.ownersRoot(), err)
 	}
 	cur := map[string]*mvccpb.KeyValue{}
 	for _, kv := range resp.Kvs {
 		cur[string(kv.Key)] = kv
 	}
 	b, err := json.Marshal(mirrorOwner{Name: mc.Name, URL: mc.URL, Branch: mc.Branch})
+	return cur, b, err
+}
+
+// guardOwners adds the owner records of mc.Owned (written when new or
+// changed) and the removal of this mirror's owners of the other targets,
+// each guarded on its owner key as read. A target of mc.Owned or of
+// written (the targets the commit writes keys of) that another mirror
+// owns is refused.
+func (c *Client) guardOwners(ctx context.Context, x *txn, mc MirrorCommit, written map[Target]bool) error {
+	cur, b, err := c.readOwners(ctx, mc)
 	if err != nil {
 		return err
 	}

@@ -227,15 +227,7 @@ func (c *Client) putHold(ctx context.Context, mc MirrorCommit) (holdRev int64, r
 // mirror owns yet, each guarded as absent; a target mc owns or writes
 // that another mirror owns is refused.
 func (c *Client) claimOwners(ctx context.Context, x *txn, mc MirrorCommit) error {
-	resp, err := c.cli.Get(ctx, c.ownersRoot(), clientv3.WithPrefix())
-	if err != nil {
-		return fmt.Errorf("%s: read %s: %w", mc, c.ownersRoot(), err)
-	}
-	cur := map[string]*mvccpb.KeyValue{}
-	for _, kv := range resp.Kvs {
-		cur[string(kv.Key)] = kv
-	}
-	b, err := json.Marshal(mirrorOwner{Name: mc.Name, URL: mc.URL, Branch: mc.Branch})
+	cur, b, err := c.readOwners(ctx, mc)
 	if err != nil {
 		return err
 	}

@@ -18,20 +18,13 @@ import (
 	"github.com/agentd/agentd/secret"
 )
 
-// recipientOf waits for host's agent to publish its recipient.
+// recipientOf waits for host's agent to publish its recipient
+// (publishedRecipient).
 func recipientOf(t *testing.T, reg *registry.Client, host string) string {
 	t.Helper()
 	var r string
 	waitFor(t, nil, 30*time.Second, host+" publishes its recipient", func() bool {
-		ks, err := reg.KnownHosts(context.Background())
-		if err != nil {
-			return false
-		}
-		for _, k := range ks {
-			if k.Host == host && k.Live {
-				r = k.Recipient
-			}
-		}
+		r = publishedRecipient(t, reg, host)
 		return r != ""
 	})
 	return r

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"time"
+	_ "time/tzdata" // zone data compiled in, so every host reads a zone alike
 )
 
 // maxComponents is how long a list may be: systemd refuses a 242nd
@@ -307,7 +308,7 @@ func (p *parser) date(spec *Spec) (done bool, err error) {
 		return false, nil
 	}
 	if spec.endOfMonth {
-		return false, p.errAt(`"~" must come before the day`)
+		return false, p.errAt(`"~" may only come before the day`)
 	}
 	if err := p.dateSep(spec); err != nil {
 		return false, err

@@ -1,6 +1,8 @@
 package calendar
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 )
@@ -8,7 +10,7 @@ import (
 // Next returns the first elapse strictly after after, in the spec's zone,
 // or in after's zone if the spec names none (as systemd uses the local
 // zone). false means the event never elapses again (a past year, or a
-// date like *-02-30).
+// date like *-02-30), or that systemd would give up on it (errLoop).
 //
 // It searches wall-clock times field by field, from the year down, as
 // systemd does, and resolves the DST edge cases the same way:
@@ -18,6 +20,21 @@ import (
 //   - a time that happens twice (fall back) elapses once, at its first
 //     occurrence after after.
 func (s *Spec) Next(after time.Time) (time.Time, bool) {
+	t, err := s.next(after)
+	return t, err == nil
+}
+
+var (
+	errNever = errors.New("never elapses again")
+	errLoop  = fmt.Errorf("no elapse found in %d steps (systemd gives up too)", maxIterations)
+)
+
+// maxIterations is systemd's safety valve (MAX_CALENDAR_ITERATIONS): a
+// search that restarts this often fails, and systemd then does not start
+// the timer. Giving up at the same step keeps the answers the same.
+const maxIterations = 1000
+
+func (s *Spec) next(after time.Time) (time.Time, error) {
 	loc := s.loc
 	if loc == nil {
 		loc = after.Location()
@@ -27,15 +44,16 @@ func (s *Spec) Next(after time.Time) (time.Time, bool) {
 		t = time.Unix(0, 0)
 	}
 	c := civilOf(t.In(loc))
-	const maxSteps = 1 << 20 // a bound for safety: the year limit ends every search
+	var hint *dstHint
 restart:
-	for range maxSteps {
-		c = exist(c, loc)
+	for range maxIterations {
+		c = exist(c, loc, hint)
+		hint = nil
 		for l := range levels {
 			v, ok := s.match(l, c)
 			if !ok {
 				if l == yearLevel {
-					return time.Time{}, false
+					return time.Time{}, errNever
 				}
 				c.bump(l - 1)
 				continue restart
@@ -44,13 +62,15 @@ restart:
 				*c.field(l) = v
 				c.resetBelow(l)
 			}
-			switch r := settle(&c, loc); {
+			r, h := settle(&c, loc)
+			switch {
 			case l == yearLevel && r != settled:
-				return time.Time{}, false
+				return time.Time{}, errNever
 			case r == outOfBounds:
 				c.bump(l - 1)
 				continue restart
 			case r == moved:
+				hint = h
 				continue restart
 			}
 			if l == dayLevel && !s.onWeekday(c) {
@@ -60,12 +80,12 @@ restart:
 		}
 		for _, u := range instants(c, loc) {
 			if e := time.Unix(u, int64(c.usec%usecPerSec)*1000).In(loc); e.After(after) {
-				return e, true
+				return e, nil
 			}
 		}
-		return time.Time{}, false
+		return time.Time{}, errNever
 	}
-	return time.Time{}, false
+	return time.Time{}, errLoop
 }
 
 // civil is a wall-clock time as the search moves it: a field may run past
@@ -149,17 +169,43 @@ func instants(c civil, loc *time.Location) []int64 {
 	return ins
 }
 
-// exist normalizes c as mktime does: overflowing fields carry, and a wall
-// clock in a gap moves forward by the gap's length.
-func exist(c civil, loc *time.Location) civil {
+// dstHint is whether daylight saving time was in force, and the offset,
+// where settle last moved the search. systemd's search keeps that flag
+// (tm_isdst) on the wall clock it moves to, even when that clock is on
+// the other side of a DST change, and the next mktime then reads the
+// clock with the stale offset: "*-1/5-04" from December moves to month
+// 16, that is April, then back to January with April's summer time, an
+// hour before midnight, in December again, and so on until systemd gives
+// up. Keeping the same flag gives the same answers.
+type dstHint struct {
+	dst    bool
+	offset int64
+}
+
+// exist normalizes c as mktime does: overflowing fields carry; a wall
+// clock in a gap moves forward by the gap's length; and a wall clock on
+// the other side of a DST change from hint is read with hint's offset.
+func exist(c civil, loc *time.Location, hint *dstHint) civil {
 	c = c.carry()
-	if loc == time.UTC || len(instants(c, loc)) > 0 {
+	if loc == time.UTC {
 		return c
 	}
 	u := c.asUTC()
+	ins := instants(c, loc)
+	if hint != nil && len(ins) > 0 && !slices.ContainsFunc(ins, func(i int64) bool { return time.Unix(i, 0).In(loc).IsDST() == hint.dst }) {
+		return civilAt(u-hint.offset, c.usec%usecPerSec, loc)
+	}
+	if len(ins) > 0 {
+		return c
+	}
 	before := slices.Min(offsets(u, loc)) // the offset before a forward jump
-	n := civilOf(time.Unix(u-before, 0).In(loc))
-	n.usec += c.usec % usecPerSec
+	return civilAt(u-before, c.usec%usecPerSec, loc)
+}
+
+// civilAt is the wall clock in loc at Unix second u plus usec.
+func civilAt(u int64, usec int, loc *time.Location) civil {
+	n := civilOf(time.Unix(u, 0).In(loc))
+	n.usec += usec
 	return n
 }
 
@@ -172,20 +218,27 @@ const (
 // settle checks that the search's current wall clock exists and is in
 // range. If it had to be normalized, c moves there with the field below
 // the largest changed one reset (day 32 of March becomes April 1, not
-// April 2, which would skip April 1) and the search restarts; a year past
-// the last or a move backwards is outOfBounds.
-func settle(c *civil, loc *time.Location) int {
+// April 2, which would skip April 1) and the search restarts, reading c
+// with the returned hint; a year past the last or a move backwards is
+// outOfBounds.
+func settle(c *civil, loc *time.Location) (int, *dstHint) {
 	if c.year > maxYear {
-		return outOfBounds
+		return outOfBounds, nil
 	}
-	n := exist(*c, loc)
+	n := exist(*c, loc, nil)
 	for l := range levels {
 		old, now := *c.field(l), *n.field(l)
 		if now == old {
 			continue
 		}
 		if now < old {
-			return outOfBounds
+			return outOfBounds, nil
+		}
+		var hint *dstHint
+		if ins := instants(n, loc); len(ins) > 0 && loc != time.UTC {
+			t := time.Unix(ins[0], 0).In(loc)
+			_, off := t.Zone()
+			hint = &dstHint{t.IsDST(), int64(off)}
 		}
 		if l+1 < levels {
 			m := n
@@ -193,9 +246,9 @@ func settle(c *civil, loc *time.Location) int {
 			*n.field(l + 1) = *m.field(l + 1)
 		}
 		*c = n
-		return moved
+		return moved, hint
 	}
-	return settled
+	return settled, nil
 }
 
 // match is the first value of level l's chain at or after c's.

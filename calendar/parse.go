@@ -437,6 +437,11 @@ func (p *parser) chain(usec bool) (chain, error) {
 			if comp.repeat == 0 {
 				return nil, p.errAt("repetition /0")
 			}
+		} else if usec && comp.stop >= 0 && comp.start+unit > comp.stop {
+			// As systemd: a range of seconds steps by 1 s unless told
+			// otherwise, so "5..5" or "5..5.5" has no second step.
+			return nil, fmt.Errorf("seconds range %s..%s is shorter than its 1 s step (add /STEP)",
+				formatValue(comp.start, unit, 0, false), formatValue(comp.stop, unit, 0, false))
 		}
 		if c := p.peek(); c != 0 && strings.IndexByte(" ,-~:", c) < 0 {
 			return nil, p.errAt("unexpected text")

@@ -131,7 +131,14 @@ func (s *Spec) validate() error {
 }
 
 func (c chain) validate(f field, fromEnd bool) error {
-	for _, p := range c {
+	for i, p := range c {
+		if fromEnd && i > 0 {
+			// systemd 252 checks each further element of a "~" list 3
+			// days tighter ("*-*~05,26" is refused, "~05,25" is not);
+			// refusing the same keeps `systemd-analyze calendar` the
+			// judge of what agentd takes.
+			f.to -= 3
+		}
 		show := func(v int) string { return formatValue(v, f.unit, 0, fromEnd) }
 		switch {
 		case p.start < f.from || p.start > f.to:

@@ -3,7 +3,6 @@ package calendar
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 )
 
@@ -43,14 +42,16 @@ func (s *Spec) next(after time.Time) (time.Time, error) {
 	if t.Unix() < 0 {
 		t = time.Unix(0, 0)
 	}
-	c := civilOf(t.In(loc))
-	var hint *dstHint
+	t = t.In(loc)
+	_, off := t.Zone()
+	m := &mktime{loc: loc, guess: int64(off), hint: &dstHint{t.IsDST(), int64(off)}}
+	c := civilOf(t)
 restart:
 	for range maxIterations {
-		c = exist(c, loc, hint)
-		hint = nil
+		c, _ = m.normalize(c, m.hint)
+		m.hint = nil
 		for l := range levels {
-			v, ok := s.match(l, c)
+			v, ok := s.match(l, c, m)
 			if !ok {
 				if l == yearLevel {
 					return time.Time{}, errNever
@@ -62,22 +63,26 @@ restart:
 				*c.field(l) = v
 				c.resetBelow(l)
 			}
-			r, h := settle(&c, loc)
-			switch {
+			switch r := m.settle(&c); {
 			case l == yearLevel && r != settled:
 				return time.Time{}, errNever
 			case r == outOfBounds:
 				c.bump(l - 1)
 				continue restart
 			case r == moved:
-				hint = h
 				continue restart
 			}
-			if l == dayLevel && !s.onWeekday(c) {
+			if l == dayLevel && !s.onWeekday(c, m) {
 				c.bump(dayLevel)
 				continue restart
 			}
 		}
+		_, u := m.normalize(c, nil)
+		if e := time.Unix(u, int64(c.usec%usecPerSec)*1000).In(loc); e.After(after) {
+			return e, nil
+		}
+		// glibc's choice of a repeated wall clock fell before after;
+		// systemd would return it, but an elapse must move forward.
 		for _, u := range instants(c, loc) {
 			if e := time.Unix(u, int64(c.usec%usecPerSec)*1000).In(loc); e.After(after) {
 				return e, nil
@@ -88,171 +93,8 @@ restart:
 	return time.Time{}, errLoop
 }
 
-// civil is a wall-clock time as the search moves it: a field may run past
-// its range until normalized. usec is the microsecond of the minute.
-type civil struct{ year, month, day, hour, minute, usec int }
-
-const (
-	yearLevel = iota
-	monthLevel
-	dayLevel
-	hourLevel
-	minuteLevel
-	usecLevel
-	levels
-)
-
-func civilOf(t time.Time) civil {
-	return civil{t.Year(), int(t.Month()), t.Day(), t.Hour(), t.Minute(), t.Second()*usecPerSec + t.Nanosecond()/1000}
-}
-
-func (c *civil) field(l int) *int {
-	return [...]*int{&c.year, &c.month, &c.day, &c.hour, &c.minute, &c.usec}[l]
-}
-
-// resetBelow sets the fields below level l to their first value.
-func (c *civil) resetBelow(l int) {
-	for k := l + 1; k < levels; k++ {
-		*c.field(k) = 0
-		if k == monthLevel || k == dayLevel {
-			*c.field(k) = 1
-		}
-	}
-}
-
-// bump moves to the start of the next value of level l.
-func (c *civil) bump(l int) {
-	*c.field(l)++
-	c.resetBelow(l)
-}
-
-// carry normalizes overflowing fields (hour 25, day 32) into the next
-// larger ones, as mktime does.
-func (c civil) carry() civil {
-	return civilOf(time.Date(c.year, time.Month(c.month), c.day, c.hour, c.minute,
-		c.usec/usecPerSec, c.usec%usecPerSec*1000, time.UTC))
-}
-
-// asUTC is the wall clock's whole seconds read as if it were UTC.
-func (c civil) asUTC() int64 {
-	return time.Date(c.year, time.Month(c.month), c.day, c.hour, c.minute, c.usec/usecPerSec, 0, time.UTC).Unix()
-}
-
-// offsets are the UTC offsets that a wall clock reading u (as UTC) may
-// have: those in force half a day either side and at u. Real zones do not
-// change twice within a day.
-func offsets(u int64, loc *time.Location) []int64 {
-	var offs []int64
-	for _, x := range [...]int64{u - 14*3600, u, u + 14*3600} {
-		_, o := time.Unix(x, 0).In(loc).Zone()
-		if !slices.Contains(offs, int64(o)) {
-			offs = append(offs, int64(o))
-		}
-	}
-	return offs
-}
-
-// instants are the Unix seconds, ascending, whose wall clock in loc reads
-// c: none in a gap (spring forward), two in an overlap (fall back).
-func instants(c civil, loc *time.Location) []int64 {
-	u := c.asUTC()
-	if loc == time.UTC {
-		return []int64{u}
-	}
-	var ins []int64
-	for _, o := range offsets(u, loc) {
-		if _, got := time.Unix(u-o, 0).In(loc).Zone(); int64(got) == o {
-			ins = append(ins, u-o)
-		}
-	}
-	slices.Sort(ins)
-	return ins
-}
-
-// dstHint is whether daylight saving time was in force, and the offset,
-// where settle last moved the search. systemd's search keeps that flag
-// (tm_isdst) on the wall clock it moves to, even when that clock is on
-// the other side of a DST change, and the next mktime then reads the
-// clock with the stale offset: "*-1/5-04" from December moves to month
-// 16, that is April, then back to January with April's summer time, an
-// hour before midnight, in December again, and so on until systemd gives
-// up. Keeping the same flag gives the same answers.
-type dstHint struct {
-	dst    bool
-	offset int64
-}
-
-// exist normalizes c as mktime does: overflowing fields carry; a wall
-// clock in a gap moves forward by the gap's length; and a wall clock on
-// the other side of a DST change from hint is read with hint's offset.
-func exist(c civil, loc *time.Location, hint *dstHint) civil {
-	c = c.carry()
-	if loc == time.UTC {
-		return c
-	}
-	u := c.asUTC()
-	ins := instants(c, loc)
-	if hint != nil && len(ins) > 0 && !slices.ContainsFunc(ins, func(i int64) bool { return time.Unix(i, 0).In(loc).IsDST() == hint.dst }) {
-		return civilAt(u-hint.offset, c.usec%usecPerSec, loc)
-	}
-	if len(ins) > 0 {
-		return c
-	}
-	before := slices.Min(offsets(u, loc)) // the offset before a forward jump
-	return civilAt(u-before, c.usec%usecPerSec, loc)
-}
-
-// civilAt is the wall clock in loc at Unix second u plus usec.
-func civilAt(u int64, usec int, loc *time.Location) civil {
-	n := civilOf(time.Unix(u, 0).In(loc))
-	n.usec += usec
-	return n
-}
-
-const (
-	outOfBounds = iota
-	moved
-	settled
-)
-
-// settle checks that the search's current wall clock exists and is in
-// range. If it had to be normalized, c moves there with the field below
-// the largest changed one reset (day 32 of March becomes April 1, not
-// April 2, which would skip April 1) and the search restarts, reading c
-// with the returned hint; a year past the last or a move backwards is
-// outOfBounds.
-func settle(c *civil, loc *time.Location) (int, *dstHint) {
-	if c.year > maxYear {
-		return outOfBounds, nil
-	}
-	n := exist(*c, loc, nil)
-	for l := range levels {
-		old, now := *c.field(l), *n.field(l)
-		if now == old {
-			continue
-		}
-		if now < old {
-			return outOfBounds, nil
-		}
-		var hint *dstHint
-		if ins := instants(n, loc); len(ins) > 0 && loc != time.UTC {
-			t := time.Unix(ins[0], 0).In(loc)
-			_, off := t.Zone()
-			hint = &dstHint{t.IsDST(), int64(off)}
-		}
-		if l+1 < levels {
-			m := n
-			m.resetBelow(l)
-			*n.field(l + 1) = *m.field(l + 1)
-		}
-		*c = n
-		return moved, hint
-	}
-	return settled, nil
-}
-
 // match is the first value of level l's chain at or after c's.
-func (s *Spec) match(l int, c civil) (int, bool) {
+func (s *Spec) match(l int, c civil, m *mktime) (int, bool) {
 	switch l {
 	case yearLevel:
 		return s.year.next(c.year)
@@ -260,6 +102,7 @@ func (s *Spec) match(l int, c civil) (int, bool) {
 		return s.month.next(c.month)
 	case dayLevel:
 		if s.endOfMonth {
+			s.day.touchEnds(c, m)
 			return s.day.fromEnd(daysIn(c.year, c.month)).next(c.day)
 		}
 		return s.day.next(c.day)
@@ -310,14 +153,31 @@ func (ch chain) fromEnd(n int) chain {
 	return out
 }
 
+// touchEnds makes the mktime calls systemd makes to find the days from
+// the month's end (two for each element: its start and its stop, -1 for
+// none, which lands in the next month). Only their effect on glibc's
+// guess of the offset matters: it decides which of a repeated wall clock
+// the search takes later on ("*-*~07 02:50 Europe/Berlin" on 2026-10-25,
+// searched from 02:10 CEST, elapses at 02:50 CET, as in systemd).
+func (ch chain) touchEnds(c civil, m *mktime) {
+	for _, p := range ch {
+		for _, k := range [2]int{p.start, p.stop} {
+			d := c
+			d.month, d.day = c.month+1, 1-k
+			m.normalize(d, nil)
+		}
+	}
+}
+
 func daysIn(year, month int) int {
 	return time.Date(year, time.Month(month)+1, 0, 0, 0, 0, 0, time.UTC).Day()
 }
 
-func (s *Spec) onWeekday(c civil) bool {
+func (s *Spec) onWeekday(c civil, m *mktime) bool {
 	if s.weekdays == 0 {
 		return true
 	}
+	m.normalize(c, nil) // as systemd, for its effect on the guess
 	wd := time.Date(c.year, time.Month(c.month), c.day, 0, 0, 0, 0, time.UTC).Weekday()
 	return s.weekdays&(1<<((int(wd)+6)%7)) != 0
 }

@@ -16,8 +16,9 @@ import (
 //   - a time that does not exist (skipped at spring forward) is moved
 //     forward across the gap and the search goes on from there, so
 //     "02:30" does not elapse that day and "hourly" elapses at 03:00;
-//   - a time that happens twice (fall back) elapses once, at its first
-//     occurrence after after.
+//   - a time that happens twice (fall back) elapses once: at the
+//     occurrence on the side of the change the search is on (from before
+//     the change, the first), which is glibc's choice (see mktime).
 func (s *Spec) Next(after time.Time) (time.Time, bool) {
 	t, err := s.next(after)
 	return t, err == nil

@@ -456,36 +456,6 @@ func latestHealthy(progress map[string]*Progress) time.Time {
 	return last
 }
 
-// admit are the hosts of waves up to w not admitted yet, in order, as
-// many as --max-unavailable leaves room for (no bound when unset): a host
-// admitted and not yet healthy counts against it, so the bound holds
-// exactly with one coordinator and no group-wide guard.
-func (r *Record) admit(g GroupView, w int) []string {
-	room := len(r.Hosts)
-	if !r.Strategy.MaxUnavailable.IsZero() {
-		room = max(1, r.Strategy.MaxUnavailable.Of(len(r.Hosts)))
-		for _, h := range r.Hosts {
-			if g.Admitted[h] {
-				switch g.Progress[h].StateOf() {
-				case HostPending, HostApplying, HostSoaking, HostReverting:
-					room--
-				}
-			}
-		}
-	}
-	var out []string
-	for _, h := range r.Hosts[:r.WaveEnds[w]] {
-		if room <= 0 {
-			break
-		}
-		if !g.Admitted[h] && g.Progress[h].StateOf() == HostPending {
-			out = append(out, h)
-			room--
-		}
-	}
-	return out
-}
-
 // summarize counts r's hosts by state (admit: the hosts being admitted
 // now count as admitted).
 func (r *Record) summarize(g GroupView, ph Phase, offenders []Offender, admit []string, coordinator string, now time.Time) Summary {

@@ -23,6 +23,10 @@ func at(s HostState, since time.Time, reason string) *Progress {
 func TestDecide(t *testing.T) {
 	canaryWaves := Strategy{Canary: Count{N: 1}, Waves: []Count{pct(50)}} // 5 hosts: [h1] [h2 h3] [h4 h5]
 	threshold50 := Strategy{Waves: []Count{{N: 4}}, SuccessThreshold: 50} // 5 hosts: [h1 h2 h3 h4] [h5]
+	byRack := Strategy{MaxUnavailable: Count{N: 1}, BudgetBy: "rack"}
+	racks := func(r *Record) {
+		r.Buckets, r.BucketNames = []int{0, 0, 1, 1, 2}, []string{"rack=r1", "rack=r2", "(no rack)"}
+	}
 	now := t0.Add(30 * time.Second)
 	ago := func(d time.Duration) time.Time { return now.Add(-d) }
 	healthy := func(hosts ...string) map[string]*Progress {
@@ -342,6 +346,62 @@ func TestDecide(t *testing.T) {
 				r.WaveEnds, r.WaveLabels = []int{2, 4, 5}, []string{"rack=r1", "rack=r2", "(no rack)"}
 			},
 			progress: healthy("h1", "h2"), want: Running, wave: 1, admit: []string{"h3", "h4"},
+		},
+
+		// --max-unavailable 1 --budget-by rack: 5 hosts, racks [h1 h2] r1, [h3 h4] r2, h5 none.
+		{
+			name: "budget by rack: one host of each rack at once, the unlabelled hosts a budget of their own", strategy: byRack,
+			edit: racks, want: Running, admit: []string{"h1", "h3", "h5"},
+		},
+		{
+			name: "budget by rack: a rack's host soaking holds its rack only", strategy: byRack,
+			edit: racks, progress: with(healthy("h3"), "h1", at(HostSoaking, ago(time.Second), "")),
+			want: Running, admit: []string{"h4", "h5"},
+		},
+		{
+			name: "budget by rack: admitted without progress yet holds its rack", strategy: byRack,
+			edit: racks, admitted: []string{"h1"}, want: Running, admit: []string{"h3", "h5"},
+		},
+		{
+			name: "budget by rack: a reverting host holds its rack", strategy: byRack,
+			edit: racks, progress: map[string]*Progress{"h2": at(HostReverting, ago(time.Second), "")},
+			want: Running, admit: []string{"h3", "h5"},
+		},
+		{
+			name: "budget by rack, 50%: half of each rack's hosts (rounded up) at once", strategy: Strategy{MaxUnavailable: pct(50), BudgetBy: "rack"},
+			hosts: 6, edit: func(r *Record) { r.Buckets, r.BucketNames = []int{0, 0, 0, 0, 1, 1}, []string{"rack=r1", "rack=r2"} },
+			want: Running, admit: []string{"h1", "h2", "h5"},
+		},
+		{
+			name: "budget by rack: a joiner (no rack known) waits while any host is taking the change", strategy: byRack,
+			edit: func(r *Record) {
+				racks(r)
+				r.Hosts = append(r.Hosts, "h6")
+				r.WaveEnds = []int{6}
+				r.Joined = []string{"h6"}
+			},
+			progress: with(healthy("h1", "h2", "h3", "h4"), "h5", at(HostApplying, ago(time.Second), "")),
+			want:     Running,
+		},
+		{
+			name: "budget by rack: a joiner goes alone once nothing else is taking the change", strategy: byRack,
+			edit: func(r *Record) {
+				racks(r)
+				r.Hosts = append(r.Hosts, "h6")
+				r.WaveEnds = []int{6}
+				r.Joined = []string{"h6"}
+			},
+			progress: healthy("h1", "h2", "h3", "h4", "h5"), want: Running, admit: []string{"h6"},
+		},
+		{
+			name: "budget by rack: nothing admitted beside a joiner taking the change", strategy: byRack,
+			edit: func(r *Record) {
+				racks(r)
+				r.Hosts = append(r.Hosts, "h6")
+				r.WaveEnds = []int{6}
+				r.Joined = []string{"h6"}
+			},
+			progress: map[string]*Progress{"h6": at(HostApplying, ago(time.Second), "")}, want: Running,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

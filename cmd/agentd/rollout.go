@@ -36,6 +36,7 @@ type strategyFlags struct {
 	promURL                       string
 	gateTimeout                   time.Duration
 	wavesBy, successThreshold     string
+	budgetBy                      string
 	supersede                     bool
 	reason                        string
 
@@ -65,6 +66,7 @@ func (f *strategyFlags) bind(cmd *cobra.Command, name, nothing string) {
 	fs.StringVar(&f.promURL, "prom-url", "", "rollout: the Prometheus `URL` --gate-prom asks (its /api/v1/query)")
 	fs.StringVar(&f.wavesBy, "waves-by", "", "rollout: one wave per value of the hosts' label `KEY` (sorted), or KEY=v1,v2,… in that order; the hosts without one of the values go in a last wave; instead of --canary and --waves")
 	fs.StringVar(&f.successThreshold, "success-threshold", "", "rollout: a wave counts as done when `N%` of its hosts are healthy and the others failed (named); default: all of them, the first failure fails the rollout")
+	fs.StringVar(&f.budgetBy, "budget-by", "", "rollout: --max-unavailable is a budget per value of the hosts' label `KEY` (--max-unavailable 1 --budget-by rack: one host per rack at once, the racks in parallel)")
 	fs.BoolVar(&f.supersede, "supersede", false, "rollout: end a running rollout of the same keys (as superseded) instead of refusing")
 	fs.StringVar(&f.reason, "reason", "", reasonHelp)
 }
@@ -112,6 +114,7 @@ func (f *strategyFlags) strategy() (rollout.Strategy, error) {
 		PauseAfterCanary: f.pauseAfterCanary, AutoRevert: f.autoRevert,
 		MaxRestarts: f.maxRestarts, GateCmd: strings.TrimSpace(f.gateCmd),
 		GateURL: strings.TrimSpace(f.gateURL), GateProm: strings.TrimSpace(f.gateProm), PromURL: strings.TrimSpace(f.promURL),
+		BudgetBy: strings.TrimSpace(f.budgetBy),
 	}
 	if f.gateTimeout != rollout.DefaultGateTimeout {
 		s.GateTimeout = f.gateTimeout
@@ -234,13 +237,14 @@ func groupRollout(known []registry.KnownHost, group string, s rollout.Strategy, 
 		ID: registry.NewRolloutID(now), Group: group, Strategy: s,
 		Hosts: hosts, WaveEnds: s.WaveEnds(len(hosts)),
 	}
+	labels := make(map[string]map[string]string, len(known))
+	for _, k := range known {
+		labels[k.Host] = k.Labels
+	}
 	if s.WavesBy != "" {
-		labels := make(map[string]map[string]string, len(known))
-		for _, k := range known {
-			labels[k.Host] = k.Labels
-		}
 		r.Hosts, r.WaveEnds, r.WaveLabels, _ = s.ByLabel(hosts, labels)
 	}
+	r.Buckets, r.BucketNames = s.Buckets(r.Hosts, labels)
 	return r, down
 }
 
@@ -275,8 +279,8 @@ func announceRollout(ctx context.Context, out io.Writer, asJSON bool, reg *regis
 			"rollout %s: superseded by %s (ended; its hosts take this one instead)\n", id, r.ID)
 	}
 	say(out, asJSON, map[string]any{"event": "rollout", "rollout": r.ID, "group": r.Group, "hosts": r.Hosts, "waveEnds": r.WaveEnds},
-		"rollout %s: %d %s in %s %s%s; follow it with agentd rollout status %s --watch\n",
-		r.ID, len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), plural(len(r.WaveEnds), "wave", "waves"), joinInts(r.WaveEnds), waveLabels(r), r.ID)
+		"rollout %s: %d %s in %s %s%s%s; follow it with agentd rollout status %s --watch\n",
+		r.ID, len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), plural(len(r.WaveEnds), "wave", "waves"), joinInts(r.WaveEnds), waveLabels(r), budgetNote(r), r.ID)
 }
 
 func joinInts(ns []int) string {

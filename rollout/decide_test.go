@@ -24,6 +24,7 @@ func TestDecide(t *testing.T) {
 	canaryWaves := Strategy{Canary: Count{N: 1}, Waves: []Count{pct(50)}} // 5 hosts: [h1] [h2 h3] [h4 h5]
 	threshold50 := Strategy{Waves: []Count{{N: 4}}, SuccessThreshold: 50} // 5 hosts: [h1 h2 h3 h4] [h5]
 	byRack := Strategy{MaxUnavailable: Count{N: 1}, BudgetBy: "rack"}
+	after := Strategy{MaxUnavailable: Count{N: 1}, Follows: &Ref{Group: "db", ID: "r0"}}
 	racks := func(r *Record) {
 		r.Buckets, r.BucketNames = []int{0, 0, 1, 1, 2}, []string{"rack=r1", "rack=r2", "(no rack)"}
 	}
@@ -51,6 +52,7 @@ func TestDecide(t *testing.T) {
 		admitted []string
 		entries  []reconcile.Entry // nil: the rollout's own keys
 		now      time.Time         // now when zero
+		follows  *Followed
 
 		want      State
 		wantEnd   bool // Decide writes an end (of state want)
@@ -403,6 +405,47 @@ func TestDecide(t *testing.T) {
 			},
 			progress: map[string]*Progress{"h6": at(HostApplying, ago(time.Second), "")}, want: Running,
 		},
+
+		// --after db/r0: waits, before its first host, for r0 to end done.
+		{
+			name: "after: nothing read yet: waits, nothing admitted, looks again soon", strategy: after,
+			want: WaitingAfter, reason: []string{"waiting for rollout db/r0 to end done (--after)"}, due: now.Add(FollowEvery),
+		},
+		{
+			name: "after: the other runs: waits, saying where it is", strategy: after,
+			follows: &Followed{Phase: &Phase{State: Running, Wave: 1}},
+			want:    WaitingAfter, reason: []string{"it is running, wave 2"}, due: now.Add(FollowEvery),
+		},
+		{
+			name: "after: the other failed: waits, saying so and how to end this one", strategy: after,
+			follows: &Followed{Phase: &Phase{State: Failed, Reason: "h9 failed the change: exit 1"}},
+			want:    WaitingAfter, reason: []string{"rollout db/r0 (--after) ended failed: h9 failed the change: exit 1", "agentd rollout abort r1"}, due: now.Add(FollowEvery),
+		},
+		{
+			name: "after: the other could not be read: waits, saying why", strategy: after,
+			follows: &Followed{Err: "etcdserver: request timed out"},
+			want:    WaitingAfter, reason: []string{"cannot read it: etcdserver: request timed out"}, due: now.Add(FollowEvery),
+		},
+		{
+			name: "after: the other ended done: begins", strategy: after,
+			follows: &Followed{Phase: &Phase{State: Done}, At: ago(time.Second)},
+			want:    Running, admit: []string{"h1"},
+		},
+		{
+			name: "after: begun already: reads nothing more, goes on", strategy: after,
+			progress: healthy("h1"), want: Running, wave: 0, admit: []string{"h2"},
+		},
+		{
+			name:     "after: the progress deadline counts from the other's end",
+			strategy: Strategy{MaxUnavailable: Count{N: 1}, ProgressDeadline: time.Minute, Follows: &Ref{Group: "db", ID: "r0"}},
+			follows:  &Followed{Phase: &Phase{State: Done}, At: t0.Add(10 * time.Minute)},
+			admitted: []string{"h1"}, now: t0.Add(10*time.Minute + 30*time.Second),
+			want: Running, due: t0.Add(11*time.Minute + time.Millisecond),
+		},
+		{
+			name: "after, paused: the pause is said first", strategy: after,
+			edit: func(r *Record) { r.Paused, r.PauseReason = true, "by ops" }, want: Paused, reason: []string{"by ops"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := tc.hosts
@@ -429,7 +472,7 @@ func TestDecide(t *testing.T) {
 			if now.IsZero() {
 				now = t0.Add(30 * time.Second)
 			}
-			d := Decide(r, GroupView{Progress: tc.progress, Admitted: admitted, Entries: entries}, "h7", now)
+			d := Decide(r, GroupView{Progress: tc.progress, Admitted: admitted, Entries: entries, Follows: tc.follows}, "h7", now)
 			ph := d.Summary.Phase
 
 			if ph.State != tc.want || ph.Wave != tc.wave {

@@ -139,7 +139,7 @@ type Ref struct {
 func (f Ref) String() string {
 	s := f.Group + "/" + f.ID
 	if f.Said != "" && f.Said != f.Group && f.Said != f.ID {
-		s = f.Said + " (" + s + ")"
+		s += " (" + f.Said + ")"
 	}
 	return s
 }

@@ -82,7 +82,8 @@ func unavailable(st HostState) bool {
 
 // admit are the hosts of waves up to w not admitted yet, in order, as
 // many as --max-unavailable leaves room for in each budget (no bound when
-// unset): a host admitted and not yet healthy counts against its budget,
+// unset), but not a host known down (admitted, it would hold a place in
+// the budget it cannot use; it is admitted when its agent returns): a host admitted and not yet healthy counts against its budget,
 // so the bound holds exactly with one coordinator and no group-wide
 // guard.
 func (r *Record) admit(g GroupView, w int) []string {
@@ -110,7 +111,7 @@ func (r *Record) admit(g GroupView, w int) []string {
 	}
 	var out []string
 	for i, h := range r.Hosts[:r.WaveEnds[w]] {
-		if b := r.bucketOf(i); !g.Admitted[h] && g.Progress[h].StateOf() == HostPending && room(b) {
+		if b := r.bucketOf(i); !g.Admitted[h] && g.Progress[h].StateOf() == HostPending && !g.down(h) && room(b) {
 			out = append(out, h)
 			busy[b]++
 			total++

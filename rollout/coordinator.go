@@ -84,7 +84,9 @@ func (c *Coordinator) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		el := c.elect()
 		if el == nil {
-			sleep(ctx, reconcile.Jitter(time.Second))
+			// Not joined yet. Looked at often: a host counts as up for
+			// its group's rollouts once it stands (GroupView.Live).
+			sleep(ctx, reconcile.Jitter(100*time.Millisecond))
 			continue
 		}
 		term, err := el.Campaign(ctx, c.group)
@@ -190,7 +192,7 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 			if _, ok := t.written[r.ID]; !ok && g.Summaries[r.ID] != nil {
 				t.written[r.ID] = writtenSummary{s: g.Summaries[r.ID]} // a former term's
 			}
-			gv := GroupView{Progress: g.Progress[r.ID], Admitted: g.Admitted[r.ID], Entries: g.Entries, Follows: follows[r.ID]}
+			gv := GroupView{Progress: g.Progress[r.ID], Admitted: g.Admitted[r.ID], Entries: g.Entries, Follows: follows[r.ID], Live: g.Live}
 			d := Decide(r, gv, term.Host(), now)
 			todo = append(todo, decided{r, d})
 		}

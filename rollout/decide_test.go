@@ -53,6 +53,7 @@ func TestDecide(t *testing.T) {
 		entries  []reconcile.Entry // nil: the rollout's own keys
 		now      time.Time         // now when zero
 		follows  *Followed
+		live     []string // the hosts with a live agent; nil: not known
 
 		want      State
 		wantEnd   bool // Decide writes an end (of state want)
@@ -330,7 +331,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "threshold: every wave done: ends done, naming the failed hosts", strategy: threshold50,
 			progress: with(with(healthy("h1", "h2", "h5"), "h3", at(HostFailed, ago(time.Second), "exit 1")), "h4", at(HostFailed, ago(time.Second), "exit 1")),
-			want:     Done, wantEnd: true, wave: 1, reason: []string{"2 hosts failed, within --success-threshold 50%: h3, h4"}, offenders: []string{"h3", "h4"},
+			want:     Done, wantEnd: true, wave: 1, reason: []string{"2 hosts failed: h3, h4 (within --success-threshold 50%)"}, offenders: []string{"h3", "h4"},
 		},
 		{
 			name: "threshold: the last wave's one host failed: the rollout fails", strategy: threshold50,
@@ -446,6 +447,40 @@ func TestDecide(t *testing.T) {
 			name: "after, paused: the pause is said first", strategy: after,
 			edit: func(r *Record) { r.Paused, r.PauseReason = true, "by ops" }, want: Paused, reason: []string{"by ops"},
 		},
+
+		// Hosts without a live agent (live: the others; h4 down).
+		{
+			name: "down: a host with no live agent is not admitted", strategy: Strategy{MaxUnavailable: Count{N: 2}},
+			live: []string{"h1", "h2", "h3", "h5"}, progress: healthy("h1", "h2", "h3"),
+			want: Running, admit: []string{"h5"}, offenders: []string{"h4"},
+		},
+		{
+			name: "down: without a threshold it holds its wave, named", strategy: Strategy{},
+			live: []string{"h1", "h2", "h3", "h5"}, progress: healthy("h1", "h2", "h3", "h5"),
+			want: Running, offenders: []string{"h4"},
+		},
+		{
+			name: "down, threshold: counted as not healthy, the wave done without it", strategy: threshold50,
+			live: []string{"h1", "h2", "h3", "h5"}, progress: with(healthy("h1", "h2"), "h3", at(HostFailed, ago(time.Second), "exit 1")),
+			want: Running, wave: 1, admit: []string{"h5"}, offenders: []string{"h3", "h4"},
+		},
+		{
+			name: "down, threshold: the rollout ends done naming the failed and the down hosts", strategy: threshold50,
+			live: []string{"h1", "h2", "h3", "h5"}, progress: with(healthy("h1", "h2", "h5"), "h3", at(HostFailed, ago(time.Second), "exit 1")),
+			want: Done, wantEnd: true, wave: 1, offenders: []string{"h3", "h4"},
+			reason: []string{"1 host failed: h3; 1 host had no live agent and did not take it: h4 (within --success-threshold 50%)"},
+		},
+		{
+			name: "down, threshold: too many down holds the wave (not failed: they may come back)", strategy: threshold50,
+			live: []string{"h1", "h5"}, progress: healthy("h1"),
+			want: Running, offenders: []string{"h2", "h3", "h4"},
+		},
+		{
+			name:     "down: an admitted host that went down is named so past the progress deadline",
+			strategy: Strategy{Canary: Count{N: 1}, ProgressDeadline: time.Minute}, live: []string{"h2", "h3", "h4", "h5"},
+			admitted: []string{"h1"}, now: t0.Add(61 * time.Second),
+			want: Failed, wantEnd: true, reason: []string{"h1: admitted, but it has no live agent"}, offenders: []string{"h1"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := tc.hosts
@@ -472,7 +507,14 @@ func TestDecide(t *testing.T) {
 			if now.IsZero() {
 				now = t0.Add(30 * time.Second)
 			}
-			d := Decide(r, GroupView{Progress: tc.progress, Admitted: admitted, Entries: entries, Follows: tc.follows}, "h7", now)
+			var live map[string]bool
+			if tc.live != nil {
+				live = map[string]bool{}
+				for _, h := range tc.live {
+					live[h] = true
+				}
+			}
+			d := Decide(r, GroupView{Progress: tc.progress, Admitted: admitted, Entries: entries, Follows: tc.follows, Live: live}, "h7", now)
 			ph := d.Summary.Phase
 
 			if ph.State != tc.want || ph.Wave != tc.wave {

@@ -212,7 +212,11 @@ func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, gr
 	if r == nil {
 		return nil, fmt.Errorf("%s: no host has joined group %s: a rollout would have no host to go to (start agents with --group %s, or drop the rollout options); %s", f.name, group, group, f.nothing)
 	}
-	if len(down) > 0 {
+	switch {
+	case len(down) > 0 && s.SuccessThreshold > 0:
+		fmt.Fprintf(warn, "warning: %s of group %s %s no live agent: until %s back, %s as not healthy (--success-threshold %d%%)\n",
+			rollout.NameHosts(down, len(down)), group, plural(len(down), "has", "have"), plural(len(down), "it is", "they are"), plural(len(down), "it counts", "they count"), s.SuccessThreshold)
+	case len(down) > 0:
 		fmt.Fprintf(warn, "warning: %s of group %s %s no live agent: the rollout waits for %s in %s wave\n",
 			rollout.NameHosts(down, len(down)), group, plural(len(down), "has", "have"), plural(len(down), "it", "them"), plural(len(down), "its", "their"))
 	}

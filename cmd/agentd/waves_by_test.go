@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/registry/registrytest"
@@ -97,7 +98,7 @@ func TestRolloutSuccessThreshold(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := v.Record.End; e == nil || e.State != rollout.Done || !strings.Contains(e.Reason, "1 host failed, within --success-threshold 50%: h3") {
+	if e := v.Record.End; e == nil || e.State != rollout.Done || !strings.Contains(e.Reason, "1 host failed: h3 (within --success-threshold 50%)") {
 		t.Fatalf("rollout ended %+v: want done naming h3", e)
 	}
 	if p := v.Progress["h3"]; p == nil || p.State != rollout.HostFailed {
@@ -200,4 +201,38 @@ func TestRolloutBudgetByRack(t *testing.T) {
 		t.Errorf("record buckets %v %v: want h1 h3 in rack=r1, h2 h4 in rack=r2", r.Buckets, r.BucketNames)
 	}
 	t.Logf("stops %v\nstarts %v\n%d cross-rack overlaps", stops, starts, parallel)
+}
+
+// --success-threshold with a host whose agent is down: the rollout does
+// not wait for it, counts it as not healthy, and ends done naming it; the
+// host takes the change when its agent returns.
+func TestRolloutSuccessThresholdCountsADownHost(t *testing.T) {
+	t.Parallel()
+	f := labelledFleet(t, "rack=r1", "rack=r1", "rack=r1")
+	policy := "HealthySec=0.3"
+	f.put(f.unit("/bin/sleep 1000", policy), 0)
+	down := f.hosts[2] // h3
+	down.agent.stop(t)
+	next := f.unit("/bin/sleep 1001", policy)
+	out := f.put(next, 0, "--success-threshold", "60%", "--timeout", "30s")
+	id := rolloutID(t, out)
+	if !strings.Contains(out, "warning: h3 of group web has no live agent: until it is back, it counts as not healthy (--success-threshold 60%)") {
+		t.Errorf("put: want h3 named down:\n%s", out)
+	}
+	v, err := f.reg.Rollout(context.Background(), id, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := v.Record.End; e == nil || e.State != rollout.Done || !strings.Contains(e.Reason, "1 host had no live agent and did not take it: h3 (within --success-threshold 60%)") {
+		t.Fatalf("rollout ended %+v: want done naming h3", e)
+	}
+	st, code := f.hosts[0].cli("rollout", "status", id)
+	if !strings.Contains(st, "h3 (wave 1): pending — no live agent") {
+		t.Errorf("rollout status: exit %d, want h3 named:\n%s", code, st)
+	}
+	// Back: h3's agent runs the new version (the rollout ended done, so
+	// the group's keys are what every host runs).
+	down.startAgentOn([]string{f.endpoint}, func(o *runOptions) { o.labels = []string{"rack=r1"} })
+	f.waitRolledOut(next, 30*time.Second)
+	t.Logf("put said:\n%s\nstatus:\n%s", out, st)
 }

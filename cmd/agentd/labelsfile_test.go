@@ -244,3 +244,41 @@ func TestLabelsFileWatch(t *testing.T) {
 	}
 	waitFor("dev")
 }
+
+// TestLabelsFileAtStart: the agent refuses to start (exit 2) on a labels
+// file it would refuse at run time, naming the line; AGENTD_LABELS_FILE
+// (e.g. from /etc/default/agentd) sets the file; "" reads none.
+func TestLabelsFileAtStart(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "labels")
+	for _, tc := range []struct{ name, file, want string }{
+		{"bad line", "env=prod\n\nenv prod\n", path + `:3: "env prod": want KEY=VALUE; the agent does not start`},
+		{"fact", "os.id=debian\n", path + ":1: label os.id is the host's own fact"},
+		{"both ways", "rack=r2\n", "label rack is given both with --label (rack=r1) and in " + path + " (rack=r2): give it in one place"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.WriteFile(path, []byte(tc.file), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			o := &runOptions{host: "h1", groups: []string{"all"}, unitDir: dir, stateDir: dir, logLevel: "info", logOut: t.Output(),
+				labels: []string{"rack=r1"}, labelsFile: path}
+			err := runAgent(t.Context(), o)
+			var ce *codeError
+			if err == nil || !asCode(err, &ce) || ce.code != exitUsage || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("runAgent: %v; want exit %d and %q", err, exitUsage, tc.want)
+			}
+		})
+	}
+
+	cmd := newRunCmd()
+	if fl := cmd.Flags().Lookup("labels-file"); fl.DefValue != defaultLabelsFile {
+		t.Errorf("--labels-file defaults to %q, want %q", fl.DefValue, defaultLabelsFile)
+	}
+	if err := applyEnvVars(cmd.Flags(), map[string]string{"AGENTD_LABELS_FILE": path}); err != nil {
+		t.Fatal(err)
+	}
+	if got := cmd.Flags().Lookup("labels-file").Value.String(); got != path {
+		t.Errorf("AGENTD_LABELS_FILE in the env file set --labels-file to %q, want %q", got, path)
+	}
+}

@@ -19,9 +19,10 @@ import (
 )
 
 // An agent publishes labels with its membership (reconcile.Member.Labels):
-// those the operator gives (agentd run --label K=V, AGENTD_LABEL) and the
-// facts it reads off its host (factKeys). `agentd hosts --selector` picks
-// hosts by them.
+// those the operator gives (agentd run --label K=V, AGENTD_LABEL, and the
+// labels file, labelsfile.go) and the facts it reads off its host
+// (factKeys). `agentd hosts --selector` picks hosts by them; currentLabels
+// holds them as they stand.
 
 // The facts: labels an agent reads off its host. A given label may not
 // carry one of their keys.

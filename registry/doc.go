@@ -13,7 +13,7 @@
 //	                                  <pool> the unit, or "<unit>,<key>=<value>"
 //	                                  per label value with MaxUnavailableBy=:
 //	                                  PoolName);
-//	                                  <unit> "reboot" and <host> "fleetlock:<id>" for
+//	                                  <pool> "reboot" and <host> "fleetlock:<id>" for
 //	                                  a reboot's slots (reboot.go), bound to a
 //	                                  lease of their own with a TTL
 //	<p>/halts/groups/<g>/<unit>       JSON reconcile.Halt: a host failed this

@@ -3,7 +3,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -155,4 +157,44 @@ func TestMaxUnavailableByRack(t *testing.T) {
 	}
 	t.Logf("within a rack: never two at once; across racks: %v; put --wait took %s (a rack after the other would take over %gs)",
 		across, took.Round(100*time.Millisecond), 4*healthy)
+}
+
+// The FleetLock server of an agent with --label rack=r1 takes a reboot's
+// slots in rack r1's queues (the agent's own labels, read through
+// labelsNow), and a refusal names the rack.
+func TestFleetLockRebootInOwnRack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.groups = []string{"web"}
+	flAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	e.startAgentOn([]string{e.endpoint}, func(o *runOptions) {
+		o.fleetLockAddr, o.fleetLockTTL, o.labels = flAddr, time.Hour, []string{"rack=r1"}
+	})
+	waitJoined(t, e)
+	app := "[Service]\nType=exec\nExecStart=/bin/sleep 1000\n[X-Agentd]\nMaxUnavailable=1\nMaxUnavailableBy=rack\nState=stopped\n"
+	if out, code := e.cli("unit", "put", e.writeUnit("app.service", app), "--group", "web"); code != 0 {
+		t.Fatalf("unit put: exit %d\n%s", code, out)
+	}
+	const a, b = "c988d2509fdf4cdcbed39037c56406fb", "e0f3745b108f471cbd4883c6fbed8cdd"
+	if status, kind, _ := fleetLockCall(t, flAddr, "pre-reboot", a, "web"); status != http.StatusOK {
+		t.Fatalf("pre-reboot: %d %s", status, kind)
+	}
+	slots, err := e.reg.Slots(t.Context(), "groups/web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, s := range slots {
+		got = append(got, s.Pool+" "+s.Bucket.String()+" "+s.Holder)
+	}
+	if want := []string{"app.service rack=r1 fleetlock:" + a, "reboot rack=r1 fleetlock:" + a}; !slices.Equal(got, want) {
+		t.Errorf("slots: %q, want %q", got, want)
+	}
+	status, kind, value := fleetLockCall(t, flAddr, "pre-reboot", b, "web")
+	if status != http.StatusConflict || kind != "failed_lock_semaphore_full" || !strings.Contains(value, "group web, rack=r1: ") {
+		t.Errorf("a second reboot in rack r1: %d %s %s", status, kind, value)
+	}
+	if status, kind, _ := fleetLockCall(t, flAddr, "steady-state", a, "web"); status != http.StatusOK {
+		t.Fatalf("steady-state: %d %s", status, kind)
+	}
 }

@@ -456,3 +456,24 @@ func (c *Client) Coordinator(ctx context.Context, group string) (string, error) 
 }
 
 var _ rollout.Term = (*Coordination)(nil)
+
+// ReadFollowed reads the summary of the rollout ref names, which a
+// rollout of this group follows (--after): its phase, or why it could not
+// be read. Only the summary: an agent's role reads every group's
+// summaries, not their records (which hold unit content).
+func (co *Coordination) ReadFollowed(ctx context.Context, ref rollout.Ref) rollout.Followed {
+	rctx, cancel := co.c.reqCtx(ctx)
+	defer cancel()
+	resp, err := co.c.cli.Get(rctx, co.c.summaryKey(ref.Group, ref.ID))
+	if err != nil {
+		return rollout.Followed{Err: err.Error()}
+	}
+	if len(resp.Kvs) == 0 {
+		return rollout.Followed{}
+	}
+	var s rollout.Summary
+	if err := json.Unmarshal(resp.Kvs[0].Value, &s); err != nil {
+		return rollout.Followed{Err: "its summary does not decode: " + err.Error()}
+	}
+	return rollout.Followed{Phase: &s.Phase, At: s.At}
+}

@@ -153,6 +153,9 @@ type GroupView struct {
 	Progress map[string]*Progress
 	Admitted map[string]bool
 	Entries  []reconcile.Entry
+	// Follows is what the coordinator read of the rollout this one
+	// follows (--after; nil: not read).
+	Follows *Followed
 }
 
 // Decide is the coordinator's one decision about r at now. Pure. It ends
@@ -310,12 +313,16 @@ func (r *Record) lostWave(progress map[string]*Progress) int {
 
 // holding is the phase of a rollout that has not failed and is not done.
 func (r *Record) holding(g GroupView, w int, now time.Time) (Phase, []Offender, time.Time) {
-	// Held on purpose (a pause, the canary's promote, a gate): the
-	// progress deadline does not run, as the time nobody may move does
-	// not count against it.
-	switch {
-	case r.Paused:
+	// Held on purpose (a pause, another rollout to end first, the
+	// canary's promote, a gate): the progress deadline does not run, as
+	// the time nobody may move does not count against it.
+	if r.Paused {
 		return Phase{State: Paused, Wave: w, Reason: r.PauseReason}, nil, time.Time{}
+	}
+	if ph, wait := r.waitAfter(g, w); wait {
+		return ph, nil, now.Add(FollowEvery)
+	}
+	switch {
 	case w > 0 && r.Strategy.PauseAfterCanary && !r.Promoted:
 		return Phase{State: WaitingPromote, Wave: w, Reason: "the canary is healthy: `agentd rollout promote " + r.ID + "` sends the change on"}, nil, time.Time{}
 	case w > 0 && r.Strategy.Gated() && r.Gated < w:
@@ -328,6 +335,9 @@ func (r *Record) holding(g GroupView, w int, now time.Time) (Phase, []Offender, 
 	var due time.Time
 	if d := r.Strategy.ProgressDeadline; d > 0 {
 		last := r.lastMoved(latestHealthy(g.Progress))
+		if h := g.heldUntil(); h.After(last) {
+			last = h
+		}
 		due = last.Add(d + time.Millisecond)
 		if now.Sub(last) > d {
 			stuck, n := r.stuck(g, now)
@@ -454,36 +464,6 @@ func latestHealthy(progress map[string]*Progress) time.Time {
 		}
 	}
 	return last
-}
-
-// admit are the hosts of waves up to w not admitted yet, in order, as
-// many as --max-unavailable leaves room for (no bound when unset): a host
-// admitted and not yet healthy counts against it, so the bound holds
-// exactly with one coordinator and no group-wide guard.
-func (r *Record) admit(g GroupView, w int) []string {
-	room := len(r.Hosts)
-	if !r.Strategy.MaxUnavailable.IsZero() {
-		room = max(1, r.Strategy.MaxUnavailable.Of(len(r.Hosts)))
-		for _, h := range r.Hosts {
-			if g.Admitted[h] {
-				switch g.Progress[h].StateOf() {
-				case HostPending, HostApplying, HostSoaking, HostReverting:
-					room--
-				}
-			}
-		}
-	}
-	var out []string
-	for _, h := range r.Hosts[:r.WaveEnds[w]] {
-		if room <= 0 {
-			break
-		}
-		if !g.Admitted[h] && g.Progress[h].StateOf() == HostPending {
-			out = append(out, h)
-			room--
-		}
-	}
-	return out
 }
 
 // summarize counts r's hosts by state (admit: the hosts being admitted

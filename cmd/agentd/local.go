@@ -67,7 +67,7 @@ whether the labels file (agentd run --labels-file) is refused as it is now:
 			fmt.Fprintln(tw, "UNIT\tREGISTRY\tLOCAL\tSTATE\tLAST ACTION\tRESULT\tERROR")
 			for _, s := range r.Units {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%s\t%s\t%s\t%s\n", s.Unit, orDash(short(s.DesiredHash)), orDash(short(s.Hash)),
-					orDash(s.ActiveState), orDash(s.SubState), orDash(string(s.Action)), orDash(string(s.Result)), s.Error)
+					orDash(s.ActiveState), orDash(s.SubState), orDash(string(s.Action))+bucketSuffix(s.SlotBucket), orDash(string(s.Result)), s.Error)
 			}
 			if err := tw.Flush(); err != nil {
 				return err

@@ -342,15 +342,15 @@ func TestAgentUnderLeastPrivilegeRole(t *testing.T) {
 	// another group.
 	asA := dialRegistry(t, []string{ep}, registry.AgentRole("a"), "secret-of-a")
 	eventually(t, "a takes a reboot's slots in web with its own credentials", func() bool {
-		return asA.LockReboot(ctx, "web", "node-1", time.Minute) == nil // once a gave app.service's slot back
+		return asA.LockReboot(ctx, "web", "node-1", nil, time.Minute) == nil // once a gave app.service's slot back
 	})
-	if err := asA.LockReboot(ctx, "web", "node-1", time.Minute); err != nil {
+	if err := asA.LockReboot(ctx, "web", "node-1", nil, time.Minute); err != nil {
 		t.Errorf("a renews a reboot's slots in web: %v", err)
 	}
 	if n, err := asA.UnlockReboot(ctx, "web", "node-1"); err != nil || n != 2 {
 		t.Errorf("a gives a reboot's slots in web back: %d keys, %v; want 2 (app.service, reboot)", n, err)
 	}
-	if err := asA.LockReboot(ctx, "db", "node-1", time.Minute); !isDenied(err) {
+	if err := asA.LockReboot(ctx, "db", "node-1", nil, time.Minute); !isDenied(err) {
 		t.Errorf("a takes a reboot's slots in db: %v, want permission denied", err)
 	}
 

@@ -643,7 +643,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 		Reporter:          r.reporter,
 		Facts:             sessionFacts{r.reporter},
 		Coordinator:       sessionCoordinator{r.reporter},
-		Labels:            o.labelsNow, // MaxUnavailableBy= buckets
+		Labels:            o.labelsNow.Get, // MaxUnavailableBy= buckets: the labels now, at every pass
 		Confirmer:         sessionConfirmer{r.reporter},
 		Log:               log,
 		Observer:          multiObserver{svc, met, quiet, r.rollouts},
@@ -711,7 +711,7 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	if r.fleetLockLn != nil {
 		met.FleetLockServing()
 		h := fleetlock.Handler(fleetlock.Config{
-			Slots: sessionSlots{r.reporter}, TTL: o.fleetLockTTL, Groups: o.groups, Labels: o.labelsNow,
+			Slots: sessionSlots{r.reporter}, TTL: o.fleetLockTTL, Groups: o.groups, Labels: o.labelsNow.Get,
 			Log: log.With("component", "fleetlock"), Observe: met.FleetLockRequest,
 		})
 		wg.Go(func() { fail(fleetlock.Serve(ctx, r.fleetLockLn, h)) })

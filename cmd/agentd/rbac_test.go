@@ -69,6 +69,7 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 		"etcdctl role grant-permission agentd-host-h1 readwrite /agentd/facts/h1",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/hosts/h1/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/rollouts/hosts/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/rollouts/summary/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/mirror/holds/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/selectors/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/groups/db/",
@@ -116,7 +117,7 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 			Prefix          bool
 		}
 	}
-	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 24 ||
+	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 25 ||
 		v.Permissions[2].Key != "/agentd/agents/h1" || v.Permissions[2].Permission != "readwrite" || v.Permissions[2].Prefix {
 		t.Fatalf("--json: exit %d, %v\n%s", code, err, out)
 	}

@@ -39,6 +39,27 @@ type StatusReply struct {
 	// agent sees them (a Backend that is a RolloutLister); an agent
 	// older than them leaves the field out.
 	Rollouts []RolloutInfo `json:"rollouts,omitempty"`
+	// Labels are the host's labels as the agent publishes them now (a
+	// Backend that is a LabelsReporter); an agent older than them leaves
+	// the field out.
+	Labels *LabelsInfo `json:"labels,omitempty"`
+}
+
+// LabelsReporter is what a Backend may also tell: the host's labels.
+type LabelsReporter interface {
+	Labels() *LabelsInfo
+}
+
+// LabelsInfo is the host's labels: those given (agentd run --label, the
+// labels file) and its facts, and whether the labels file as it is now is
+// refused (the agent then keeps the labels it had).
+type LabelsInfo struct {
+	Labels map[string]string `json:"labels"`
+	// File is the labels file ("": none).
+	File string `json:"file,omitempty"`
+	// FileRefused says why the file as it is now is refused ("": it is
+	// not): Labels are those from before its change.
+	FileRefused string `json:"fileRefused,omitempty"`
 }
 
 // RolloutLister is what a Backend may also tell: the rollouts running now.
@@ -135,6 +156,9 @@ func Serve(ctx context.Context, path, host string, b Backend) error {
 		reply := StatusReply{Host: host, Revision: rev, Units: st}
 		if rl, ok := b.(RolloutLister); ok {
 			reply.Rollouts = rl.Rollouts()
+		}
+		if lr, ok := b.(LabelsReporter); ok {
+			reply.Labels = lr.Labels()
 		}
 		writeJSON(w, reply)
 	})

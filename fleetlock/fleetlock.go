@@ -1,7 +1,8 @@
 // Package fleetlock serves the FleetLock protocol — the reboot manager
 // Zincati's fleet_lock update strategy talks to, also spoken by other
 // reboot coordinators — on agentd's MaxUnavailable= slots, so that a
-// machine's reboot and an agent's restart draw from one budget per group.
+// machine's reboot and an agent's restart draw from one budget per group,
+// or per rack where the group's units budget by label (MaxUnavailableBy=).
 //
 // The protocol, as Zincati's documentation defines it
 // (https://coreos.github.io/zincati/development/fleetlock/protocol/):
@@ -21,9 +22,25 @@
 // MaxUnavailable=, with that limit, and one of the group's reboot pool,
 // whose limit is the smallest MaxUnavailable= of the group's units, or 1
 // when none sets one. A request that is refused for its input takes no
-// slot. The state lives in etcd: any agent of the group can answer, and a
-// holder that never says steady-state is freed when its lease's TTL runs
-// out.
+// slot. The state lives in etcd, and a holder that never says steady-state
+// is freed when its lease's TTL runs out.
+//
+// Budgets by label: a unit with [X-Agentd] MaxUnavailableBy=KEY has one
+// queue per value of the host label KEY (rack=r1, rack=r2, and one for
+// the hosts without it), and its agents restart it in the queue of their
+// own rack. A reboot takes its slot in the queue of the rebooting
+// machine's rack — and the server knows no machine but its own: the
+// FleetLock protocol says only a client id and a group, so the bucket is
+// the serving agent's own labels (Config.Labels). That is right for the
+// way Zincati is meant to be set up — each machine's client talks to the
+// agent on the same machine, base_url on loopback — and keeps "a machine's
+// reboot and its agent's restarts draw from one budget" true per rack. A
+// client that asks another machine's agent draws from that machine's rack:
+// with budgets by label, point every client at its own agent. The group's
+// reboot pool is by KEY too when every unit of the group that sets
+// MaxUnavailable= sets MaxUnavailableBy=KEY (registry.LockReboot). When
+// the serving agent's labels change, a client already holding slots keeps
+// them; its next pre-reboot takes what it lacks in the new bucket.
 //
 // The server has no authentication (Zincati sends none): anyone who can
 // reach it can take or free any slot of the groups it serves. Bind it to
@@ -83,7 +100,9 @@ var groupRE = regexp.MustCompile(`^[a-zA-Z0-9.-]+$`)
 // Slots is the registry's side: *registry.Client, or the agent's current
 // registry connection.
 type Slots interface {
-	LockReboot(ctx context.Context, group, id string, ttl time.Duration) error
+	// LockReboot takes the client's reboot slots, each pool by label in
+	// the bucket of labels (the rebooting machine's).
+	LockReboot(ctx context.Context, group, id string, labels map[string]string, ttl time.Duration) error
 	UnlockReboot(ctx context.Context, group, id string) (int, error)
 }
 
@@ -96,6 +115,11 @@ type Config struct {
 	// Groups are the groups served (the agent's --group); any other is
 	// refused with KindUnknownGroup.
 	Groups []string
+	// Labels returns the serving agent's labels, asked at each
+	// pre-reboot: a pool by label (MaxUnavailableBy=) is taken in their
+	// bucket (see the package doc). nil: no labels — the bucket of the
+	// hosts without the label.
+	Labels func() map[string]string
 	Log    *slog.Logger
 	// Observe, if set, is told the endpoint ("pre-reboot", "steady-state",
 	// "other") and result ("ok" or the error kind) of every request.
@@ -243,7 +267,11 @@ func (s *server) parse(w http.ResponseWriter, r *http.Request) (ClientParams, *r
 
 // preReboot takes the client's reboot slots.
 func (s *server) preReboot(ctx context.Context, p ClientParams) *rejection {
-	err := s.cfg.Slots.LockReboot(ctx, p.Group, p.ID, s.cfg.TTL)
+	var labels map[string]string
+	if s.cfg.Labels != nil {
+		labels = s.cfg.Labels()
+	}
+	err := s.cfg.Slots.LockReboot(ctx, p.Group, p.ID, labels, s.cfg.TTL)
 	var full *registry.SlotsFullError
 	switch {
 	case err == nil:

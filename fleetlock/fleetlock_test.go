@@ -208,7 +208,7 @@ func TestPreRebootAndSteadyState(t *testing.T) {
 	var release func(context.Context) error
 	go func() {
 		var err error
-		release, err = h1.Acquire(t.Context(), "groups/web", "app.service", "hash-2", 1)
+		release, err = h1.Acquire(t.Context(), "groups/web", reconcile.Bucket{}, "app.service", "hash-2", 1)
 		got <- err
 	}()
 	select {

@@ -118,6 +118,8 @@ func TestParseRollout(t *testing.T) {
 		{"canary\n", "key = value"},
 		{"waves_by = \"rack\"\nsuccess_threshold = \"90%\"\n", ""},
 		{"waves_by = \"zone=a,b,c\"\n", ""},
+		{"max_unavailable = 1\nbudget_by = \"rack\"\n", ""},
+		{"budget_by = \"rack\"\n", "needs --max-unavailable"},
 		{"waves_by = rack\n", "quoted"},
 		{"waves_by = \"zone=a,,b\"\n", "waves_by"},
 		{"success_threshold = \"0%\"\n", "success_threshold"},

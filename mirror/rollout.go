@@ -21,6 +21,7 @@ var rolloutKeys = map[string]string{
 	"pause_after_canary": "true or false",
 	"waves_by":           `a label key, or the key and the waves' order: "rack" or "zone=a,b,c"`,
 	"success_threshold":  `a percentage of a wave's hosts: "90%"`,
+	"budget_by":          `a label key: "rack" (max_unavailable is then a budget per rack)`,
 }
 
 // ParseRollout reads a group's rollout.toml: the options of `unit put
@@ -56,7 +57,7 @@ func ParseRollout(b []byte) (rollout.Strategy, error) {
 			continue
 		}
 		if _, known := rolloutKeys[k]; !known {
-			fail("unknown key %q (known: canary, max_unavailable, pause_after_canary, soak, success_threshold, waves, waves_by)", k)
+			fail("unknown key %q (known: budget_by, canary, max_unavailable, pause_after_canary, soak, success_threshold, waves, waves_by)", k)
 			continue
 		}
 		if first, dup := seen[k]; dup {
@@ -118,6 +119,12 @@ func setRollout(s *rollout.Strategy, k, v string) error {
 			return fmt.Errorf("%s is not true or false", v)
 		}
 		s.PauseAfterCanary = v == "true"
+	case "budget_by":
+		str, err := unquote(v)
+		if err != nil {
+			return err
+		}
+		s.BudgetBy = strings.TrimSpace(str) // checked by Validate
 	case "waves_by", "success_threshold":
 		str, err := unquote(v)
 		if err != nil {

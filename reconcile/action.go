@@ -118,6 +118,10 @@ type Action struct {
 	// Scope is the registry target the content came from when it is a
 	// group ("groups/web"): MaxUnavailable slots and halts are per scope.
 	Scope string
+	// Bucket is the label bucket of the unit's MaxUnavailable slot in
+	// Scope (MaxUnavailableBy=, with this host's value of the label);
+	// zero without MaxUnavailableBy=. Halts stay per Scope.
+	Bucket Bucket
 	// Hash is the desired unit file hash (the template's for an instance).
 	Hash string
 }
@@ -353,6 +357,10 @@ type Fleet struct {
 	Slots map[string]string
 	// Halts are the halted rollouts of this host's groups, by unit.
 	Halts map[string]Halt
+	// Labels are this host's labels as it publishes them
+	// (Member.Labels): a MaxUnavailableBy= slot is taken in the bucket
+	// of this host's value (BucketOf). nil: none.
+	Labels map[string]string
 }
 
 // Refusal remembers content systemd would not load.

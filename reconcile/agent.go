@@ -26,6 +26,13 @@ type Config struct {
 	Coordinator Coordinator
 	// Host is this agent's host name (for halt records).
 	Host string
+	// Labels returns this host's labels as it publishes them
+	// (Member.Labels), read at every pass: a unit with MaxUnavailableBy=
+	// takes its slot in the bucket of this host's value (Bucket). It is
+	// the one way the agent reads its labels, so that labels changed at
+	// run time are used from the next pass; it must be safe to call from
+	// the loop. nil: no labels (every such unit in its "(no KEY)" bucket).
+	Labels func() map[string]string
 	// Prober runs the [X-Agentd] health probes (probe.Runner); nil: every
 	// probe fails, saying no prober is configured.
 	Prober Prober

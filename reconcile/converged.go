@@ -166,6 +166,9 @@ func (e Expectation) Assess(r HostReport, live func() bool) (Progress, string) {
 	}
 	switch st.Action {
 	case ActionWaitSlot:
+		if st.SlotBucket != "" {
+			return ProgressSlot, "MaxUnavailable, " + st.SlotBucket
+		}
 		return ProgressSlot, "MaxUnavailable"
 	case ActionHeld:
 		return ProgressHeld, HeldReason(st)

@@ -105,7 +105,7 @@ func Plan(desired map[string]*DesiredUnit, cur Current) []Action {
 		// wait for it too while instances run: the template set is the unit
 		// of rollout.
 		if (a.Kind.Disruptive() || templateChangeDisrupts(a, cur)) && a.Policy.SlotLimit > 0 && a.Scope != "" && cur.Fleet.Slots[SlotKey(name)] == "" {
-			a = waiting(a, WaitSlot, fmt.Sprintf("waiting for a rollout slot (MaxUnavailable=%d in %s) to %s", a.Policy.SlotLimit, a.Scope, a.Reason))
+			a = waiting(a, WaitSlot, fmt.Sprintf("waiting for a rollout slot (%s) to %s", a.Bucket.budget(a.Policy.SlotLimit, a.Scope), a.Reason))
 		}
 		out = append(out, a)
 	}
@@ -158,9 +158,10 @@ func templateChangeDisrupts(a Action, cur Current) bool {
 
 // SlotNeed is a MaxUnavailable slot this host needs now.
 type SlotNeed struct {
-	Scope string
-	Hash  string
-	Limit int
+	Scope  string
+	Bucket Bucket // MaxUnavailableBy=: the label bucket of Scope's semaphore
+	Hash   string
+	Limit  int
 }
 
 // SlotsNeeded is level-triggered slot accounting: the slots (by SlotKey)
@@ -177,7 +178,7 @@ func SlotsNeeded(plan []Action, cur Current) map[string]SlotNeed {
 		_, inflight := cur.Memory.Jobs[a.Unit]
 		confirming := cur.Memory.Records[a.Unit].Confirming != "" // ConfirmSec=: not done until confirmed
 		if a.Gate.On == WaitSlot || a.Kind.Disruptive() || inflight || cur.Memory.Verifying[a.Unit] || confirming {
-			need[SlotKey(a.Unit)] = SlotNeed{Scope: a.Scope, Hash: a.Hash, Limit: a.Policy.SlotLimit}
+			need[SlotKey(a.Unit)] = SlotNeed{Scope: a.Scope, Bucket: a.Bucket, Hash: a.Hash, Limit: a.Policy.SlotLimit}
 		}
 	}
 	return need

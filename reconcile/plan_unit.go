@@ -135,6 +135,9 @@ func planEffective(a *Action, d *DesiredUnit, desired map[string]*DesiredUnit, c
 	}
 	a.Policy = p
 	a.Scope = scopeOf(d, desired)
+	if a.Scope != "" && p.SlotLimit > 0 {
+		a.Bucket = BucketOf(p.SlotBy, cur.Fleet.Labels)
+	}
 	a.Hash = d.Hash()
 	if d.File == nil && IsInstance(name) {
 		if t := desired[TemplateOf(name)]; t != nil {

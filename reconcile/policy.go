@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/coreos/go-systemd/v22/unit"
+
+	"github.com/agentd/agentd/selector"
 )
 
 // RunState is the [X-Agentd] State= key: what the agent keeps the unit doing.
@@ -45,6 +47,12 @@ type Policy struct {
 	// rollout's MaxUnavailable (rollout.Strategy), how many hosts a
 	// progressive rollout admits at once. 0: unset.
 	SlotLimit int
+	// SlotBy is [X-Agentd] MaxUnavailableBy=: a host label key (valid by
+	// selector.ValidateKey) that splits the semaphore into one per value
+	// of the label (Bucket, BucketOf): at most SlotLimit hosts of each
+	// rack at once, racks in parallel. "": one semaphore for the scope.
+	// Set only with SlotLimit.
+	SlotBy string
 	// Confirm is ConfirmSec=: after the agent applies a change of the unit,
 	// it must prove within this span that it still reaches its control
 	// plane (Config.Confirmer), else it puts the previous version back
@@ -140,6 +148,8 @@ func ParsePolicy(content []byte) (Policy, error) {
 				if err != nil || p.SlotLimit < 1 {
 					err = fmt.Errorf("bad MaxUnavailable=%s: want an integer ≥ 1", val)
 				}
+			case "MaxUnavailableBy":
+				p.SlotBy, err = parseSlotBy(val)
 			case "RestartTriggers":
 				p.RestartTriggers, err = parseTriggers(p.RestartTriggers, key, val)
 			case "ReloadTriggers":
@@ -152,7 +162,7 @@ func ParsePolicy(content []byte) (Policy, error) {
 				case strings.HasPrefix(key, "Health"):
 					err = fmt.Errorf("unknown key %s= (the health keys are HealthySec and the probes' %s)", key, probeKeys)
 				default:
-					err = fmt.Errorf("unknown key %s= (known: State, Enable, OnChange, Rollback, HealthySec, ConfirmSec, MaxUnavailable, RestartTriggers, ReloadTriggers, %s)", key, probeKeys)
+					err = fmt.Errorf("unknown key %s= (known: State, Enable, OnChange, Rollback, HealthySec, ConfirmSec, MaxUnavailable, MaxUnavailableBy, RestartTriggers, ReloadTriggers, %s)", key, probeKeys)
 				}
 			}
 			if err != nil {
@@ -161,6 +171,9 @@ func ParsePolicy(content []byte) (Policy, error) {
 		}
 	}
 	errs = append(errs, checkProbes(p.Probe, p.State)...)
+	if p.SlotBy != "" && p.SlotLimit == 0 {
+		errs = append(errs, fmt.Sprintf("MaxUnavailableBy=%s needs MaxUnavailable=: it says how many hosts of each %s may restart the unit at once (e.g. MaxUnavailable=1)", p.SlotBy, p.SlotBy))
+	}
 	if p.Confirm > 0 && p.State != StateStarted {
 		errs = append(errs, "ConfirmSec= needs State=started: an unconfirmed change is put back with a restart")
 	}
@@ -174,6 +187,18 @@ func ParsePolicy(content []byte) (Policy, error) {
 		p.Enable = p.HasInstall && p.State == StateStarted
 	}
 	return p, nil
+}
+
+// parseSlotBy reads MaxUnavailableBy=: one host label key, by the rules of
+// the labels agents publish (selector.ValidateKey).
+func parseSlotBy(val string) (string, error) {
+	if val == "" {
+		return "", errors.New("bad MaxUnavailableBy=: want a host label key such as rack (agentd run --label rack=r1)")
+	}
+	if err := selector.ValidateKey(val); err != nil {
+		return "", fmt.Errorf("bad MaxUnavailableBy=%s: %w", val, err)
+	}
+	return val, nil
 }
 
 // parseTriggers reads a list of config file paths as systemd reads a list

@@ -98,7 +98,7 @@ func TestParsePolicyTable(t *testing.T) {
 			want: Policy{State: StatePresent, OnChange: "auto", Rollback: true, Healthy: 5 * time.Second}},
 		{name: "MaxUnavailable 0", content: "[X-Agentd]\nMaxUnavailable=0\n", errLike: "bad MaxUnavailable=0"},
 		{name: "unknown key", content: "[X-Agentd]\nFoo=1\n", errLike: "unknown key Foo="},
-		{name: "all errors listed", content: "[X-Agentd]\nStat=stopped\nOnChange=bounce\n", errLike: "unknown key Stat= (known: State, Enable, OnChange, Rollback, HealthySec, ConfirmSec, MaxUnavailable, RestartTriggers, ReloadTriggers, HealthCmd, HealthURL, HealthURLStatus, HealthTCP, HealthIntervalSec, HealthTimeoutSec, HealthRetries); bad OnChange=bounce"},
+		{name: "all errors listed", content: "[X-Agentd]\nStat=stopped\nOnChange=bounce\n", errLike: "unknown key Stat= (known: State, Enable, OnChange, Rollback, HealthySec, ConfirmSec, MaxUnavailable, MaxUnavailableBy, RestartTriggers, ReloadTriggers, HealthCmd, HealthURL, HealthURLStatus, HealthTCP, HealthIntervalSec, HealthTimeoutSec, HealthRetries); bad OnChange=bounce"},
 
 		// go-systemd refuses these; systemd loads them.
 		{name: "long line, no policy", content: policySvc + longLine, want: def},

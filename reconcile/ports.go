@@ -168,11 +168,13 @@ type Manifest interface {
 // lease-bound MaxUnavailable slots and rollout halts.
 type Coordinator interface {
 	// Acquire blocks until this host holds one of limit slots of
-	// (scope, unit), FIFO; release gives it back.
-	Acquire(ctx context.Context, scope, unit, hash string, limit int) (release func(context.Context) error, err error)
+	// (scope, bucket, unit), FIFO; release gives it back. The zero
+	// bucket is the semaphore of the whole scope; a MaxUnavailableBy=
+	// bucket one per label value (Bucket).
+	Acquire(ctx context.Context, scope string, bucket Bucket, unit, hash string, limit int) (release func(context.Context) error, err error)
 	// Holding reports whether the slot is still held (the lease may have
 	// been lost): checked by every pass that could act on it.
-	Holding(ctx context.Context, scope, unit string) (bool, error)
+	Holding(ctx context.Context, scope string, bucket Bucket, unit string) (bool, error)
 	// Halt records that this host failed a version, stopping the rollout.
 	Halt(ctx context.Context, h Halt) error
 }

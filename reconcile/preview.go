@@ -26,12 +26,14 @@ const (
 // meant for it with its groups' halts (as its agent reads them), the
 // statuses it publishes, and the facts it publishes (nil when it
 // publishes none: an agent older than them, or one that has not finished
-// its first pass).
+// its first pass). Labels are the labels it publishes (Member.Labels):
+// a MaxUnavailableBy= slot is named by its bucket.
 type HostView struct {
 	Host     string
 	Snapshot Snapshot
 	Statuses map[string]Status
 	Facts    *Facts
+	Labels   map[string]string
 }
 
 // Put is a change to preview: unit keys (key suffix → content; empty for
@@ -79,8 +81,9 @@ func (p Prediction) Refuses() bool { return p.Do == DoBlocked }
 //   - Whether systemd will load new content: a refusal is known once the
 //     host has met it (its facts), not before.
 //   - MaxUnavailable= slots: a disruptive step is shown as it will run,
-//     with the slot it waits for named; when it gets it depends on the
-//     other hosts.
+//     with the slot it waits for named (with MaxUnavailableBy=, its
+//     bucket by the host's published labels); when it gets it depends on
+//     the other hosts.
 //   - Health: a new version that fails is rolled back, which no preview
 //     can tell.
 func Preview(v HostView, put Put) []Prediction {
@@ -107,6 +110,7 @@ func Preview(v HostView, put Put) []Prediction {
 	next.Halts = put.Halts
 	desired := Desire(next)
 	cur := hostCurrent(old, desired, v.Statuses, next.Halts, v.Facts)
+	cur.Fleet.Labels = v.Labels
 	actions := map[string]Action{}
 	for _, a := range Plan(desired, cur) {
 		actions[a.Unit] = a
@@ -166,7 +170,7 @@ func Preview(v HostView, put Put) []Prediction {
 			}
 		}
 		if ok && a.Policy.SlotLimit > 0 && a.Scope != "" && (a.Kind.Disruptive() || isRollingWait(a)) {
-			p.Reason += fmt.Sprintf(" (after a rollout slot: MaxUnavailable=%d in %s)", a.Policy.SlotLimit, a.Scope)
+			p.Reason += " (after a rollout slot: " + a.Bucket.budget(a.Policy.SlotLimit, a.Scope) + ")"
 		}
 		if st, ok := v.Statuses[u]; ok && p.Do != DoNothing && p.Do != DoBlocked && p.Do != DoHeld && st.Hash != st.DesiredHash && !IsInstance(u) {
 			p.Reason += " (the host has not converged on the registry's current content; what its file holds now is compared against nothing)"

@@ -23,9 +23,11 @@ type slotTable struct {
 	wg    sync.WaitGroup
 }
 
-// slot is this host's place in one (scope, unit) MaxUnavailable semaphore.
+// slot is this host's place in one (scope, bucket, unit) MaxUnavailable
+// semaphore.
 type slot struct {
 	scope, hash string
+	bucket      Bucket // MaxUnavailableBy=: this host's label bucket; zero: the whole scope
 	limit       int
 	waiting     bool
 	held        bool
@@ -91,14 +93,14 @@ func (t *slotTable) recheck(ctx context.Context, failures []judged, desired map[
 // ensure queues this host for unit's slot unless it already holds or
 // waits for it. Acquire blocks, so it runs in a goroutine the agent owns;
 // when it returns the loop is poked and the next pass acts.
-func (t *slotTable) ensure(ctx context.Context, unit, scope, hash string, limit int) {
+func (t *slotTable) ensure(ctx context.Context, unit string, n SlotNeed) {
 	if t.coord == nil {
 		return
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s := t.slots[unit]; s != nil {
-		if s.scope == scope && (s.held || s.waiting) {
+		if s.scope == n.Scope && s.bucket == n.Bucket && (s.held || s.waiting) {
 			return
 		}
 		if s.err != nil && time.Now().Before(s.retryAt) {
@@ -106,18 +108,27 @@ func (t *slotTable) ensure(ctx context.Context, unit, scope, hash string, limit 
 		}
 	}
 	wctx, cancel := context.WithCancel(ctx)
-	s := &slot{scope: scope, hash: hash, limit: limit, waiting: true, cancel: cancel}
+	s := &slot{scope: n.Scope, bucket: n.Bucket, hash: n.Hash, limit: n.Limit, waiting: true, cancel: cancel}
 	t.slots[unit] = s
-	t.log.Info("waiting for a rollout slot", "unit", unit, "scope", scope, "max_unavailable", limit, "action", "wait")
+	log := t.log.With("unit", unit, "scope", n.Scope, "max_unavailable", n.Limit)
+	switch b := n.Bucket; {
+	case b.Key == "":
+		log.Info("waiting for a rollout slot", "action", "wait")
+	case b.Labelled():
+		log.Info("waiting for a rollout slot of "+b.String(), "bucket", b.String(), "action", "wait")
+	default:
+		log.Info("waiting for a rollout slot of "+b.String()+": this host has no "+b.Key+" label, so it shares one budget with every host of the group without one",
+			"bucket", b.String(), "action", "wait")
+	}
 	t.wg.Go(func() {
 		defer cancel()
-		release, err := t.coord.Acquire(wctx, scope, unit, hash, limit)
+		release, err := t.coord.Acquire(wctx, n.Scope, n.Bucket, unit, n.Hash, n.Limit)
 		t.mu.Lock()
 		current := t.slots[unit] == s
 		if current {
 			s.waiting = false
 			if err != nil {
-				s.err = fmt.Errorf("waiting for a MaxUnavailable slot: %w", err)
+				s.err = fmt.Errorf("waiting for a MaxUnavailable slot%s: %w", of(n.Bucket), err)
 				s.retryAt = time.Now().Add(2 * time.Second)
 			} else {
 				s.held, s.release, s.err = true, release, nil
@@ -143,19 +154,19 @@ func (t *slotTable) check(ctx context.Context) (lost bool) {
 		return false
 	}
 	t.mu.Lock()
-	held := map[string]string{}
+	held := map[string]*slot{}
 	for u, s := range t.slots {
 		if s.held {
-			held[u] = s.scope
+			held[u] = s
 		}
 	}
 	t.mu.Unlock()
-	for unit, scope := range held {
-		ok, err := t.coord.Holding(ctx, scope, unit)
+	for unit, s := range held {
+		ok, err := t.coord.Holding(ctx, s.scope, s.bucket, unit)
 		if err != nil || !ok {
 			lost = true
 			t.drop(ctx, unit)
-			t.log.Warn("rollout slot lost; waiting again before any disruptive step", "unit", unit, "scope", scope, "err", err)
+			t.log.Warn("rollout slot"+of(s.bucket)+" lost; waiting again before any disruptive step", "unit", unit, "scope", s.scope, "err", err)
 		}
 	}
 	return lost
@@ -172,7 +183,9 @@ func (t *slotTable) sync(ctx context.Context, need map[string]SlotNeed) {
 	t.mu.Lock()
 	var drop []string
 	for key, s := range t.slots {
-		if n, ok := need[key]; !ok || n.Scope != s.scope {
+		// A changed bucket (the host's label changed) is another
+		// semaphore: the old slot is given back, the new one queued for.
+		if n, ok := need[key]; !ok || n.Scope != s.scope || n.Bucket != s.bucket {
 			drop = append(drop, key)
 		}
 	}
@@ -181,7 +194,7 @@ func (t *slotTable) sync(ctx context.Context, need map[string]SlotNeed) {
 		t.drop(ctx, key)
 	}
 	for key, n := range need {
-		t.ensure(ctx, key, n.Scope, n.Hash, n.Limit)
+		t.ensure(ctx, key, n)
 	}
 }
 
@@ -209,7 +222,16 @@ func (t *slotTable) drop(ctx context.Context, unit string) {
 			t.log.Warn("releasing rollout slot", "unit", unit, "err", err)
 		}
 	})
-	t.log.Info("released rollout slot", "unit", unit, "scope", s.scope)
+	t.log.Info("released rollout slot"+of(s.bucket), "unit", unit, "scope", s.scope)
+}
+
+// of names a slot's bucket in a message: " of rack=r1", or "" for a slot
+// of the whole scope.
+func of(b Bucket) string {
+	if b.Key == "" {
+		return ""
+	}
+	return " of " + b.String()
 }
 
 // halt records in the registry that this host failed a group's version of

@@ -111,7 +111,7 @@ func unitStatus(in statusInput) Status {
 		s.Action, s.Result = ActionWait, ResultWaiting
 		switch act.Gate.On {
 		case WaitSlot:
-			s.Action = ActionWaitSlot
+			s.Action, s.SlotBucket = ActionWaitSlot, act.Bucket.String()
 		case WaitHeld:
 			s.Action, s.Error = ActionHeld, act.Err
 		}

@@ -183,12 +183,17 @@ type Status struct {
 	// waits until every instance runs the new one.
 	RunsHash string `json:"runsHash,omitempty"`
 	// Job is the systemd job the agent is waiting on for this unit, if any.
-	Job       string     `json:"job,omitempty"`
-	Action    ActionWord `json:"action"`           // last action taken on this unit
-	Result    ResultWord `json:"result"`           // result of that action: done, failed, timeout, refused, ...
-	Error     string     `json:"error,omitempty"`  // why the unit is not converged, if it is not
-	Source    string     `json:"source,omitempty"` // registry key scope: "host" or "group:<name>"
-	UpdatedAt time.Time  `json:"updatedAt"`
+	Job    string     `json:"job,omitempty"`
+	Action ActionWord `json:"action"` // last action taken on this unit
+	// SlotBucket names, while Action is wait-slot, the label bucket of
+	// the MaxUnavailable= slot the unit waits for ([X-Agentd]
+	// MaxUnavailableBy=): "rack=r1", or "(no rack)" for a host without the
+	// label; empty for a slot of the whole group.
+	SlotBucket string     `json:"slotBucket,omitempty"`
+	Result     ResultWord `json:"result"`           // result of that action: done, failed, timeout, refused, ...
+	Error      string     `json:"error,omitempty"`  // why the unit is not converged, if it is not
+	Source     string     `json:"source,omitempty"` // registry key scope: "host" or "group:<name>"
+	UpdatedAt  time.Time  `json:"updatedAt"`
 }
 
 // Member is an agent's membership record at <prefix>/agents/<host>.

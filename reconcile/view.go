@@ -28,7 +28,10 @@ type view struct {
 	log   *slog.Logger
 	obs   Observer // told of drift
 	check bool     // Config.CheckFocus
-	roots []string // fileRoots(Files): never nil
+	// labels is Config.Labels (nil: none): the host's labels, for
+	// MaxUnavailableBy= buckets.
+	labels func() map[string]string
+	roots  []string // fileRoots(Files): never nil
 
 	cache cache // systemd's and the disk's state, re-read on change
 	focus focus // which units a round looks at, and their last actions
@@ -81,7 +84,7 @@ type memory struct {
 // and h, and telling pathsChanged which paths changed.
 func newView(cfg Config, mem remembered, h inbox, pathsChanged func(map[string]bool)) view {
 	return view{
-		sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log, obs: cfg.Observer, check: cfg.CheckFocus,
+		sd: cfg.Systemd, files: cfg.Files, man: cfg.Manifest, log: cfg.Log, obs: cfg.Observer, check: cfg.CheckFocus, labels: cfg.Labels,
 		roots: fileRoots(cfg.Files),
 		cache: newCache(cfg.Systemd, cfg.Files, cfg.Log), focus: newFocus(), mem: memory{drifted: map[string]string{}},
 		rem: mem, handoff: h, pathsChanged: pathsChanged,
@@ -480,6 +483,9 @@ func (v *view) remember(cur *Current, units map[string]bool) {
 	cur.Memory.Started = v.rem.started()
 	cur.Memory.Intent = Intent{Reload: v.rem.intent().Reload, Jobs: maps.Clone(v.rem.intent().Jobs)}
 	cur.Fleet.Slots = v.rem.slotsHeld()
+	if v.labels != nil {
+		cur.Fleet.Labels = v.labels()
+	}
 	v.rememberInFlight(cur)
 	// Content of the versions units run and ran before, for classifying a
 	// change and for rolling back.

@@ -261,7 +261,10 @@ type groupState struct {
 	progress  map[string]map[string]*rollout.Progress // ID → host
 	admitted  map[string]map[string]bool              // ID → host
 	entries   map[string]reconcile.Entry              // by key
-	rev       int64
+	// candidates are the group's election keys, each the host of a live
+	// agent (its lease holds it): which hosts are up.
+	candidates map[string]string
+	rev        int64
 	// created is each record's create revision (by key), and entriesAt
 	// the revision the group's keys are known up to: each prefix has a
 	// watch of its own, and a rollout's record may arrive before the keys
@@ -282,7 +285,11 @@ func (co *Coordination) Read(fn func(rollout.GroupState)) {
 		fn(rollout.GroupState{})
 		return
 	}
-	g := rollout.GroupState{Progress: st.progress, Admitted: st.admitted, Summaries: st.summaries, Revision: st.rev}
+	g := rollout.GroupState{Progress: st.progress, Admitted: st.admitted, Summaries: st.summaries, Revision: st.rev,
+		Live: make(map[string]bool, len(st.candidates))}
+	for _, h := range st.candidates {
+		g.Live[h] = true
+	}
 	for key, r := range st.records {
 		if st.created[key] <= st.entriesAt {
 			g.Records = append(g.Records, r)
@@ -299,7 +306,7 @@ func (co *Coordination) Read(fn func(rollout.GroupState)) {
 func (co *Coordination) Follow(ctx context.Context, poke func()) error {
 	c := co.c
 	units := c.targetUnits(Target{Group: co.group})
-	prefixes := []string{c.rolloutGroup(co.group), c.summaryRoot() + co.group + "/", c.admitGroup(co.group), c.progressRoot(), units}
+	prefixes := []string{c.rolloutGroup(co.group), c.summaryRoot() + co.group + "/", c.admitGroup(co.group), c.progressRoot(), c.electionPrefix(co.group) + "/", units}
 	st, err := co.readState(ctx, prefixes)
 	if err != nil {
 		return err
@@ -363,7 +370,8 @@ func (co *Coordination) readState(ctx context.Context, prefixes []string) (*grou
 	}
 	st := &groupState{records: map[string]*rollout.Record{}, summaries: map[string]*rollout.Summary{},
 		progress: map[string]map[string]*rollout.Progress{}, admitted: map[string]map[string]bool{}, entries: map[string]reconcile.Entry{}, rev: resp.Header.Revision,
-		created: map[string]int64{}, entriesAt: resp.Header.Revision}
+		candidates: map[string]string{},
+		created:    map[string]int64{}, entriesAt: resp.Header.Revision}
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().GetKvs() {
 			co.apply(st, clientv3.EventTypePut, kv)
@@ -393,6 +401,12 @@ func (co *Coordination) apply(st *groupState, typ mvccpb.Event_EventType, kv *mv
 				st.progress[id] = map[string]*rollout.Progress{}
 			}
 			st.progress[id][host] = p
+		}
+	case strings.HasPrefix(key, c.electionPrefix(co.group)+"/"):
+		if del {
+			delete(st.candidates, key)
+		} else {
+			st.candidates[key] = string(kv.Value)
 		}
 	case strings.HasPrefix(key, c.admitGroup(co.group)):
 		host, id, ok := strings.Cut(strings.TrimPrefix(key, c.admitGroup(co.group)), "/")
@@ -456,3 +470,24 @@ func (c *Client) Coordinator(ctx context.Context, group string) (string, error) 
 }
 
 var _ rollout.Term = (*Coordination)(nil)
+
+// ReadFollowed reads the summary of the rollout ref names, which a
+// rollout of this group follows (--after): its phase, or why it could not
+// be read. Only the summary: an agent's role reads every group's
+// summaries, not their records (which hold unit content).
+func (co *Coordination) ReadFollowed(ctx context.Context, ref rollout.Ref) rollout.Followed {
+	rctx, cancel := co.c.reqCtx(ctx)
+	defer cancel()
+	resp, err := co.c.cli.Get(rctx, co.c.summaryKey(ref.Group, ref.ID))
+	if err != nil {
+		return rollout.Followed{Err: err.Error()}
+	}
+	if len(resp.Kvs) == 0 {
+		return rollout.Followed{}
+	}
+	var s rollout.Summary
+	if err := json.Unmarshal(resp.Kvs[0].Value, &s); err != nil {
+		return rollout.Followed{Err: "its summary does not decode: " + err.Error()}
+	}
+	return rollout.Followed{Phase: &s.Phase, At: s.At}
+}

@@ -7,10 +7,13 @@
 //	<p>/groups/<group>/units/<unit>   unit file for every member of a group
 //	<p>/agents/<host>                 JSON reconcile.Member, bound to the agent's lease
 //	<p>/status/<host>/<unit>          JSON reconcile.Status, bound to the agent's lease
-//	<p>/locks/<scope>/<unit>/<host>   JSON Holder: a MaxUnavailable= slot held or
+//	<p>/locks/<scope>/<pool>/<host>   JSON Holder: a MaxUnavailable= slot held or
 //	                                  waited for, bound to the agent's lease
-//	                                  (<scope> is "groups/<g>" or "hosts/<h>");
-//	                                  <unit> "reboot" and <host> "fleetlock:<id>" for
+//	                                  (<scope> is "groups/<g>" or "hosts/<h>";
+//	                                  <pool> the unit, or "<unit>,<key>=<value>"
+//	                                  per label value with MaxUnavailableBy=:
+//	                                  PoolName);
+//	                                  <pool> "reboot" and <host> "fleetlock:<id>" for
 //	                                  a reboot's slots (reboot.go), bound to a
 //	                                  lease of their own with a TTL
 //	<p>/halts/groups/<g>/<unit>       JSON reconcile.Halt: a host failed this

@@ -100,7 +100,7 @@ func TestReadersSkipGarbage(t *testing.T) {
 	if err != nil || len(hs) != 0 {
 		t.Errorf("Halts with garbage = %+v, %v; want none, nil", hs, err)
 	}
-	holders, err := reader.Holders(ctx, "groups/web", "x.service")
+	holders, err := reader.Holders(ctx, "groups/web", reconcile.Bucket{}, "x.service")
 	if err != nil || len(holders) != 1 || holders[0].Host != "hz" {
 		t.Errorf("Holders with garbage = %+v, %v; want hz (it keeps its place), nil", holders, err)
 	}

@@ -160,7 +160,7 @@ func validHalt(scope, unit string) error {
 	if err := validHaltScope(scope); err != nil {
 		return err
 	}
-	return validLock(scope, unit)
+	return validLock(scope, reconcile.Bucket{}, unit)
 }
 
 func validHaltScope(scope string) error {

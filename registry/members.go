@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -128,4 +129,57 @@ func (c *Client) ForgetHost(ctx context.Context, host string) error {
 		return fmt.Errorf("forget %s: %w: no such member", host, ErrNotFound)
 	}
 	return nil
+}
+
+// SetGroups changes the groups the Session's membership record names to
+// groups: the membership key (on the current lease, when there is one) and
+// the member record are put again at once. A lease re-created later
+// carries the new groups too.
+func (s *Session) SetGroups(ctx context.Context, groups []string) error {
+	return s.update(ctx, "set groups", func(m *reconcile.Member) { m.Groups = slices.Clone(groups) })
+}
+
+// SetMember changes the groups and the labels the Session's membership
+// record names (an agent whose labels changed, and with them the selector
+// groups it is in), in one put of each record, as SetGroups does.
+func (s *Session) SetMember(ctx context.Context, groups []string, labels map[string]string) error {
+	return s.update(ctx, "set groups and labels", func(m *reconcile.Member) {
+		m.Groups, m.Labels = slices.Clone(groups), maps.Clone(labels)
+	})
+}
+
+// update changes the Session's membership record with edit and puts it
+// again: the membership key on the current lease (when there is one), then
+// the member record. what names the change in an error.
+func (s *Session) update(ctx context.Context, what string, edit func(*reconcile.Member)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrSessionClosed
+	}
+	edit(&s.member)
+	if s.sess != nil {
+		rctx, cancel := s.c.reqCtx(ctx)
+		err := s.c.claim(rctx, s.member, s.sess.Lease())
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s of %s: %w", what, s.member.Host, err)
+		}
+	}
+	if err := s.c.putMember(ctx, s.member); err != nil {
+		return fmt.Errorf("%s of %s: %w", what, s.member.Host, err)
+	}
+	return nil
+}
+
+// Member is the Session's membership record as it stands (SetGroups and
+// SetMember change it): a copy.
+func (s *Session) Member() reconcile.Member { return s.memberNow() }
+
+func (s *Session) memberNow() reconcile.Member {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.member
+	m.Groups, m.Labels = slices.Clone(m.Groups), maps.Clone(m.Labels)
+	return m
 }

@@ -70,6 +70,7 @@ func AgentRole(host string) string { return "agentd-host-" + host }
 //	<p>/rollouts/groups/<g>/        prefix  readwrite  each group's rollouts (Watch; the coordinator ends one, a host pauses one)
 //	<p>/rollouts/admit/<g>/         prefix  readwrite  each group's admissions (a host watches its own; the coordinator writes them)
 //	<p>/rollouts/summary/<g>/       prefix  readwrite  each group's rollout summaries (the coordinator writes them)
+//	<p>/rollouts/summary/           prefix  read       every group's summaries (a coordinator reads the one its rollout follows: --after)
 //	<p>/rollouts/coordinator/<g>/   prefix  readwrite  each group's coordinator election (Campaign)
 //	<p>/mirror/holds/               prefix  read       the git mirrors' holds (Watch waits while one covers its targets)
 //
@@ -99,6 +100,7 @@ func AgentPermissions(prefix, host string, groups []string) ([]Permission, error
 		{Key: c.factsKey(host), Write: true, Why: "its facts for previews (the files it did not write, the content it refused), bound to its lease"},
 		{Key: c.progressDir(host), Prefix: true, Write: true, Why: "its own progress in the rollouts (watched; written as it takes, soaks or reverts a change)"},
 		{Key: c.progressRoot(), Prefix: true, Why: "every host's progress in the rollouts (read by its group's coordinator, when this host is elected)"},
+		{Key: c.summaryRoot(), Prefix: true, Why: "every group's rollout summaries (read by a coordinator whose rollout waits for another group's to end: --after)"},
 		{Key: c.holdsRoot(), Prefix: true, Why: "the git mirrors' holds (watched: a commit over etcd's limits being written; its hosts wait for the whole of it)"},
 		{Key: c.selectorsRoot(), Prefix: true, Why: "the selector targets (watched: it joins the sel- groups whose selectors match its labels)"},
 	}

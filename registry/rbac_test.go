@@ -47,6 +47,9 @@ func TestAgentPermissionsMatchKeyLayout(t *testing.T) {
 			c.progressKey("h2", id), c.progressKey("h10", id), c.admitKey("web", "h2", id),
 			c.summaryKey("web", id), election("web"), election("all"),
 			c.holdKey("default"), // Watch: a mirror's hold
+			// ReadFollowed: the summary of another group's rollout that a
+			// rollout of this one waits for (--after).
+			c.summaryKey("db", id), c.summaryKey("web2", id),
 		}
 		writes := []string{
 			c.agentKey("h1"), c.hostStatus("h1") + u, c.factsKey("h1"),
@@ -77,7 +80,7 @@ func TestAgentPermissionsMatchKeyLayout(t *testing.T) {
 			c.groupUnits("db") + u, c.groupHalts("db") + u, c.lockKey("groups/db", u, "h1"),
 			c.lockKey("hosts/h2", u, "h1"),
 			c.rolloutKey("db", id), c.rolloutKey("web2", id), c.admitKey("db", "h1", id), c.admitKey("web2", "h1", id),
-			c.summaryKey("db", id), c.summaryKey("web2", id), election("db"), election("web2"),
+			election("db"), election("web2"),
 			c.prefix + "/other", c.mirrorStateKey("default"), c.ownerKey(Target{Host: "h1"}),
 		}
 		for _, k := range denied {
@@ -86,7 +89,7 @@ func TestAgentPermissionsMatchKeyLayout(t *testing.T) {
 			}
 		}
 		// Another host's progress is read (by a coordinator), never written.
-		readOnly := []string{c.groupUnits("web") + u, c.hostUnits("h1") + u, c.prefix + "/", c.progressKey("h2", id), c.progressKey("h10", id), c.holdKey("default")}
+		readOnly := []string{c.summaryKey("db", id), c.summaryKey("web2", id), c.groupUnits("web") + u, c.hostUnits("h1") + u, c.prefix + "/", c.progressKey("h2", id), c.progressKey("h10", id), c.holdKey("default")}
 		for _, k := range append(denied, readOnly...) {
 			if covers(perms, k, true) {
 				t.Errorf("prefix %q: the agent may write %s", prefix, k)

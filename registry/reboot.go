@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/selector"
 )
 
 // Reboot slots: a machine's reboot (the FleetLock server's pre-reboot)
@@ -24,8 +25,8 @@ import (
 //
 // Key layout:
 //
-//	<p>/locks/groups/<g>/<unit>/fleetlock:<id>   JSON Holder, FleetLockID set
-//	<p>/locks/groups/<g>/reboot/fleetlock:<id>   the same, in the group's reboot pool
+//	<p>/locks/groups/<g>/<pool>/fleetlock:<id>     JSON Holder, FleetLockID set
+//	<p>/locks/groups/<g>/reboot[,…]/fleetlock:<id> the same, in the group's reboot pool
 //
 // A reboot of a member of group g takes down every unit it runs, so it
 // takes one slot of every MaxUnavailable= semaphore of g — each of g's unit
@@ -36,6 +37,18 @@ import (
 // units, or 1 when none of them sets one (one reboot at a time). Which
 // units and limits is read from g's keys at each request (RebootPools),
 // with the agent's own rules (reconcile.Desire, reconcile.SlotKey).
+//
+// Budgets by label: a unit with MaxUnavailableBy=KEY has one semaphore per
+// value of the host label KEY (PoolName), and the reboot takes its slot in
+// the bucket of the rebooting machine's labels — the very queue that
+// machine's agent waits in before it restarts the unit, so a machine's
+// reboot and its agent's restarts still draw from one budget, per rack.
+// The reboot pool is by KEY too when every unit of g that sets
+// MaxUnavailable= sets the same MaxUnavailableBy=KEY (reboots of two racks
+// run in parallel, at most the smallest limit per rack); otherwise it is
+// the whole group's (the safe side: a unit budgeted for the whole group
+// bounds reboots group-wide anyway). A machine without the label is in
+// the bucket of the hosts without it, as its agent is.
 //
 // The key's holder segment, "fleetlock:<id>", cannot be a host name (":"
 // is not allowed in one), so a reboot never takes over an agent's key.
@@ -68,7 +81,10 @@ var ErrSlotsFull = errors.New("no free slot")
 type SlotsFullError struct {
 	Group string
 	Pool  string // a unit (or template), or RebootPool
-	Limit int
+	// Bucket is the pool's label bucket (MaxUnavailableBy=), zero for a
+	// pool of the whole group.
+	Bucket reconcile.Bucket
+	Limit  int
 	// Ahead are the holders queued before the reboot's key: the first
 	// Limit of them hold the slots, or are about to.
 	Ahead []string
@@ -79,15 +95,36 @@ func (e *SlotsFullError) Error() string {
 	if e.Pool == RebootPool {
 		what = fmt.Sprintf("its reboots take at most %d slot(s) at once", e.Limit)
 	}
-	return fmt.Sprintf("group %s: %s, taken by %s", e.Group, what, strings.Join(e.Ahead, ", "))
+	where := "group " + e.Group
+	if b := e.Bucket; b.Key != "" {
+		// "group web, rack=r1: app.service has MaxUnavailable=1 per rack, …"
+		where += ", " + b.String()
+		what += " per " + b.Key
+	}
+	return fmt.Sprintf("%s: %s, taken by %s", where, what, strings.Join(e.Ahead, ", "))
 }
 
 func (e *SlotsFullError) Unwrap() error { return ErrSlotsFull }
 
+// Pool is one of a group's semaphores a reboot takes a slot of: a unit's
+// (a template's for its instances) or the group's RebootPool, with its
+// limit and, for budgets by label, the label key (MaxUnavailableBy=) whose
+// value picks the bucket; By "" is the semaphore of the whole group.
+type Pool struct {
+	Unit  string
+	By    string
+	Limit int
+}
+
+// Bucket is the pool's bucket for a machine with labels.
+func (p Pool) Bucket(labels map[string]string) reconcile.Bucket {
+	return reconcile.BucketOf(p.By, labels)
+}
+
 // RebootPools returns the semaphores a reboot of a member of group takes a
-// slot of, and each one's limit: every unit of the group's keys that sets
-// MaxUnavailable= (by reconcile.SlotKey), and RebootPool.
-func (c *Client) RebootPools(ctx context.Context, group string) (map[string]int, error) {
+// slot of, each with its limit and label key: every unit of the group's
+// keys that sets MaxUnavailable= (by reconcile.SlotKey), and RebootPool.
+func (c *Client) RebootPools(ctx context.Context, group string) (map[string]Pool, error) {
 	if err := ValidateName("group", group); err != nil {
 		return nil, fmt.Errorf("reboot pools: %w", err)
 	}
@@ -99,17 +136,19 @@ func (c *Client) RebootPools(ctx context.Context, group string) (map[string]int,
 	return c.rebootPools(group, resp.Kvs), nil
 }
 
-// rebootPools is RebootPools from a read of the group's unit keys. A unit
-// the agents would not apply (blocked: a bad key or policy) has no slots.
-func (c *Client) rebootPools(group string, kvs []*mvccpb.KeyValue) map[string]int {
+// rebootPools is RebootPools from a read of the group's unit keys, by unit
+// (or RebootPool). A unit the agents would not apply (blocked: a bad key
+// or policy) has no slots.
+func (c *Client) rebootPools(group string, kvs []*mvccpb.KeyValue) map[string]Pool {
 	dir := c.groupUnits(group)
 	es := make([]reconcile.Entry, 0, len(kvs))
 	for _, kv := range kvs {
 		es = append(es, reconcile.Entry{Scope: reconcile.ScopeGroup, Group: group,
 			Unit: strings.TrimPrefix(string(kv.Key), dir), Value: kv.Value, ModRevision: kv.ModRevision})
 	}
-	pools := map[string]int{}
+	pools := map[string]Pool{}
 	reboots := math.MaxInt
+	by, sameBy := "", true // the MaxUnavailableBy= of every unit, if one
 	for name, u := range reconcile.Desire(reconcile.Snapshot{Entries: es}) {
 		// The agent's rule (reconcile.Plan, SlotsNeeded): a unit file of
 		// the group with MaxUnavailable= set; instance keys use their
@@ -119,22 +158,30 @@ func (c *Client) rebootPools(group string, kvs []*mvccpb.KeyValue) map[string]in
 			continue
 		}
 		k := reconcile.SlotKey(name)
-		if old, ok := pools[k]; !ok || n < old {
-			pools[k] = n
+		if old, ok := pools[k]; !ok || n < old.Limit {
+			pools[k] = Pool{Unit: k, By: u.Policy.SlotBy, Limit: n}
+		}
+		if reboots == math.MaxInt {
+			by = u.Policy.SlotBy
+		} else if by != u.Policy.SlotBy {
+			sameBy = false
 		}
 		reboots = min(reboots, n)
 	}
 	if reboots == math.MaxInt {
 		reboots = 1
 	}
-	pools[RebootPool] = reboots
+	if !sameBy {
+		by = ""
+	}
+	pools[RebootPool] = Pool{Unit: RebootPool, By: by, Limit: reboots}
 	return pools
 }
 
 // rebootOrder is the order LockReboot takes pools in: the reboot pool
 // first (competing reboots meet there before they queue anywhere else),
 // then the units by name.
-func rebootOrder(pools map[string]int) []string {
+func rebootOrder(pools map[string]Pool) []string {
 	return slices.SortedFunc(maps.Keys(pools), func(a, b string) int {
 		return cmp.Or(-cmp.Compare(boolInt(a == RebootPool), boolInt(b == RebootPool)), cmp.Compare(a, b))
 	})
@@ -151,7 +198,10 @@ func boolInt(b bool) int {
 // semaphore a reboot of a member of group needs (RebootPools), all or
 // none, without waiting: when one of them is full it takes nothing and
 // returns a *SlotsFullError (ErrSlotsFull). The slots are bound to a lease
-// of ttl (rounded up to whole seconds) that is never kept alive.
+// of ttl (rounded up to whole seconds) that is never kept alive. labels
+// are the rebooting machine's (its agent's published labels): a pool by
+// label (MaxUnavailableBy=) is taken in their bucket (Pool.Bucket); a
+// label that is not a valid one (selector.Validate) is refused.
 //
 // It is idempotent: an id that already holds slots of group keeps them,
 // its lease's TTL starts again, and only the slots it lacks (a unit that
@@ -159,9 +209,14 @@ func boolInt(b bool) int {
 // the error and keeps what it held before. group and id must be valid
 // names (ValidateName); nothing is written otherwise. Each etcd round
 // trip is bounded by the request timeout.
-func (c *Client) LockReboot(ctx context.Context, group, id string, ttl time.Duration) error {
+func (c *Client) LockReboot(ctx context.Context, group, id string, labels map[string]string, ttl time.Duration) error {
 	if err := validReboot(group, id); err != nil {
 		return fmt.Errorf("lock reboot: %w", err)
+	}
+	for k, v := range labels {
+		if err := selector.Validate(k, v); err != nil {
+			return fmt.Errorf("lock reboot: %w the machine's labels: %w", ErrInvalid, err)
+		}
 	}
 	if ttl <= 0 {
 		return fmt.Errorf("lock reboot: %w TTL %s: want more than 0", ErrInvalid, ttl)
@@ -178,7 +233,7 @@ func (c *Client) LockReboot(ctx context.Context, group, id string, ttl time.Dura
 		return fmt.Errorf("lock reboot: read %s: %w", locks, err)
 	}
 	pools := c.rebootPools(group, resp.Responses[0].GetResponseRange().GetKvs())
-	mine := map[string]*mvccpb.KeyValue{} // pool → this id's key
+	mine := map[string]*mvccpb.KeyValue{} // pool segment (PoolName) → this id's key
 	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
 		pool, h, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), locks), "/")
 		if ok && h == holder {
@@ -204,7 +259,10 @@ func (c *Client) LockReboot(ctx context.Context, group, id string, ttl time.Dura
 		}
 	}
 	now := time.Now().UTC()
-	for _, pool := range rebootOrder(pools) {
+	for _, name := range rebootOrder(pools) {
+		p := pools[name]
+		b := p.Bucket(labels)
+		pool := PoolName(name, b)
 		if kv := mine[pool]; kv != nil && clientv3.LeaseID(kv.Lease) == lease && heldBy(kv, id) {
 			continue
 		}
@@ -221,9 +279,9 @@ func (c *Client) LockReboot(ctx context.Context, group, id string, ttl time.Dura
 			undo()
 			return fmt.Errorf("lock reboot: %s: %w", l.key, err)
 		}
-		if limit := pools[pool]; len(ahead) >= limit {
+		if limit := p.Limit; len(ahead) >= limit {
 			undo()
-			full := &SlotsFullError{Group: group, Pool: pool, Limit: limit}
+			full := &SlotsFullError{Group: group, Pool: name, Bucket: b, Limit: limit}
 			for k := range ahead {
 				full.Ahead = append(full.Ahead, strings.TrimPrefix(k, dir))
 			}

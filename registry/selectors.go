@@ -14,7 +14,6 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/selector"
 )
 
@@ -211,39 +210,4 @@ func MatchingSelectors(all map[string]selector.Selector, labels map[string]strin
 	}
 	slices.Sort(out)
 	return out
-}
-
-// SetGroups changes the groups the Session's membership record names to
-// groups: the membership key (on the current lease, when there is one) and
-// the member record are put again at once. A lease re-created later
-// carries the new groups too.
-func (s *Session) SetGroups(ctx context.Context, groups []string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return ErrSessionClosed
-	}
-	s.member.Groups = slices.Clone(groups)
-	if s.sess != nil {
-		rctx, cancel := s.c.reqCtx(ctx)
-		err := s.c.claim(rctx, s.member, s.sess.Lease())
-		cancel()
-		if err != nil {
-			return fmt.Errorf("set groups of %s: %w", s.member.Host, err)
-		}
-	}
-	if err := s.c.putMember(ctx, s.member); err != nil {
-		return fmt.Errorf("set groups of %s: %w", s.member.Host, err)
-	}
-	return nil
-}
-
-// memberNow is the Session's membership record as it stands (SetGroups
-// changes its groups).
-func (s *Session) memberNow() reconcile.Member {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := s.member
-	m.Groups = slices.Clone(m.Groups)
-	return m
 }

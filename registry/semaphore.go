@@ -12,19 +12,26 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/agentd/agentd/reconcile"
+	"github.com/agentd/agentd/selector"
 )
 
-// The MaxUnavailable= semaphore: a counting semaphore per (scope, unit)
-// whose slots are held by agents, bound to their leases, with no central
-// controller.
+// The MaxUnavailable= semaphore: a counting semaphore per (scope, bucket,
+// unit) whose slots are held by agents, bound to their leases, with no
+// central controller.
 //
 // Key layout:
 //
-//	<p>/locks/<scope>/<unit>/<host>   JSON Holder {host, hash, requestedAt, acquiredAt}
+//	<p>/locks/<scope>/<pool>/<host>   JSON Holder {host, hash, requestedAt, acquiredAt}
 //
 // <scope> is the registry target the unit came from, "groups/<group>" or
-// "hosts/<host>"; <unit> a unit name (no drop-ins); <host> the agent that
-// holds or waits for a slot. Every key is bound to the lease of that
+// "hosts/<host>"; <pool> names the semaphore within it (PoolName): the
+// unit name (no drop-ins) for the semaphore of the whole scope, or, for a
+// unit with [X-Agentd] MaxUnavailableBy=KEY, one per label value,
+// "<unit>,<KEY>=<value>" — "<unit>,<KEY>=" for the hosts without the label
+// (reconcile.Bucket) — with a "/" of KEY spelled "%2F"; <host> the agent
+// that holds or waits for a slot. Every key is bound to the lease of that
 // agent's Session, so it disappears when the agent dies (lease expiry, at
 // most the TTL after its last keep-alive) or leaves (Close revokes the
 // lease). An agent has at most one key per (scope, unit).
@@ -122,21 +129,26 @@ func (h Holder) Waiting() bool { return h.AcquiredAt.IsZero() }
 // lease): they are no longer this Session's, Holding reports false, and
 // the next Acquire starts over (taking over a key not expired yet, in its
 // place). Before each disruptive step, a holder checks Holding.
-func (s *Session) Acquire(ctx context.Context, scope, unit, hash string, limit int) (release func(context.Context) error, err error) {
-	if err := validLock(scope, unit); err != nil {
+//
+// bucket is the label bucket of a unit with MaxUnavailableBy= (this host's
+// value of the label): each bucket is a semaphore of its own, with its own
+// limit slots; the zero Bucket is the semaphore of the whole scope.
+func (s *Session) Acquire(ctx context.Context, scope string, bucket reconcile.Bucket, unit, hash string, limit int) (release func(context.Context) error, err error) {
+	if err := validLock(scope, bucket, unit); err != nil {
 		return nil, fmt.Errorf("acquire: %w", err)
 	}
 	if limit < 1 {
-		return nil, fmt.Errorf("acquire %s %s: %w limit %d: want at least 1", scope, unit, ErrInvalid, limit)
+		return nil, fmt.Errorf("acquire %s %s: %w limit %d: want at least 1", scope, PoolName(unit, bucket), ErrInvalid, limit)
 	}
 	c := s.c
-	key := c.lockKey(scope, unit, s.member.Host)
+	pool := PoolName(unit, bucket)
+	key := c.lockKey(scope, pool, s.member.Host)
 	lease, lost, err := s.liveLease()
 	if err != nil {
 		return nil, fmt.Errorf("acquire %s: %w", key, err)
 	}
 	l := &lock{
-		c: c, s: s, key: key, dir: c.lockDir(scope, unit), lease: lease,
+		c: c, s: s, key: key, dir: c.lockDir(scope, pool), lease: lease,
 		val: Holder{Host: s.member.Host, Hash: hash, RequestedAt: s.stamp()},
 	}
 	if err := l.acquire(ctx, limit, lost); err != nil {
@@ -146,16 +158,16 @@ func (s *Session) Acquire(ctx context.Context, scope, unit, hash string, limit i
 	return l.release, nil
 }
 
-// Holding reports whether this host holds a slot of (scope, unit) now: its
+// Holding reports whether this host holds a slot of (scope, bucket, unit) now: its
 // key exists, marked held, bound to the Session's current, live lease
 // (read from etcd, linearizable). It is false after the lease was lost,
 // even once the Session has a new one. An error means etcd could not be
 // asked; a caller must not assume it holds the slot then.
-func (s *Session) Holding(ctx context.Context, scope, unit string) (bool, error) {
-	if err := validLock(scope, unit); err != nil {
+func (s *Session) Holding(ctx context.Context, scope string, bucket reconcile.Bucket, unit string) (bool, error) {
+	if err := validLock(scope, bucket, unit); err != nil {
 		return false, fmt.Errorf("holding: %w", err)
 	}
-	key := s.c.lockKey(scope, unit, s.member.Host)
+	key := s.c.lockKey(scope, PoolName(unit, bucket), s.member.Host)
 	lease, _, err := s.liveLease()
 	if err != nil {
 		return false, nil // lost or closed: whatever the old lease held is gone
@@ -177,15 +189,15 @@ func (s *Session) Holding(ctx context.Context, scope, unit string) (bool, error)
 }
 
 // Holders returns the agents holding or waiting for a slot of (scope,
-// unit), in queue order: with limit N, the first N hold a slot or are
+// bucket, unit), in queue order: with limit N, the first N hold a slot or are
 // about to (Holder.Waiting tells which have marked it). Host is taken from
 // the key. A value that does not decode is returned with only Host set,
 // and a warning: it still takes its place in the queue.
-func (c *Client) Holders(ctx context.Context, scope, unit string) ([]Holder, error) {
-	if err := validLock(scope, unit); err != nil {
+func (c *Client) Holders(ctx context.Context, scope string, bucket reconcile.Bucket, unit string) ([]Holder, error) {
+	if err := validLock(scope, bucket, unit); err != nil {
 		return nil, fmt.Errorf("holders: %w", err)
 	}
-	dir := c.lockDir(scope, unit)
+	dir := c.lockDir(scope, PoolName(unit, bucket))
 	resp, err := c.cli.Get(ctx, dir, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", dir, err)
@@ -204,9 +216,13 @@ func (c *Client) Holders(ctx context.Context, scope, unit string) ([]Holder, err
 	return out, nil
 }
 
-// validLock checks a semaphore's scope ("groups/<g>" or "hosts/<h>") and
-// unit (a unit name, not a drop-in; or a group's RebootPool).
-func validLock(scope, unit string) error {
+// validLock checks a semaphore's scope ("groups/<g>" or "hosts/<h>"),
+// bucket (validBucket) and unit (a unit name, not a drop-in; or a group's
+// RebootPool).
+func validLock(scope string, bucket reconcile.Bucket, unit string) error {
+	if err := validBucket(bucket); err != nil {
+		return err
+	}
 	kind, name, _ := strings.Cut(scope, "/")
 	switch kind {
 	case "groups":
@@ -229,13 +245,72 @@ func validLock(scope, unit string) error {
 	return ValidateUnit(unit)
 }
 
-// lockDir is "<p>/locks/<scope>/<unit>/"; lockKey appends the host.
-func (c *Client) lockDir(scope, unit string) string {
-	return c.prefix + "/locks/" + scope + "/" + unit + "/"
+// validBucket checks a MaxUnavailableBy= bucket: the zero Bucket, or a
+// label key and a value (empty: the hosts without the label) by the rules
+// of the labels agents publish (selector.Validate). Those rules keep every
+// character PoolName leaves as it is out of a key and a value but "/" in a
+// key's prefix, which it spells "%2F": the pool stays one key segment and
+// tells unit, key and value apart (unit names have no "," or "=", keys no
+// "=" or "%", values none of them).
+func validBucket(b reconcile.Bucket) error {
+	if b.Key == "" {
+		if b.Value != "" {
+			return fmt.Errorf("%w semaphore bucket: value %q without a label key", ErrInvalid, b.Value)
+		}
+		return nil
+	}
+	if err := selector.Validate(b.Key, b.Value); err != nil {
+		return fmt.Errorf("%w semaphore bucket (MaxUnavailableBy=): %w", ErrInvalid, err)
+	}
+	return nil
 }
 
-func (c *Client) lockKey(scope, unit, host string) string {
-	return c.lockDir(scope, unit) + host
+// PoolName is the key segment of the semaphore of unit (or RebootPool) in
+// bucket, below <p>/locks/<scope>/: the unit for the zero Bucket,
+// "<unit>,<key>=<value>" for a bucket ("<unit>,<key>=" for the hosts
+// without the label), a "/" of the key spelled "%2F":
+//
+//	hello.service                      the whole group
+//	hello.service,rack=r1              the hosts with rack=r1
+//	hello.service,rack=                the hosts without a rack label
+//	reboot,topology.example.com%2Fzone=a
+//
+// The one rule naming a semaphore's keys (ParsePool reads it back); the
+// bucket must be valid (validBucket).
+func PoolName(unit string, b reconcile.Bucket) string {
+	if b.Key == "" {
+		return unit
+	}
+	return unit + "," + strings.ReplaceAll(b.Key, "/", "%2F") + "=" + b.Value
+}
+
+// ParsePool reads a pool segment written by PoolName: the unit (or
+// RebootPool) and the bucket. ok is false for a segment PoolName does not
+// write for a valid bucket.
+func ParsePool(seg string) (unit string, b reconcile.Bucket, ok bool) {
+	unit, label, found := strings.Cut(seg, ",")
+	if !found {
+		return seg, reconcile.Bucket{}, seg != ""
+	}
+	key, value, found := strings.Cut(label, "=")
+	if !found || unit == "" || strings.Contains(key, "/") {
+		return "", reconcile.Bucket{}, false
+	}
+	b = reconcile.Bucket{Key: strings.ReplaceAll(key, "%2F", "/"), Value: value}
+	if validBucket(b) != nil || b.Key == "" {
+		return "", reconcile.Bucket{}, false
+	}
+	return unit, b, true
+}
+
+// lockDir is "<p>/locks/<scope>/<pool>/" (pool: PoolName); lockKey
+// appends the holder.
+func (c *Client) lockDir(scope, pool string) string {
+	return c.prefix + "/locks/" + scope + "/" + pool + "/"
+}
+
+func (c *Client) lockKey(scope, pool, host string) string {
+	return c.lockDir(scope, pool) + host
 }
 
 // liveLease returns the Session's current lease and a channel closed when

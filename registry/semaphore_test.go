@@ -17,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/agentd/agentd/internal/testport"
+	"github.com/agentd/agentd/reconcile"
 )
 
 const (
@@ -42,7 +43,7 @@ type acquired struct {
 func acquireAsync(ctx context.Context, s *Session, limit int) <-chan acquired {
 	ch := make(chan acquired, 1)
 	go func() {
-		rel, err := s.Acquire(ctx, semScope, semUnit, "hash-1", limit)
+		rel, err := s.Acquire(ctx, semScope, reconcile.Bucket{}, semUnit, "hash-1", limit)
 		ch <- acquired{rel, err, time.Now()}
 	}()
 	return ch
@@ -50,7 +51,7 @@ func acquireAsync(ctx context.Context, s *Session, limit int) <-chan acquired {
 
 func mustAcquire(t *testing.T, s *Session, limit int) func(context.Context) error {
 	t.Helper()
-	rel, err := s.Acquire(ctxT(t), semScope, semUnit, "hash-1", limit)
+	rel, err := s.Acquire(ctxT(t), semScope, reconcile.Bucket{}, semUnit, "hash-1", limit)
 	if err != nil {
 		t.Fatalf("Acquire(%s): %v", s.member.Host, err)
 	}
@@ -67,7 +68,7 @@ func mustRelease(t *testing.T, rel func(context.Context) error) {
 // holders renders the queue as "host" (held) and "host?" (waiting).
 func holders(t *testing.T, c *Client) []string {
 	t.Helper()
-	hs, err := c.Holders(ctxT(t), semScope, semUnit)
+	hs, err := c.Holders(ctxT(t), semScope, reconcile.Bucket{}, semUnit)
 	if err != nil {
 		t.Fatalf("Holders: %v", err)
 	}
@@ -202,7 +203,7 @@ func TestSemaphoreBound(t *testing.T) {
 							return
 						default:
 						}
-						hs, err := observer.Holders(ctx, semScope, semUnit)
+						hs, err := observer.Holders(ctx, semScope, reconcile.Bucket{}, semUnit)
 						if err != nil {
 							t.Errorf("Holders: %v", err)
 							return
@@ -220,7 +221,7 @@ func TestSemaphoreBound(t *testing.T) {
 				for _, s := range agents {
 					wg.Go(func() {
 						for range rounds {
-							release, err := s.Acquire(ctx, semScope, semUnit, "hash-1", limit)
+							release, err := s.Acquire(ctx, semScope, reconcile.Bucket{}, semUnit, "hash-1", limit)
 							if err != nil {
 								t.Errorf("%s: Acquire: %v", s.member.Host, err)
 								return
@@ -285,7 +286,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 		want = append(want, host)
 		queue = append(queue, host+"?")
 		wg.Go(func() {
-			r, err := s.Acquire(ctxT(t), semScope, semUnit, "hash-1", 1)
+			r, err := s.Acquire(ctxT(t), semScope, reconcile.Bucket{}, semUnit, "hash-1", 1)
 			if err != nil {
 				t.Errorf("%s: Acquire: %v", host, err)
 				return
@@ -324,7 +325,7 @@ func TestSemaphoreHolderDies(t *testing.T) {
 		relA := mustAcquire(t, a, 1)
 		waitB := acquireAsync(ctxT(t), b, 1)
 		waitHolders(t, other, 5*time.Second, "a", "b?")
-		if held, err := b.Holding(ctxT(t), semScope, semUnit); err != nil || held {
+		if held, err := b.Holding(ctxT(t), semScope, reconcile.Bucket{}, semUnit); err != nil || held {
 			t.Errorf("waiting b: Holding = %v, %v; want false", held, err)
 		}
 
@@ -338,7 +339,7 @@ func TestSemaphoreHolderDies(t *testing.T) {
 		waitHolders(t, other, time.Second, "b")
 
 		// a's hold is gone, also once its Session has a new lease.
-		if held, err := a.Holding(ctxT(t), semScope, semUnit); err != nil || held {
+		if held, err := a.Holding(ctxT(t), semScope, reconcile.Bucket{}, semUnit); err != nil || held {
 			t.Errorf("a after its lease was revoked: Holding = %v, %v; want false", held, err)
 		}
 		deadline := time.Now().Add(5 * time.Second)
@@ -348,7 +349,7 @@ func TestSemaphoreHolderDies(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		if held, err := a.Holding(ctxT(t), semScope, semUnit); err != nil || held {
+		if held, err := a.Holding(ctxT(t), semScope, reconcile.Bucket{}, semUnit); err != nil || held {
 			t.Errorf("a with a new lease: Holding = %v, %v; want false", held, err)
 		}
 		mustRelease(t, relA) // nothing to release any more
@@ -422,10 +423,10 @@ func TestSemaphoreUnreachable(t *testing.T) {
 	closeEtcd()
 	err = waitFailed(t, waitB, 3*time.Second, "b with etcd down")
 	t.Logf("b's Acquire failed %s after etcd went: %v", time.Since(start).Round(time.Millisecond), err)
-	if held, err := a.Holding(ctxT(t), semScope, semUnit); err == nil || held {
+	if held, err := a.Holding(ctxT(t), semScope, reconcile.Bucket{}, semUnit); err == nil || held {
 		t.Errorf("a with etcd down: Holding = %v, %v; want an error", held, err)
 	}
-	if _, err := b.Acquire(ctxT(t), semScope, semUnit, "hash-1", 1); err == nil {
+	if _, err := b.Acquire(ctxT(t), semScope, reconcile.Bucket{}, semUnit, "hash-1", 1); err == nil {
 		t.Errorf("Acquire with etcd down succeeded")
 	}
 
@@ -441,7 +442,7 @@ func TestSemaphoreUnreachable(t *testing.T) {
 	t.Logf("b's abandoned key removed %s after etcd restarted", time.Since(start).Round(time.Millisecond))
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		// a's own connection comes back after gRPC's reconnect backoff.
-		held, err := a.Holding(ctxT(t), semScope, semUnit)
+		held, err := a.Holding(ctxT(t), semScope, reconcile.Bucket{}, semUnit)
 		if err == nil && !held {
 			t.Fatalf("a lost its slot in a short etcd outage")
 		}
@@ -519,7 +520,7 @@ func TestSemaphoreReacquire(t *testing.T) {
 	if got := createRev(); got != rev {
 		t.Errorf("take-over moved the key: CreateRevision %d → %d", rev, got)
 	}
-	hs, _ := raw.Holders(ctx, semScope, semUnit)
+	hs, _ := raw.Holders(ctx, semScope, reconcile.Bucket{}, semUnit)
 	if len(hs) != 3 || hs[1].Hash != "hash-1" {
 		t.Errorf("Holders after take-over = %+v", hs)
 	}
@@ -577,21 +578,21 @@ func TestSemaphoreInvalid(t *testing.T) {
 		{semScope, "hello", 1},
 		{semScope, semUnit, 0},
 	} {
-		if _, err := s.Acquire(ctxT(t), tc.scope, tc.unit, "x", tc.limit); !errors.Is(err, ErrInvalid) {
+		if _, err := s.Acquire(ctxT(t), tc.scope, reconcile.Bucket{}, tc.unit, "x", tc.limit); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Acquire(%q, %q, %d): %v, want ErrInvalid", tc.scope, tc.unit, tc.limit, err)
 		}
 		if tc.limit == 0 {
 			continue
 		}
-		if _, err := s.Holding(ctxT(t), tc.scope, tc.unit); !errors.Is(err, ErrInvalid) {
+		if _, err := s.Holding(ctxT(t), tc.scope, reconcile.Bucket{}, tc.unit); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Holding(%q, %q): %v, want ErrInvalid", tc.scope, tc.unit, err)
 		}
-		if _, err := c.Holders(ctxT(t), tc.scope, tc.unit); !errors.Is(err, ErrInvalid) {
+		if _, err := c.Holders(ctxT(t), tc.scope, reconcile.Bucket{}, tc.unit); !errors.Is(err, ErrInvalid) {
 			t.Errorf("Holders(%q, %q): %v, want ErrInvalid", tc.scope, tc.unit, err)
 		}
 	}
 	// Host scopes work the same way; keys are laid out as documented.
-	rel, err := s.Acquire(ctxT(t), "hosts/h1", "a@1.service", "abc", 1)
+	rel, err := s.Acquire(ctxT(t), "hosts/h1", reconcile.Bucket{}, "a@1.service", "abc", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -609,7 +610,7 @@ func TestSemaphoreInvalid(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Acquire(ctxT(t), semScope, semUnit, "x", 1); !errors.Is(err, ErrSessionClosed) {
+	if _, err := s.Acquire(ctxT(t), semScope, reconcile.Bucket{}, semUnit, "x", 1); !errors.Is(err, ErrSessionClosed) {
 		t.Errorf("Acquire after Close: %v, want ErrSessionClosed", err)
 	}
 }

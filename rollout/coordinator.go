@@ -40,6 +40,9 @@ type Term interface {
 	// next.ModRevision (false: it moved; look again).
 	WriteRecord(ctx context.Context, next *Record) (bool, error)
 	WriteSummary(ctx context.Context, s Summary) error
+	// ReadFollowed reads the summary of the rollout ref names (of any
+	// group), which a rollout of this group follows (--after).
+	ReadFollowed(ctx context.Context, ref Ref) Followed
 }
 
 // PassEvery is the shortest time between two of a coordinator's passes.
@@ -81,7 +84,9 @@ func (c *Coordinator) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		el := c.elect()
 		if el == nil {
-			sleep(ctx, reconcile.Jitter(time.Second))
+			// Not joined yet. Looked at often: a host counts as up for
+			// its group's rollouts once it stands (GroupView.Live).
+			sleep(ctx, reconcile.Jitter(100*time.Millisecond))
 			continue
 		}
 		term, err := el.Campaign(ctx, c.group)
@@ -127,7 +132,7 @@ func (c *Coordinator) serve(ctx context.Context, term Term) {
 		}
 	}()
 	defer func() { cancel(); <-done }()
-	t := &termState{written: map[string]writtenSummary{}, settled: map[string]bool{}}
+	t := &termState{written: map[string]writtenSummary{}, settled: map[string]bool{}, done: map[string]*Followed{}}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var last time.Time
@@ -159,6 +164,9 @@ func (c *Coordinator) serve(ctx context.Context, term Term) {
 type termState struct {
 	written map[string]writtenSummary // by rollout ID
 	settled map[string]bool           // ended, and its final summary written
+	// done are the followed rollouts (--after) read ended done, by the
+	// ID of the rollout that follows each: that stays so.
+	done map[string]*Followed
 }
 
 type writtenSummary struct {
@@ -174,6 +182,7 @@ type decided struct {
 // pass decides every rollout of the group once and writes the decisions;
 // it returns when to look again for time alone.
 func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now time.Time) (next time.Time) {
+	follows := c.readFollowed(ctx, term, t)
 	var todo []decided
 	term.Read(func(g GroupState) {
 		for _, r := range g.Records {
@@ -183,7 +192,8 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 			if _, ok := t.written[r.ID]; !ok && g.Summaries[r.ID] != nil {
 				t.written[r.ID] = writtenSummary{s: g.Summaries[r.ID]} // a former term's
 			}
-			d := Decide(r, GroupView{Progress: g.Progress[r.ID], Admitted: g.Admitted[r.ID], Entries: g.Entries}, term.Host(), now)
+			gv := GroupView{Progress: g.Progress[r.ID], Admitted: g.Admitted[r.ID], Entries: g.Entries, Follows: follows[r.ID], Live: g.Live}
+			d := Decide(r, gv, term.Host(), now)
 			todo = append(todo, decided{r, d})
 		}
 	})
@@ -247,6 +257,35 @@ func (c *Coordinator) pass(ctx context.Context, term Term, t *termState, now tim
 		}
 	}
 	return next
+}
+
+// readFollowed reads, for each rollout that waits for another (--after),
+// that one's summary, by the waiting rollout's ID: a read outside the
+// group's state, so before Decide, and not again once read done.
+func (c *Coordinator) readFollowed(ctx context.Context, term Term, t *termState) map[string]*Followed {
+	var refs map[string]Ref
+	out := map[string]*Followed{}
+	term.Read(func(g GroupState) {
+		for _, r := range g.Records {
+			if f := t.done[r.ID]; f != nil {
+				out[r.ID] = f
+			} else if r.FollowsPending(GroupView{Progress: g.Progress[r.ID], Admitted: g.Admitted[r.ID]}) {
+				if refs == nil {
+					refs = map[string]Ref{}
+				}
+				refs[r.ID] = *r.Strategy.Follows
+			}
+		}
+	})
+	for id, ref := range refs {
+		f := term.ReadFollowed(ctx, ref)
+		out[id] = &f
+		if f.Done() {
+			t.done[id] = &f
+			c.log.Info("rollout "+id+": "+ref.String()+", which it follows (--after), ended done; it begins", "rollout", id)
+		}
+	}
+	return out
 }
 
 // summarize writes d's summary of r when it says something new, at most

@@ -153,7 +153,17 @@ type GroupView struct {
 	Progress map[string]*Progress
 	Admitted map[string]bool
 	Entries  []reconcile.Entry
+	// Follows is what the coordinator read of the rollout this one
+	// follows (--after; nil: not read).
+	Follows *Followed
+	// Live are the hosts of the group with a live agent, by the group's
+	// coordinator election, where each agent stands on its lease (nil:
+	// not known; then no host counts as down).
+	Live map[string]bool
 }
+
+// down says host has no live agent, as far as g knows.
+func (g GroupView) down(host string) bool { return g.Live != nil && !g.Live[host] }
 
 // Decide is the coordinator's one decision about r at now. Pure. It ends
 // the rollout when a host failed (naming it), when every host is healthy,
@@ -170,7 +180,7 @@ func Decide(r *Record, g GroupView, coordinator string, now time.Time) Decision 
 		end = &End{State: Superseded, Reason: overwrittenReason, At: now}
 		d.End = end
 	}
-	w := r.openWave(g.Progress)
+	w := r.openWave(g)
 	var ph Phase
 	var offenders []Offender
 	switch {
@@ -222,7 +232,7 @@ func (r *Record) phase(g GroupView, w int, now time.Time) (Phase, []Offender, ti
 	if n > 0 {
 		lost := -1
 		if r.Strategy.SuccessThreshold > 0 {
-			lost = r.lostWave(g.Progress)
+			lost = r.lostWave(g)
 		}
 		if r.Strategy.SuccessThreshold == 0 || lost >= 0 {
 			f := failed[0]
@@ -240,22 +250,24 @@ func (r *Record) phase(g GroupView, w int, now time.Time) (Phase, []Offender, ti
 			return Phase{State: Failed, Wave: f.Wave, Reason: reason}, failed, time.Time{}
 		}
 	}
+	down, nd := r.downHosts(g, w)
 	if w == len(r.WaveEnds) {
 		ph := Phase{State: Done, Wave: w - 1}
+		var parts []string
 		if n > 0 {
-			names := make([]string, len(failed))
-			for i, o := range failed {
-				names[i] = o.Host
-			}
-			ph.Reason = fmt.Sprintf("%s failed, within --success-threshold %d%%: %s",
-				plural(n, "1 host", fmt.Sprintf("%d hosts", n)), r.Strategy.SuccessThreshold, NameHosts(names, n))
+			parts = append(parts, fmt.Sprintf("%s failed: %s", plural(n, "1 host", fmt.Sprintf("%d hosts", n)), NameHosts(hostsOf(failed), n)))
 		}
-		return ph, failed, time.Time{}
+		if nd > 0 {
+			parts = append(parts, fmt.Sprintf("%s no live agent and did not take it: %s", plural(nd, "1 host had", fmt.Sprintf("%d hosts had", nd)), NameHosts(hostsOf(down), nd)))
+		}
+		if len(parts) > 0 {
+			ph.Reason = strings.Join(parts, "; ") + fmt.Sprintf(" (within --success-threshold %d%%)", r.Strategy.SuccessThreshold)
+		}
+		return ph, append(failed, down...)[:min(len(failed)+len(down), SampleSize)], time.Time{}
 	}
 	ph, offenders, due := r.holding(g, w, now)
-	if n > 0 {
-		offenders = append(offenders, failed...)
-		offenders = offenders[:min(len(offenders), SampleSize)]
+	if n+nd > 0 {
+		offenders = addOffenders(addOffenders(offenders, failed), down)
 	}
 	return ph, offenders, due
 }
@@ -277,31 +289,37 @@ func (r *Record) need(w int) int {
 	return n
 }
 
-// waveCounts is how many hosts of wave w are healthy and failed.
-func (r *Record) waveCounts(w int, progress map[string]*Progress) (healthy, failed int) {
+// waveCounts is how many hosts of wave w are healthy, failed, and
+// neither with no live agent (down).
+func (r *Record) waveCounts(w int, g GroupView) (healthy, failed, down int) {
 	for _, h := range r.WaveHosts(w) {
-		switch progress[h].StateOf() {
+		switch g.Progress[h].StateOf() {
 		case HostHealthy:
 			healthy++
 		case HostFailed:
 			failed++
+		default:
+			if g.down(h) {
+				down++
+			}
 		}
 	}
-	return healthy, failed
+	return healthy, failed, down
 }
 
-// waveDone says wave w counts as done: every host healthy, or, with a
-// success threshold, enough of them healthy and every other one failed.
-func (r *Record) waveDone(w int, progress map[string]*Progress) bool {
-	healthy, failed := r.waveCounts(w, progress)
-	return healthy >= r.need(w) && healthy+failed == len(r.WaveHosts(w))
+// waveDone says wave w counts as done, with a success threshold: enough
+// of its hosts healthy and every other one failed or down (a down host
+// counts against the threshold, and is not waited for).
+func (r *Record) waveDone(w int, g GroupView) bool {
+	healthy, failed, down := r.waveCounts(w, g)
+	return healthy >= r.need(w) && healthy+failed+down == len(r.WaveHosts(w))
 }
 
 // lostWave is the first wave that can no longer count as done (more of
 // its hosts failed than the success threshold leaves room for); -1: none.
-func (r *Record) lostWave(progress map[string]*Progress) int {
+func (r *Record) lostWave(g GroupView) int {
 	for w := range r.WaveEnds {
-		if _, failed := r.waveCounts(w, progress); failed > len(r.WaveHosts(w))-r.need(w) {
+		if _, failed, _ := r.waveCounts(w, g); failed > len(r.WaveHosts(w))-r.need(w) {
 			return w
 		}
 	}
@@ -310,12 +328,16 @@ func (r *Record) lostWave(progress map[string]*Progress) int {
 
 // holding is the phase of a rollout that has not failed and is not done.
 func (r *Record) holding(g GroupView, w int, now time.Time) (Phase, []Offender, time.Time) {
-	// Held on purpose (a pause, the canary's promote, a gate): the
-	// progress deadline does not run, as the time nobody may move does
-	// not count against it.
-	switch {
-	case r.Paused:
+	// Held on purpose (a pause, another rollout to end first, the
+	// canary's promote, a gate): the progress deadline does not run, as
+	// the time nobody may move does not count against it.
+	if r.Paused {
 		return Phase{State: Paused, Wave: w, Reason: r.PauseReason}, nil, time.Time{}
+	}
+	if ph, wait := r.waitAfter(g, w); wait {
+		return ph, nil, now.Add(FollowEvery)
+	}
+	switch {
 	case w > 0 && r.Strategy.PauseAfterCanary && !r.Promoted:
 		return Phase{State: WaitingPromote, Wave: w, Reason: "the canary is healthy: `agentd rollout promote " + r.ID + "` sends the change on"}, nil, time.Time{}
 	case w > 0 && r.Strategy.Gated() && r.Gated < w:
@@ -328,6 +350,9 @@ func (r *Record) holding(g GroupView, w int, now time.Time) (Phase, []Offender, 
 	var due time.Time
 	if d := r.Strategy.ProgressDeadline; d > 0 {
 		last := r.lastMoved(latestHealthy(g.Progress))
+		if h := g.heldUntil(); h.After(last) {
+			last = h
+		}
 		due = last.Add(d + time.Millisecond)
 		if now.Sub(last) > d {
 			stuck, n := r.stuck(g, now)
@@ -373,10 +398,11 @@ func (r *Record) joiners(progress map[string]*Progress) []string {
 
 // openWave is the first wave with a host not done (len(WaveEnds) when
 // every host is).
-func (r *Record) openWave(progress map[string]*Progress) int {
+func (r *Record) openWave(g GroupView) int {
+	progress := g.Progress
 	if r.Strategy.SuccessThreshold > 0 {
 		for w := range r.WaveEnds {
-			if !r.waveDone(w, progress) {
+			if !r.waveDone(w, g) {
 				return w
 			}
 		}
@@ -403,6 +429,45 @@ func (r *Record) failed(progress map[string]*Progress) ([]Offender, int) {
 		}
 	}
 	return out, n
+}
+
+// downHosts are the first SampleSize hosts of the waves up to w (all of
+// them when w is past the last) that have no live agent and neither took
+// the change healthy nor failed it, and how many there are: named in the
+// summary, and with a success threshold counted as not healthy.
+func (r *Record) downHosts(g GroupView, w int) ([]Offender, int) {
+	if g.Live == nil {
+		return nil, 0
+	}
+	var out []Offender
+	n := 0
+	for i, h := range r.Hosts[:r.WaveEnds[min(w, len(r.WaveEnds)-1)]] {
+		if st := g.Progress[h].StateOf(); st != HostHealthy && st != HostFailed && g.down(h) {
+			if n++; len(out) < SampleSize {
+				out = append(out, Offender{Host: h, Wave: r.waveOf(i), State: st, Reason: "no live agent"})
+			}
+		}
+	}
+	return out, n
+}
+
+// addOffenders appends to list the offenders of more it does not name
+// yet, up to SampleSize.
+func addOffenders(list, more []Offender) []Offender {
+	for _, o := range more {
+		if len(list) < SampleSize && !slices.ContainsFunc(list, func(x Offender) bool { return x.Host == o.Host }) {
+			list = append(list, o)
+		}
+	}
+	return list
+}
+
+func hostsOf(os []Offender) []string {
+	names := make([]string, len(os))
+	for i, o := range os {
+		names[i] = o.Host
+	}
+	return names
 }
 
 // revertFailed are the first SampleSize hosts that could not go back.
@@ -432,9 +497,12 @@ func (r *Record) stuck(g GroupView, now time.Time) ([]Offender, int) {
 			continue
 		}
 		o := Offender{Host: h, Wave: r.waveOf(i), State: p.StateOf()}
-		if p == nil {
+		switch {
+		case p == nil && g.down(h):
+			o.Reason = "admitted, but it has no live agent"
+		case p == nil:
 			o.Reason = "admitted, but its agent has not started taking the change (is it running?)"
-		} else {
+		default:
 			o.Since = p.Since
 			o.Reason = fmt.Sprintf("%s for %s", p.State, now.Sub(p.Since).Round(time.Second))
 			if p.Reason != "" {
@@ -454,36 +522,6 @@ func latestHealthy(progress map[string]*Progress) time.Time {
 		}
 	}
 	return last
-}
-
-// admit are the hosts of waves up to w not admitted yet, in order, as
-// many as --max-unavailable leaves room for (no bound when unset): a host
-// admitted and not yet healthy counts against it, so the bound holds
-// exactly with one coordinator and no group-wide guard.
-func (r *Record) admit(g GroupView, w int) []string {
-	room := len(r.Hosts)
-	if !r.Strategy.MaxUnavailable.IsZero() {
-		room = max(1, r.Strategy.MaxUnavailable.Of(len(r.Hosts)))
-		for _, h := range r.Hosts {
-			if g.Admitted[h] {
-				switch g.Progress[h].StateOf() {
-				case HostPending, HostApplying, HostSoaking, HostReverting:
-					room--
-				}
-			}
-		}
-	}
-	var out []string
-	for _, h := range r.Hosts[:r.WaveEnds[w]] {
-		if room <= 0 {
-			break
-		}
-		if !g.Admitted[h] && g.Progress[h].StateOf() == HostPending {
-			out = append(out, h)
-			room--
-		}
-	}
-	return out
 }
 
 // summarize counts r's hosts by state (admit: the hosts being admitted
@@ -521,5 +559,7 @@ type GroupState struct {
 	Admitted  map[string]map[string]bool
 	Summaries map[string]*Summary
 	Entries   []reconcile.Entry
-	Revision  int64
+	// Live are the hosts with a live agent in the group (GroupView.Live).
+	Live     map[string]bool
+	Revision int64
 }

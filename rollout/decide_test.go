@@ -23,6 +23,11 @@ func at(s HostState, since time.Time, reason string) *Progress {
 func TestDecide(t *testing.T) {
 	canaryWaves := Strategy{Canary: Count{N: 1}, Waves: []Count{pct(50)}} // 5 hosts: [h1] [h2 h3] [h4 h5]
 	threshold50 := Strategy{Waves: []Count{{N: 4}}, SuccessThreshold: 50} // 5 hosts: [h1 h2 h3 h4] [h5]
+	byRack := Strategy{MaxUnavailable: Count{N: 1}, BudgetBy: "rack"}
+	after := Strategy{MaxUnavailable: Count{N: 1}, Follows: &Ref{Group: "db", ID: "r0"}}
+	racks := func(r *Record) {
+		r.Buckets, r.BucketNames = []int{0, 0, 1, 1, 2}, []string{"rack=r1", "rack=r2", "(no rack)"}
+	}
 	now := t0.Add(30 * time.Second)
 	ago := func(d time.Duration) time.Time { return now.Add(-d) }
 	healthy := func(hosts ...string) map[string]*Progress {
@@ -47,6 +52,8 @@ func TestDecide(t *testing.T) {
 		admitted []string
 		entries  []reconcile.Entry // nil: the rollout's own keys
 		now      time.Time         // now when zero
+		follows  *Followed
+		live     []string // the hosts with a live agent; nil: not known
 
 		want      State
 		wantEnd   bool // Decide writes an end (of state want)
@@ -324,7 +331,7 @@ func TestDecide(t *testing.T) {
 		{
 			name: "threshold: every wave done: ends done, naming the failed hosts", strategy: threshold50,
 			progress: with(with(healthy("h1", "h2", "h5"), "h3", at(HostFailed, ago(time.Second), "exit 1")), "h4", at(HostFailed, ago(time.Second), "exit 1")),
-			want:     Done, wantEnd: true, wave: 1, reason: []string{"2 hosts failed, within --success-threshold 50%: h3, h4"}, offenders: []string{"h3", "h4"},
+			want:     Done, wantEnd: true, wave: 1, reason: []string{"2 hosts failed: h3, h4 (within --success-threshold 50%)"}, offenders: []string{"h3", "h4"},
 		},
 		{
 			name: "threshold: the last wave's one host failed: the rollout fails", strategy: threshold50,
@@ -342,6 +349,137 @@ func TestDecide(t *testing.T) {
 				r.WaveEnds, r.WaveLabels = []int{2, 4, 5}, []string{"rack=r1", "rack=r2", "(no rack)"}
 			},
 			progress: healthy("h1", "h2"), want: Running, wave: 1, admit: []string{"h3", "h4"},
+		},
+
+		// --max-unavailable 1 --budget-by rack: 5 hosts, racks [h1 h2] r1, [h3 h4] r2, h5 none.
+		{
+			name: "budget by rack: one host of each rack at once, the unlabelled hosts a budget of their own", strategy: byRack,
+			edit: racks, want: Running, admit: []string{"h1", "h3", "h5"},
+		},
+		{
+			name: "budget by rack: a rack's host soaking holds its rack only", strategy: byRack,
+			edit: racks, progress: with(healthy("h3"), "h1", at(HostSoaking, ago(time.Second), "")),
+			want: Running, admit: []string{"h4", "h5"},
+		},
+		{
+			name: "budget by rack: admitted without progress yet holds its rack", strategy: byRack,
+			edit: racks, admitted: []string{"h1"}, want: Running, admit: []string{"h3", "h5"},
+		},
+		{
+			name: "budget by rack: a reverting host holds its rack", strategy: byRack,
+			edit: racks, progress: map[string]*Progress{"h2": at(HostReverting, ago(time.Second), "")},
+			want: Running, admit: []string{"h3", "h5"},
+		},
+		{
+			name: "budget by rack, 50%: half of each rack's hosts (rounded up) at once", strategy: Strategy{MaxUnavailable: pct(50), BudgetBy: "rack"},
+			hosts: 6, edit: func(r *Record) { r.Buckets, r.BucketNames = []int{0, 0, 0, 0, 1, 1}, []string{"rack=r1", "rack=r2"} },
+			want: Running, admit: []string{"h1", "h2", "h5"},
+		},
+		{
+			name: "budget by rack: a joiner (no rack known) waits while any host is taking the change", strategy: byRack,
+			edit: func(r *Record) {
+				racks(r)
+				r.Hosts = append(r.Hosts, "h6")
+				r.WaveEnds = []int{6}
+				r.Joined = []string{"h6"}
+			},
+			progress: with(healthy("h1", "h2", "h3", "h4"), "h5", at(HostApplying, ago(time.Second), "")),
+			want:     Running,
+		},
+		{
+			name: "budget by rack: a joiner goes alone once nothing else is taking the change", strategy: byRack,
+			edit: func(r *Record) {
+				racks(r)
+				r.Hosts = append(r.Hosts, "h6")
+				r.WaveEnds = []int{6}
+				r.Joined = []string{"h6"}
+			},
+			progress: healthy("h1", "h2", "h3", "h4", "h5"), want: Running, admit: []string{"h6"},
+		},
+		{
+			name: "budget by rack: nothing admitted beside a joiner taking the change", strategy: byRack,
+			edit: func(r *Record) {
+				racks(r)
+				r.Hosts = append(r.Hosts, "h6")
+				r.WaveEnds = []int{6}
+				r.Joined = []string{"h6"}
+			},
+			progress: map[string]*Progress{"h6": at(HostApplying, ago(time.Second), "")}, want: Running,
+		},
+
+		// --after db/r0: waits, before its first host, for r0 to end done.
+		{
+			name: "after: nothing read yet: waits, nothing admitted, looks again soon", strategy: after,
+			want: WaitingAfter, reason: []string{"waiting for rollout db/r0 to end done (--after)"}, due: now.Add(FollowEvery),
+		},
+		{
+			name: "after: the other runs: waits, saying where it is", strategy: after,
+			follows: &Followed{Phase: &Phase{State: Running, Wave: 1}},
+			want:    WaitingAfter, reason: []string{"it is running, wave 2"}, due: now.Add(FollowEvery),
+		},
+		{
+			name: "after: the other failed: waits, saying so and how to end this one", strategy: after,
+			follows: &Followed{Phase: &Phase{State: Failed, Reason: "h9 failed the change: exit 1"}},
+			want:    WaitingAfter, reason: []string{"rollout db/r0 (--after) ended failed: h9 failed the change: exit 1", "agentd rollout abort r1"}, due: now.Add(FollowEvery),
+		},
+		{
+			name: "after: the other could not be read: waits, saying why", strategy: after,
+			follows: &Followed{Err: "etcdserver: request timed out"},
+			want:    WaitingAfter, reason: []string{"cannot read it: etcdserver: request timed out"}, due: now.Add(FollowEvery),
+		},
+		{
+			name: "after: the other ended done: begins", strategy: after,
+			follows: &Followed{Phase: &Phase{State: Done}, At: ago(time.Second)},
+			want:    Running, admit: []string{"h1"},
+		},
+		{
+			name: "after: begun already: reads nothing more, goes on", strategy: after,
+			progress: healthy("h1"), want: Running, wave: 0, admit: []string{"h2"},
+		},
+		{
+			name:     "after: the progress deadline counts from the other's end",
+			strategy: Strategy{MaxUnavailable: Count{N: 1}, ProgressDeadline: time.Minute, Follows: &Ref{Group: "db", ID: "r0"}},
+			follows:  &Followed{Phase: &Phase{State: Done}, At: t0.Add(10 * time.Minute)},
+			admitted: []string{"h1"}, now: t0.Add(10*time.Minute + 30*time.Second),
+			want: Running, due: t0.Add(11*time.Minute + time.Millisecond),
+		},
+		{
+			name: "after, paused: the pause is said first", strategy: after,
+			edit: func(r *Record) { r.Paused, r.PauseReason = true, "by ops" }, want: Paused, reason: []string{"by ops"},
+		},
+
+		// Hosts without a live agent (live: the others; h4 down).
+		{
+			name: "down: a host with no live agent is not admitted", strategy: Strategy{MaxUnavailable: Count{N: 2}},
+			live: []string{"h1", "h2", "h3", "h5"}, progress: healthy("h1", "h2", "h3"),
+			want: Running, admit: []string{"h5"}, offenders: []string{"h4"},
+		},
+		{
+			name: "down: without a threshold it holds its wave, named", strategy: Strategy{},
+			live: []string{"h1", "h2", "h3", "h5"}, progress: healthy("h1", "h2", "h3", "h5"),
+			want: Running, offenders: []string{"h4"},
+		},
+		{
+			name: "down, threshold: counted as not healthy, the wave done without it", strategy: threshold50,
+			live: []string{"h1", "h2", "h3", "h5"}, progress: with(healthy("h1", "h2"), "h3", at(HostFailed, ago(time.Second), "exit 1")),
+			want: Running, wave: 1, admit: []string{"h5"}, offenders: []string{"h3", "h4"},
+		},
+		{
+			name: "down, threshold: the rollout ends done naming the failed and the down hosts", strategy: threshold50,
+			live: []string{"h1", "h2", "h3", "h5"}, progress: with(healthy("h1", "h2", "h5"), "h3", at(HostFailed, ago(time.Second), "exit 1")),
+			want: Done, wantEnd: true, wave: 1, offenders: []string{"h3", "h4"},
+			reason: []string{"1 host failed: h3; 1 host had no live agent and did not take it: h4 (within --success-threshold 50%)"},
+		},
+		{
+			name: "down, threshold: too many down holds the wave (not failed: they may come back)", strategy: threshold50,
+			live: []string{"h1", "h5"}, progress: healthy("h1"),
+			want: Running, offenders: []string{"h2", "h3", "h4"},
+		},
+		{
+			name:     "down: an admitted host that went down is named so past the progress deadline",
+			strategy: Strategy{Canary: Count{N: 1}, ProgressDeadline: time.Minute}, live: []string{"h2", "h3", "h4", "h5"},
+			admitted: []string{"h1"}, now: t0.Add(61 * time.Second),
+			want: Failed, wantEnd: true, reason: []string{"h1: admitted, but it has no live agent"}, offenders: []string{"h1"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -369,7 +507,14 @@ func TestDecide(t *testing.T) {
 			if now.IsZero() {
 				now = t0.Add(30 * time.Second)
 			}
-			d := Decide(r, GroupView{Progress: tc.progress, Admitted: admitted, Entries: entries}, "h7", now)
+			var live map[string]bool
+			if tc.live != nil {
+				live = map[string]bool{}
+				for _, h := range tc.live {
+					live[h] = true
+				}
+			}
+			d := Decide(r, GroupView{Progress: tc.progress, Admitted: admitted, Entries: entries, Follows: tc.follows, Live: live}, "h7", now)
 			ph := d.Summary.Phase
 
 			if ph.State != tc.want || ph.Wave != tc.wave {

@@ -118,6 +118,30 @@ type Strategy struct {
 	// every other host of the wave failed: the rollout goes on, naming
 	// them, instead of failing on the first failure.
 	SuccessThreshold int `json:"successThreshold,omitempty"`
+	// BudgetBy makes MaxUnavailable a budget per value of this label
+	// (budget.go): at most that many hosts of each value take the
+	// change at once.
+	BudgetBy string `json:"budgetBy,omitempty"`
+	// Follows is the rollout this one waits for: it admits no host until
+	// that one has ended done (--after).
+	Follows *Ref `json:"follows,omitempty"`
+}
+
+// Ref names a rollout of another group (or the same one), as --after
+// resolved it; Said is what the operator wrote (a group, a selector or a
+// rollout ID).
+type Ref struct {
+	Group string `json:"group"`
+	ID    string `json:"id"`
+	Said  string `json:"said,omitempty"`
+}
+
+func (f Ref) String() string {
+	s := f.Group + "/" + f.ID
+	if f.Said != "" && f.Said != f.Group && f.Said != f.ID {
+		s += " (" + f.Said + ")"
+	}
+	return s
 }
 
 // ParseThreshold reads --success-threshold: "N%" (or "N"), 1 to 100.
@@ -211,7 +235,7 @@ func (s Strategy) GateTimeoutOr() time.Duration {
 func (s Strategy) IsRollout() bool {
 	return !s.Canary.IsZero() || len(s.Waves) > 0 || !s.MaxUnavailable.IsZero() || s.Soak > 0 ||
 		s.ProgressDeadline > 0 || s.PauseAfterCanary || s.AutoRevert || s.MaxRestarts >= 0 || s.Gated() ||
-		s.WavesBy != "" || s.SuccessThreshold > 0
+		s.WavesBy != "" || s.SuccessThreshold > 0 || s.BudgetBy != "" || s.Follows != nil
 }
 
 // Validate refuses a strategy that could not be run as written.
@@ -263,6 +287,14 @@ func (s Strategy) Validate() error {
 		}
 		if s.PauseAfterCanary {
 			errs = append(errs, fmt.Errorf("%s: --pause-after-canary needs --canary, which waves by label go without", what))
+		}
+	}
+	if s.BudgetBy != "" {
+		if !validLabelPart(s.BudgetBy) {
+			errs = append(errs, fmt.Errorf("--budget-by %q: want a label key (letters, digits, '.', '_', '-' or '/')", s.BudgetBy))
+		}
+		if s.MaxUnavailable.IsZero() {
+			errs = append(errs, fmt.Errorf("--budget-by %s needs --max-unavailable N (how many hosts of each %s may take the change at once)", s.BudgetBy, s.BudgetBy))
 		}
 	}
 	if s.SuccessThreshold < 0 || s.SuccessThreshold > 100 {
@@ -379,6 +411,11 @@ type Record struct {
 	// one per wave: "rack=r1", or "(no rack)" for the hosts without one
 	// of the values.
 	WaveLabels []string `json:"waveLabels,omitempty"`
+	// Buckets are, with Strategy.BudgetBy, the budget of each host of
+	// Hosts (an index into BucketNames, "rack=r1"): a number per host,
+	// as every agent of the group reads the record.
+	Buckets     []int    `json:"buckets,omitempty"`
+	BucketNames []string `json:"bucketNames,omitempty"`
 	// Joined are the hosts the coordinator added to the last wave because
 	// their agents joined the group after the start (also in Hosts).
 	Joined    []string  `json:"joined,omitempty"`

@@ -146,6 +146,9 @@ func TestStrategyValidate(t *testing.T) {
 		{Strategy{WavesByOrder: []string{"a"}, MaxRestarts: -1}, "values without a label key"},
 		{Strategy{SuccessThreshold: 101, MaxRestarts: -1}, "--success-threshold 101%"},
 		{Strategy{SuccessThreshold: -1, MaxRestarts: -1}, "--success-threshold -1%"},
+		{Strategy{BudgetBy: "rack", MaxUnavailable: Count{N: 1}, MaxRestarts: -1}, ""},
+		{Strategy{BudgetBy: "rack", MaxRestarts: -1}, "--budget-by rack needs --max-unavailable"},
+		{Strategy{BudgetBy: "ra ck", MaxUnavailable: Count{N: 1}, MaxRestarts: -1}, `--budget-by "ra ck"`},
 	} {
 		err := tc.s.Validate()
 		if (tc.err == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.err)) {
@@ -533,5 +536,26 @@ func TestByLabel(t *testing.T) {
 				t.Errorf("ByLabel = %v %v %v %v\nwant %v %v %v %v", order, ends, names, unlabeled, tc.order, tc.ends, tc.names, tc.unlabeled)
 			}
 		})
+	}
+}
+
+// Buckets sorts hosts by the budget label: a bucket per value met, in
+// the hosts' order, the hosts without the label sharing one; a joiner
+// (past the buckets) has none the record knows.
+func TestBuckets(t *testing.T) {
+	s := Strategy{BudgetBy: "rack", MaxUnavailable: Count{N: 1}}
+	labels := map[string]map[string]string{"h1": {"rack": "r2"}, "h2": {"rack": "r1"}, "h3": {"rack": "r2"}, "h4": {}}
+	of, names := s.Buckets([]string{"h1", "h2", "h3", "h4", "h5"}, labels)
+	if !slices.Equal(of, []int{0, 1, 0, 2, 2}) || !slices.Equal(names, []string{"rack=r2", "rack=r1", "(no rack)"}) {
+		t.Fatalf("Buckets = %v %v", of, names)
+	}
+	r := &Record{Strategy: s, Hosts: []string{"h1", "h2", "h3", "h4", "h5", "h6"}, Buckets: of, BucketNames: names}
+	for h, want := range map[string]string{"h2": "rack=r1", "h5": "(no rack)", "h6": "(rack not known: joined since the start)"} {
+		if got := r.BucketName(h); got != want {
+			t.Errorf("BucketName(%s) = %q, want %q", h, got, want)
+		}
+	}
+	if of, names := (Strategy{}).Buckets([]string{"h1"}, labels); of != nil || names != nil {
+		t.Errorf("no --budget-by: Buckets = %v %v, want none", of, names)
 	}
 }

@@ -81,6 +81,8 @@ wrong and how to fix it:
              header of etcd's /health endpoint (1 s resolution) and takes the
              midpoint of the request, so the figure is good to about ±0.5 s plus
              half the round trip; it warns beyond 2 s
+  labels     the labels file (--labels-file) parses, and only root or the
+             agent's user can change it
   agent      the running agent answers on its debug socket; units in error
 
 Exit code 0 when nothing failed (warnings allowed), 1 otherwise.`,
@@ -165,6 +167,7 @@ func runDoctor(ctx context.Context, o *runOptions, embedded bool) []check {
 	add(checkFileRoots(o)...)
 	add(checkStateDir(o)...)
 	add(checkRegistry(ctx, o, embedded)...)
+	add(checkLabels(o))
 	add(checkAgent(ctx, o))
 	return checks
 }

@@ -338,14 +338,14 @@ func TestKilledSlotHolderFreesSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the victim holds the slot", func() bool {
-		hs, _ := f.reg.Holders(context.Background(), "groups/web", "app.service")
+		hs, _ := f.reg.Holders(context.Background(), "groups/web", reconcile.Bucket{}, "app.service")
 		return len(hs) > 0 && hs[0].Host == "victim" && !hs[0].Waiting()
 	})
 	for _, e := range f.hosts {
 		e.startAgent()
 	}
 	eventually(t, "the others queue behind the victim", func() bool {
-		hs, _ := f.reg.Holders(context.Background(), "groups/web", "app.service")
+		hs, _ := f.reg.Holders(context.Background(), "groups/web", reconcile.Bucket{}, "app.service")
 		return len(hs) == 3
 	})
 	killed := time.Now()
@@ -353,7 +353,7 @@ func TestKilledSlotHolderFreesSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "another host took the slot", func() bool {
-		hs, _ := f.reg.Holders(context.Background(), "groups/web", "app.service")
+		hs, _ := f.reg.Holders(context.Background(), "groups/web", reconcile.Bucket{}, "app.service")
 		return len(hs) > 0 && hs[0].Host != "victim" && !hs[0].Waiting()
 	})
 	t.Logf("slot freed %v after SIGKILL (lease TTL 2s)", time.Since(killed).Round(10*time.Millisecond))

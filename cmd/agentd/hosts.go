@@ -35,7 +35,7 @@ forget H"). A group --wait waits for all of them. The first line counts them;
 RUNS is what each runs: its units and the version (hash) of each.
 
 LABELS are the host's labels: those given to its agent (agentd run --label
-K=V), then the facts the agent read off the host (arch, hostname, os.id,
+K=V, and its --labels-file as it last accepted it), then the facts the agent read off the host (arch, hostname, os.id,
 os.version_id, systemd.version), shortened to fit; --json has them all.
 --selector picks hosts by them, in Kubernetes' label selector syntax:
 comma-separated requirements that must all hold, each k=v (or k==v), k!=v

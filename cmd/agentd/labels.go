@@ -19,9 +19,10 @@ import (
 )
 
 // An agent publishes labels with its membership (reconcile.Member.Labels):
-// those the operator gives (agentd run --label K=V, AGENTD_LABEL) and the
-// facts it reads off its host (factKeys). `agentd hosts --selector` picks
-// hosts by them.
+// those the operator gives (agentd run --label K=V, AGENTD_LABEL, and the
+// labels file, labelsfile.go) and the facts it reads off its host
+// (factKeys). `agentd hosts --selector` picks hosts by them; currentLabels
+// holds them as they stand.
 
 // The facts: labels an agent reads off its host. A given label may not
 // carry one of their keys.
@@ -48,11 +49,8 @@ func parseLabels(given []string) (map[string]string, error) {
 		if !ok {
 			return nil, fmt.Errorf("%q: want KEY=VALUE", kv)
 		}
-		if err := selector.Validate(k, v); err != nil {
-			return nil, err // names the key or value
-		}
-		if slices.Contains(factKeys, k) {
-			return nil, fmt.Errorf("label %s is the host's own fact (the agent publishes %s itself)", k, strings.Join(factKeys, ", "))
+		if err := checkLabel(k, v); err != nil {
+			return nil, err
 		}
 		if old, dup := labels[k]; dup {
 			return nil, fmt.Errorf("label %s given twice (%s=%s, %s)", k, k, old, kv)
@@ -60,6 +58,18 @@ func parseLabels(given []string) (map[string]string, error) {
 		labels[k] = v
 	}
 	return labels, nil
+}
+
+// checkLabel checks one given label (--label, the labels file): a valid
+// label whose key is no fact's. The error names the key or value.
+func checkLabel(k, v string) error {
+	if err := selector.Validate(k, v); err != nil {
+		return err
+	}
+	if slices.Contains(factKeys, k) {
+		return fmt.Errorf("label %s is the host's own fact (the agent publishes %s itself)", k, strings.Join(factKeys, ", "))
+	}
+	return nil
 }
 
 // labelFlag is --label: a string slice (KEY=VALUE,… from AGENTD_LABEL,
@@ -156,17 +166,6 @@ func parseOSRelease(b []byte) map[string]string {
 		out[strings.TrimSpace(k)] = v
 	}
 	return out
-}
-
-// memberLabels are the labels an agent publishes: its facts and the given
-// labels (which parseLabels keeps off the facts' keys).
-func memberLabels(given, facts map[string]string) map[string]string {
-	labels := maps.Clone(facts)
-	if labels == nil {
-		labels = map[string]string{}
-	}
-	maps.Copy(labels, given)
-	return labels
 }
 
 // describeLabels is the LABELS column of `agentd hosts`: "k=v,…", the

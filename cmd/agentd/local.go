@@ -45,7 +45,13 @@ this host's wave, e.g.
   web.service: rollout r20251204-101500-1a2b3c4d running, this host soaking (12 s of 30 s) in wave 2 of 3 (5 hosts)
 
 An agent sees only its own progress: "agentd rollout status ID" shows the
-whole rollout (its open wave, how many hosts are healthy).`,
+whole rollout (its open wave, how many hosts are healthy).
+
+Last, the host's labels as the agent publishes them (given, then facts), and
+whether the labels file (agentd run --labels-file) is refused as it is now:
+
+  labels env=prod,rack=r1,arch=amd64,hostname=web-01,… (labels file /etc/agentd/labels)
+  labels file refused, the labels above are those from before its change: /etc/agentd/labels:3: …`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r, err := control.NewClient(resolveSocket(sock, user)).Status(cmd.Context())
@@ -61,7 +67,7 @@ whole rollout (its open wave, how many hosts are healthy).`,
 			fmt.Fprintln(tw, "UNIT\tREGISTRY\tLOCAL\tSTATE\tLAST ACTION\tRESULT\tERROR")
 			for _, s := range r.Units {
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s/%s\t%s\t%s\t%s\n", s.Unit, orDash(short(s.DesiredHash)), orDash(short(s.Hash)),
-					orDash(s.ActiveState), orDash(s.SubState), orDash(string(s.Action)), orDash(string(s.Result)), s.Error)
+					orDash(s.ActiveState), orDash(s.SubState), orDash(string(s.Action))+bucketSuffix(s.SlotBucket), orDash(string(s.Result)), s.Error)
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -83,6 +89,13 @@ whole rollout (its open wave, how many hosts are healthy).`,
 			now := time.Now()
 			for _, ri := range r.Rollouts {
 				fmt.Fprintln(out, rolloutLine(ri, now))
+			}
+			// The labels (an agent older than them says nothing).
+			if l := r.Labels; l != nil {
+				fmt.Fprintln(out, labelsLine(l))
+				if l.FileRefused != "" {
+					fmt.Fprintf(out, "labels file refused, the labels above are those from before its change: %s\n", l.FileRefused)
+				}
 			}
 			return nil
 		},

@@ -38,6 +38,11 @@ renews its lease while it runs (--lease-ttl), so its slots go a TTL after it
 dies; a FleetLock reboot's lease is not renewed, its slots go when the
 client calls steady-state or when --fleetlock-ttl runs out.
 
+A unit with [X-Agentd] MaxUnavailableBy=KEY has one queue per value of the
+host label KEY: BUCKET names it ("rack=r1", or "(no rack)" for the hosts
+without the label, who share one), and a reboot takes its slot in the bucket
+of the machine the FleetLock server runs on.
+
 Why a host waits is said when the registry knows it: for a queued key, the
 queue's limit (the unit's MaxUnavailable= in the group's keys now, or the
 group's reboot limit) and the holders ahead of it; for a halt, the live hosts
@@ -88,8 +93,15 @@ type slotRow struct {
 	Group string `json:"group,omitempty"` // <g>
 	// Unit is the unit (a template, for instances) the queue is for, or
 	// "reboot": the group's reboot pool.
-	Unit   string `json:"unit"`
-	Holder string `json:"holder"` // a host, or "fleetlock:<id>"
+	Unit string `json:"unit"`
+	// Bucket names the queue's label bucket when the unit budgets by
+	// label (MaxUnavailableBy=): "rack=r1", or "(no rack)" for the hosts
+	// without the label; BucketKey and BucketValue are its parts. Empty
+	// for the queue of the whole group.
+	Bucket      string `json:"bucket,omitempty"`
+	BucketKey   string `json:"bucketKey,omitempty"`
+	BucketValue string `json:"bucketValue,omitempty"`
+	Holder      string `json:"holder"` // a host, or "fleetlock:<id>"
 	// For is what the slot is for: "unit" (an agent applying a change to
 	// Unit, Hash), "reboot" (a FleetLock client, FleetLockID), or
 	// "unknown" (a value that does not decode).
@@ -175,6 +187,7 @@ func readLocks(ctx context.Context, reg *registry.Client, scope string) (locksRe
 func slotRowOf(s registry.Slot) slotRow {
 	r := slotRow{
 		Scope: s.Scope, Unit: s.Pool, Holder: s.Holder, Position: s.Position, Limit: s.Limit,
+		Bucket: s.Bucket.String(), BucketKey: s.Bucket.Key, BucketValue: s.Bucket.Value,
 		Hash: s.Value.Hash, FleetLockID: s.Value.FleetLockID, TTLSeconds: int64(s.TTL / time.Second),
 	}
 	if g, ok := strings.CutPrefix(s.Scope, "groups/"); ok {
@@ -214,9 +227,19 @@ func whyWaits(s registry.Slot) string {
 	if s.Pool == registry.RebootPool {
 		what = fmt.Sprintf("the group's reboots take %d slot(s) at once (its smallest MaxUnavailable=, or 1)", s.Limit)
 	}
+	if b := s.Bucket; b.Key != "" {
+		// "app.service allows 1 at once in rack=r1 (MaxUnavailable=1 per rack)"
+		what = fmt.Sprintf("%s allows %d at once in %s (MaxUnavailable=%d per %s)", s.Pool, s.Limit, b, s.Limit, b.Key)
+		if s.Pool == registry.RebootPool {
+			what = fmt.Sprintf("the group's reboots take %d slot(s) at once in %s (its smallest MaxUnavailable=, per %s)", s.Limit, b, b.Key)
+		}
+	}
 	switch {
 	case s.Garbled:
 		return "its value does not decode: it holds its place in the queue until it is deleted (etcdctl del) — delete it if no agent wrote it"
+	case s.Limit == 0 && s.Bucket.Key != "":
+		return fmt.Sprintf("queued behind %s; the queue's limit is not known from the registry now (no key of the group sets MaxUnavailable= with MaxUnavailableBy=%s for %s any more)",
+			strings.Join(s.Ahead, ", "), s.Bucket.Key, s.Pool)
 	case s.Limit == 0:
 		return fmt.Sprintf("queued behind %s; the queue's limit is not known from the registry now (no key of the group sets MaxUnavailable= for %s any more)",
 			strings.Join(s.Ahead, ", "), s.Pool)
@@ -233,7 +256,19 @@ func printLocks(out io.Writer, rep locksReport, now time.Time) error {
 	if len(rep.Slots) == 0 {
 		fmt.Fprintln(tw, "no MaxUnavailable= slot held or waited for")
 	} else {
-		fmt.Fprintln(tw, "GROUP\tUNIT\tHOLDER\tSTATE\tSINCE\tTTL\tFOR")
+		// BUCKET only when a queue is by label (MaxUnavailableBy=).
+		byLabel := slices.ContainsFunc(rep.Slots, func(s slotRow) bool { return s.Bucket != "" })
+		bucket := func(s slotRow) string {
+			if !byLabel {
+				return ""
+			}
+			return orDash(s.Bucket) + "\t"
+		}
+		head := "GROUP\tUNIT\tHOLDER\tSTATE\tSINCE\tTTL\tFOR"
+		if byLabel {
+			head = "GROUP\tBUCKET\tUNIT\tHOLDER\tSTATE\tSINCE\tTTL\tFOR"
+		}
+		fmt.Fprintln(tw, head)
 		for _, s := range rep.Slots {
 			since := "-"
 			if !s.Since.IsZero() {
@@ -243,7 +278,7 @@ func printLocks(out io.Writer, rep locksReport, now time.Time) error {
 			if s.TTLSeconds >= 0 {
 				ttl = ago(time.Duration(s.TTLSeconds) * time.Second)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(s.Group), s.Unit, s.Holder, s.State, since, ttl, slotFor(s)+prefixed(s.Why))
+			fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%s\t%s\t%s\n", orDash(s.Group), bucket(s), s.Unit, s.Holder, s.State, since, ttl, slotFor(s)+prefixed(s.Why))
 		}
 	}
 	if len(rep.Halts) > 0 {

@@ -36,24 +36,24 @@ func TestLocksShowsSlotsAndHalts(t *testing.T) {
 	h2, h3 := join("h2"), join("h3")
 
 	appHash := reconcile.Hash([]byte(app))
-	if _, err := g.sess.Acquire(ctx, "groups/web", "app.service", appHash, 1); err != nil {
+	if _, err := g.sess.Acquire(ctx, "groups/web", reconcile.Bucket{}, "app.service", appHash, 1); err != nil {
 		t.Fatal(err)
 	}
 	queued := make(chan error, 1)
 	go func() {
-		_, err := h2.Acquire(ctx, "groups/web", "app.service", appHash, 1)
+		_, err := h2.Acquire(ctx, "groups/web", reconcile.Bucket{}, "app.service", appHash, 1)
 		queued <- err
 	}()
-	if _, err := h2.Acquire(ctx, "groups/web", "w@.service", reconcile.Hash([]byte(tmpl)), 2); err != nil {
+	if _, err := h2.Acquire(ctx, "groups/web", reconcile.Bucket{}, "w@.service", reconcile.Hash([]byte(tmpl)), 2); err != nil {
 		t.Fatal(err)
 	}
 	// A reboot in web waits for h1's app.service; one in db (no units:
 	// one reboot at a time) is granted.
 	var full *registry.SlotsFullError
-	if err := g.reg.LockReboot(ctx, "web", "node-1", time.Hour); !errors.As(err, &full) || full.Pool != "app.service" {
+	if err := g.reg.LockReboot(ctx, "web", "node-1", nil, time.Hour); !errors.As(err, &full) || full.Pool != "app.service" {
 		t.Fatalf("LockReboot in web while h1 holds app.service: %v", err)
 	}
-	if err := g.reg.LockReboot(ctx, "db", "node-9", time.Hour); err != nil {
+	if err := g.reg.LockReboot(ctx, "db", "node-9", nil, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	// h1 failed a version of app.service; h3's status says it holds it back.

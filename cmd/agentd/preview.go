@@ -102,7 +102,7 @@ func readHostView(ctx context.Context, reg *registry.Client, m reconcile.Member)
 	if err != nil {
 		return hostView{}, err
 	}
-	return hostView{Host: m.Host, Snapshot: snap, Statuses: sts, Facts: facts}, nil
+	return hostView{Host: m.Host, Snapshot: snap, Statuses: sts, Facts: facts, Labels: m.Labels}, nil
 }
 
 // what is the WOULD column: a refusal or hold says why in it.

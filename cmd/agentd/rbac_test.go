@@ -69,6 +69,7 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 		"etcdctl role grant-permission agentd-host-h1 readwrite /agentd/facts/h1",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true readwrite /agentd/rollouts/hosts/h1/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/rollouts/hosts/",
+		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/rollouts/summary/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/mirror/holds/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/selectors/",
 		"etcdctl role grant-permission agentd-host-h1 --prefix=true read /agentd/groups/db/",
@@ -116,7 +117,7 @@ func TestRbacPrintsExactlyTheAgentsPermissions(t *testing.T) {
 			Prefix          bool
 		}
 	}
-	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 24 ||
+	if err := json.Unmarshal([]byte(out), &v); code != 0 || err != nil || v.Role != "agentd-host-h1" || len(v.Permissions) != 25 ||
 		v.Permissions[2].Key != "/agentd/agents/h1" || v.Permissions[2].Permission != "readwrite" || v.Permissions[2].Prefix {
 		t.Fatalf("--json: exit %d, %v\n%s", code, err, out)
 	}
@@ -342,15 +343,15 @@ func TestAgentUnderLeastPrivilegeRole(t *testing.T) {
 	// another group.
 	asA := dialRegistry(t, []string{ep}, registry.AgentRole("a"), "secret-of-a")
 	eventually(t, "a takes a reboot's slots in web with its own credentials", func() bool {
-		return asA.LockReboot(ctx, "web", "node-1", time.Minute) == nil // once a gave app.service's slot back
+		return asA.LockReboot(ctx, "web", "node-1", nil, time.Minute) == nil // once a gave app.service's slot back
 	})
-	if err := asA.LockReboot(ctx, "web", "node-1", time.Minute); err != nil {
+	if err := asA.LockReboot(ctx, "web", "node-1", nil, time.Minute); err != nil {
 		t.Errorf("a renews a reboot's slots in web: %v", err)
 	}
 	if n, err := asA.UnlockReboot(ctx, "web", "node-1"); err != nil || n != 2 {
 		t.Errorf("a gives a reboot's slots in web back: %d keys, %v; want 2 (app.service, reboot)", n, err)
 	}
-	if err := asA.LockReboot(ctx, "db", "node-1", time.Minute); !isDenied(err) {
+	if err := asA.LockReboot(ctx, "db", "node-1", nil, time.Minute); !isDenied(err) {
 		t.Errorf("a takes a reboot's slots in db: %v, want permission denied", err)
 	}
 

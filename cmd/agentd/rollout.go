@@ -14,6 +14,7 @@ import (
 
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/rollout"
+	"github.com/agentd/agentd/selector"
 )
 
 // Rollouts from the CLI: the strategy flags of `unit put`, `unit rm`,
@@ -36,6 +37,7 @@ type strategyFlags struct {
 	promURL                       string
 	gateTimeout                   time.Duration
 	wavesBy, successThreshold     string
+	budgetBy, after               string
 	supersede                     bool
 	reason                        string
 
@@ -65,6 +67,8 @@ func (f *strategyFlags) bind(cmd *cobra.Command, name, nothing string) {
 	fs.StringVar(&f.promURL, "prom-url", "", "rollout: the Prometheus `URL` --gate-prom asks (its /api/v1/query)")
 	fs.StringVar(&f.wavesBy, "waves-by", "", "rollout: one wave per value of the hosts' label `KEY` (sorted), or KEY=v1,v2,… in that order; the hosts without one of the values go in a last wave; instead of --canary and --waves")
 	fs.StringVar(&f.successThreshold, "success-threshold", "", "rollout: a wave counts as done when `N%` of its hosts are healthy and the others failed (named); default: all of them, the first failure fails the rollout")
+	fs.StringVar(&f.budgetBy, "budget-by", "", "rollout: --max-unavailable is a budget per value of the hosts' label `KEY` (--max-unavailable 1 --budget-by rack: one host per rack at once, the racks in parallel)")
+	fs.StringVar(&f.after, "after", "", "rollout: begin only once the rollout `ROLLOUT|GROUP|SELECTOR` names (an ID, or the newest rollout of a group or selector target) has ended done; if it failed or was aborted, this one waits and says so")
 	fs.BoolVar(&f.supersede, "supersede", false, "rollout: end a running rollout of the same keys (as superseded) instead of refusing")
 	fs.StringVar(&f.reason, "reason", "", reasonHelp)
 }
@@ -112,6 +116,10 @@ func (f *strategyFlags) strategy() (rollout.Strategy, error) {
 		PauseAfterCanary: f.pauseAfterCanary, AutoRevert: f.autoRevert,
 		MaxRestarts: f.maxRestarts, GateCmd: strings.TrimSpace(f.gateCmd),
 		GateURL: strings.TrimSpace(f.gateURL), GateProm: strings.TrimSpace(f.gateProm), PromURL: strings.TrimSpace(f.promURL),
+		BudgetBy: strings.TrimSpace(f.budgetBy),
+	}
+	if f.after != "" {
+		s.Follows = &rollout.Ref{Said: strings.TrimSpace(f.after)} // resolved in newRollout
 	}
 	if f.gateTimeout != rollout.DefaultGateTimeout {
 		s.GateTimeout = f.gateTimeout
@@ -188,15 +196,27 @@ func (f *strategyFlags) stage(ctx context.Context, reg *registry.Client, tg regi
 // newRollout is the rollout a write of f's strategy to group starts
 // (groupRollout).
 func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, group string, warn io.Writer) (*rollout.Record, error) {
+	s := f.s
+	if s.Follows != nil {
+		ref, err := resolveAfter(ctx, reg, s.Follows.Said, warn)
+		if err != nil {
+			return nil, withCode(exitUsage, fmt.Errorf("%s: --after %s: %w; %s", f.name, s.Follows.Said, err, f.nothing))
+		}
+		s.Follows = ref
+	}
 	known, err := reg.KnownHosts(ctx)
 	if err != nil {
 		return nil, err
 	}
-	r, down := groupRollout(known, group, f.s, time.Now())
+	r, down := groupRollout(known, group, s, time.Now())
 	if r == nil {
 		return nil, fmt.Errorf("%s: no host has joined group %s: a rollout would have no host to go to (start agents with --group %s, or drop the rollout options); %s", f.name, group, group, f.nothing)
 	}
-	if len(down) > 0 {
+	switch {
+	case len(down) > 0 && s.SuccessThreshold > 0:
+		fmt.Fprintf(warn, "warning: %s of group %s %s no live agent: until %s back, %s as not healthy (--success-threshold %d%%)\n",
+			rollout.NameHosts(down, len(down)), group, plural(len(down), "has", "have"), plural(len(down), "it is", "they are"), plural(len(down), "it counts", "they count"), s.SuccessThreshold)
+	case len(down) > 0:
 		fmt.Fprintf(warn, "warning: %s of group %s %s no live agent: the rollout waits for %s in %s wave\n",
 			rollout.NameHosts(down, len(down)), group, plural(len(down), "has", "have"), plural(len(down), "it", "them"), plural(len(down), "its", "their"))
 	}
@@ -208,6 +228,54 @@ func (f *strategyFlags) newRollout(ctx context.Context, reg *registry.Client, gr
 	}
 	r.By, r.Reason = storedBy(), strings.TrimSpace(f.reason)
 	return r, nil
+}
+
+// resolveAfter is the rollout --after names: a rollout ID, or the newest
+// rollout of a group, or of a selector target (written as at --selector).
+// One that ended other than done is named in a warning: the rollout
+// waits for it all the same.
+func resolveAfter(ctx context.Context, reg *registry.Client, said string, warn io.Writer) (*rollout.Ref, error) {
+	if said == "" {
+		return nil, errors.New("an empty name (want a rollout ID, a group or a selector)")
+	}
+	var v rollout.View
+	switch {
+	case strings.HasPrefix(said, "r") && registry.ValidateName("rollout", said) == nil && !strings.ContainsAny(said, "=!( "):
+		got, err := reg.Rollout(ctx, said, false)
+		if err == nil {
+			v = got
+			break
+		}
+		if !errors.Is(err, registry.ErrNoRollout) {
+			return nil, err
+		}
+		fallthrough // a group named like a rollout ID
+	default:
+		group, what := said, "group "+said
+		if strings.ContainsAny(said, "=!( ") {
+			sel, err := selector.Parse(said)
+			if err != nil {
+				return nil, err
+			}
+			group, what = registry.SelectorGroup(sel), "selector "+sel.String()+" (group "+registry.SelectorGroup(sel)+")"
+		} else if err := registry.ValidateName("group", said); err != nil {
+			return nil, err
+		}
+		all, err := reg.Rollouts(ctx, group, false)
+		if err != nil {
+			return nil, err
+		}
+		if len(all) == 0 {
+			return nil, fmt.Errorf("%s has no rollout to wait for (agentd rollout ls lists them)", what)
+		}
+		v = all[0] // newest first
+	}
+	r := v.Record
+	if ph := v.Phase(); ph.State.Ended() && ph.State != rollout.Done {
+		fmt.Fprintf(warn, "warning: rollout %s of group %s, which --after names, ended %s%s: this rollout waits for it to end done, which it will not\n",
+			r.ID, r.Group, ph.State, prefixed(ph.Reason))
+	}
+	return &rollout.Ref{Group: r.Group, ID: r.ID, Said: said}, nil
 }
 
 // groupRollout is the rollout a write of strategy s to group starts (its
@@ -234,13 +302,14 @@ func groupRollout(known []registry.KnownHost, group string, s rollout.Strategy, 
 		ID: registry.NewRolloutID(now), Group: group, Strategy: s,
 		Hosts: hosts, WaveEnds: s.WaveEnds(len(hosts)),
 	}
+	labels := make(map[string]map[string]string, len(known))
+	for _, k := range known {
+		labels[k.Host] = k.Labels
+	}
 	if s.WavesBy != "" {
-		labels := make(map[string]map[string]string, len(known))
-		for _, k := range known {
-			labels[k.Host] = k.Labels
-		}
 		r.Hosts, r.WaveEnds, r.WaveLabels, _ = s.ByLabel(hosts, labels)
 	}
+	r.Buckets, r.BucketNames = s.Buckets(r.Hosts, labels)
 	return r, down
 }
 
@@ -275,8 +344,8 @@ func announceRollout(ctx context.Context, out io.Writer, asJSON bool, reg *regis
 			"rollout %s: superseded by %s (ended; its hosts take this one instead)\n", id, r.ID)
 	}
 	say(out, asJSON, map[string]any{"event": "rollout", "rollout": r.ID, "group": r.Group, "hosts": r.Hosts, "waveEnds": r.WaveEnds},
-		"rollout %s: %d %s in %s %s%s; follow it with agentd rollout status %s --watch\n",
-		r.ID, len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), plural(len(r.WaveEnds), "wave", "waves"), joinInts(r.WaveEnds), waveLabels(r), r.ID)
+		"rollout %s: %d %s in %s %s%s%s; follow it with agentd rollout status %s --watch\n",
+		r.ID, len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), plural(len(r.WaveEnds), "wave", "waves"), joinInts(r.WaveEnds), waveLabels(r), budgetNote(r), r.ID)
 }
 
 func joinInts(ns []int) string {

@@ -56,6 +56,8 @@ func describeStrategy(s rollout.Strategy) string {
 		parts = append(parts, "--waves-by "+w)
 	}
 	add(s.SuccessThreshold > 0, "--success-threshold %d%%", s.SuccessThreshold)
+	add(s.BudgetBy != "", "--budget-by %s", s.BudgetBy)
+	add(s.Follows != nil, "--after %s", s.Follows)
 	if len(parts) == 0 {
 		return "-"
 	}
@@ -153,7 +155,7 @@ func printRolloutStatus(out io.Writer, v rollout.View, ph rollout.Phase, which h
 	fmt.Fprintf(&b, "rollout %s of group %s: %s\n", r.ID, r.Group, strings.Join(slices.Sorted(maps.Keys(r.Units)), ", "))
 	fmt.Fprintf(&b, "phase:    %s\n", describePhase(v, ph))
 	fmt.Fprintf(&b, "strategy: %s\n", describeStrategy(r.Strategy))
-	fmt.Fprintf(&b, "waves:    %s of %d %s%s\n", joinInts(r.WaveEnds), len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), waveLabels(r))
+	fmt.Fprintf(&b, "waves:    %s of %d %s%s%s\n", joinInts(r.WaveEnds), len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), waveLabels(r), budgetNote(r))
 	started := fmt.Sprintf("started:  %s (%s ago)", r.CreatedAt.Local().Format(time.DateTime), ago(now.Sub(r.CreatedAt)))
 	if r.By != "" {
 		started += " by " + r.By

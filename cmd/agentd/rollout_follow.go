@@ -390,6 +390,16 @@ func waveLabels(r *rollout.Record) string {
 	return " by label: " + strings.Join(r.WaveLabels, ", ")
 }
 
+// budgetNote is "; at most 1 at once per rack (rack=r1, rack=r2)" for a
+// rollout with a budget by label.
+func budgetNote(r *rollout.Record) string {
+	s := r.Strategy
+	if s.BudgetBy == "" {
+		return ""
+	}
+	return fmt.Sprintf("; at most %s at once per %s (%s)", s.MaxUnavailable, s.BudgetBy, strings.Join(r.BucketNames, ", "))
+}
+
 // phaseWave is the phase's wave counted from 1 (a rollout whose every
 // wave is done is in its last).
 func phaseWave(v rollout.View, ph rollout.Phase) int {

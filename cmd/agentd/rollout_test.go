@@ -48,8 +48,32 @@ func newRolloutEnv(t *testing.T, hosts ...string) *rolloutEnv {
 	env.member(t, "other1", "db") // not in the group: never in its rollouts
 	if len(hosts) > 0 {
 		env.coordinate(t, hosts[0])
+		env.stand(t, hosts[1:]...)
 	}
 	return env
+}
+
+// stand makes hosts up for the coordinator (rollout.GroupView.Live): a
+// candidacy in the group's election each, as their agents' would be,
+// younger than the coordinator's, so that it stays elected.
+func (e *rolloutEnv) stand(t *testing.T, hosts ...string) {
+	t.Helper()
+	const election = "/agentd/rollouts/coordinator/web/"
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := e.raw.Get(t.Context(), election, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Count > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the coordinator did not stand in 10s")
+		}
+	}
+	for i, h := range hosts {
+		e.put(t, fmt.Sprintf("%sffff%04x", election, i), h)
+	}
 }
 
 // member writes host's member record, as its agent would.

@@ -61,10 +61,14 @@ type runOptions struct {
 	// recipient is its public side, published with the membership.
 	identity, recipient string
 	// labels is --label K=V (repeatable); given the labels parsed from it
-	// (newAgentRun), and published the labels published with the
-	// membership: given and the host's facts (openLocal).
-	labels           []string
-	given, published map[string]string
+	// (newAgentRun). labelsFile is --labels-file ("": none). labelsNow are
+	// the labels published with the membership as they stand: given, the
+	// labels file's and the host's facts (newAgentRun, openLocal), changed
+	// while the agent runs by the labels file (watchLabelsFile).
+	labels     []string
+	given      map[string]string
+	labelsFile string
+	labelsNow  *currentLabels
 	// credentialKey is --credential-key: what systemd-creds encrypts
 	// credentials with (its --with-key).
 	credentialKey string
@@ -119,11 +123,23 @@ owner this host does not have refuses the unit's whole change, and the
 running version is kept. Without --file-root every config file is refused.
 
 The agent publishes labels with its membership: those given with --label
-KEY=VALUE (repeatable; AGENTD_LABEL=K=V,K=V) and the facts it reads off the
-host: arch, hostname, os.id and os.version_id (ID= and VERSION_ID= of
-/etc/os-release; absent without one) and systemd.version. A given label with
-a fact's key is refused, and so is one that is not a valid Kubernetes label.
-"agentd hosts --selector" picks hosts by them.
+KEY=VALUE (repeatable; AGENTD_LABEL=K=V,K=V) and in the labels file
+(--labels-file, default /etc/agentd/labels: one KEY=VALUE a line, # comments;
+no file is no labels from it), and the facts it reads off the host: arch,
+hostname, os.id and os.version_id (ID= and VERSION_ID= of /etc/os-release;
+absent without one) and systemd.version. A given label with a fact's key is
+refused, and so is one that is not a valid Kubernetes label, or a key given
+both with --label and in the file. "agentd hosts --selector" picks hosts by
+them, "agentd unit put --selector" targets them.
+
+The labels file is followed while the agent runs: edit it (or rename a new one
+into place) and the agent republishes its labels, joins the selectors they
+now match and leaves the others, taking and dropping their units in one pass,
+without a restart. A file that does not parse (the log names the line), gives
+a --label's key, or that someone other than root (or the agent's user) owns or
+that group or others may write (the file or its directory) is refused whole:
+the agent keeps the labels it had and "agentd status" says why. At start such
+a file stops the agent (exit 2).
 
 Under systemd (contrib/systemd/agentd.service, Type=notify) it reports READY=1
 after its first successful reconcile pass, or after --registry-timeout with the
@@ -213,6 +229,9 @@ func (o *runOptions) bindLocal(fs *pflag.FlagSet) {
 		"directory the config files of units' sets (agentd unit put --file) may be written under, e.g. /etc/myapp (repeatable; "+
 			"absolute, existing, apart from the unit and state directories). Without one every config file is refused")
 	fs.StringVar(&o.debugSocket, "debug-socket", "", "unix socket of the local debug API (default /run/agentd/agentd.sock, or $XDG_RUNTIME_DIR/agentd.sock with --user)")
+	fs.StringVar(&o.labelsFile, "labels-file", defaultLabelsFile,
+		"labels of this host, one KEY=VALUE a line (# comments), merged with --label and followed while the agent runs: a change joins or leaves selectors without a restart. "+
+			"Absent: no labels from it; \"\": none. Must be root's (or the agent's user's), not writable by group or others")
 }
 
 // defaults fills the paths that depend on --user.
@@ -428,6 +447,9 @@ func newAgentRun(o *runOptions) (*agentRun, error) {
 	if o.given, err = parseLabels(o.labels); err != nil {
 		return nil, withCode(exitUsage, fmt.Errorf("--label: %w", err))
 	}
+	if o.labelsNow, err = o.openLabels(); err != nil {
+		return nil, withCode(exitUsage, err)
+	}
 	log = log.With("host", o.host)
 	r := &agentRun{o: o, log: log, svc: newService(log), met: metrics.New(version)}
 	if r.allowed, err = o.loadAllowedSigners(); err != nil {
@@ -538,7 +560,7 @@ func (r *agentRun) openLocal(ctx context.Context) error {
 	if r.creds.version, err = sd.Version(ctx); err != nil {
 		log.Warn("the service manager's version is not known: secrets put as credentials are refused", "err", err)
 	}
-	o.published = memberLabels(o.given, hostFacts(r.creds.version, log))
+	o.labelsNow.setFacts(hostFacts(r.creds.version, log))
 	if r.units, err = unitdir.Open(o.unitDir); err != nil {
 		return err
 	}
@@ -621,6 +643,7 @@ func (r *agentRun) newAgent(quiet *quietSpell) {
 		Reporter:          r.reporter,
 		Facts:             sessionFacts{r.reporter},
 		Coordinator:       sessionCoordinator{r.reporter},
+		Labels:            o.labelsNow.Get, // MaxUnavailableBy= buckets: the labels now, at every pass
 		Confirmer:         sessionConfirmer{r.reporter},
 		Log:               log,
 		Observer:          multiObserver{svc, met, quiet, r.rollouts},
@@ -664,13 +687,18 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	wg.Go(func() { fail(agent.Run(ctx)) })
 	wg.Go(func() { fail(r.sd.Watch(ctx, agent.UnitChanged)) })
 	wg.Go(func() { fail(r.files.Watch(ctx, agent.FileChanged)) })
-	wg.Go(func() { fail(control.Serve(ctx, o.debugSocket, o.host, controlBackend{agent, r.rollouts, r.sd.State})) })
+	wg.Go(func() {
+		fail(control.Serve(ctx, o.debugSocket, o.host, labelledBackend{controlBackend{agent, r.rollouts, r.sd.State}, o.labelsNow}))
+	})
 	wg.Go(func() { fail(followRegistry(ctx, o, r.endpoints, log, r.reporter, met, onSnapshot, agent.UnitChanged)) })
 	wg.Go(func() {
 		r.lkg.fallback(ctx, fallbackAfter(o.registryTimeout, r.manifest.Units(), r.manifest.Intent(), log), agent.SetSnapshot, svc)
 	})
 	wg.Go(func() { svc.run(ctx) })
 	wg.Go(func() { r.rollouts.Run(ctx) })
+	if o.labelsFile != "" {
+		wg.Go(func() { o.labelsNow.watch(ctx, log) })
+	}
 	// A candidate coordinator for each group: one agent of the group wins
 	// and runs its rollouts; the others stand by.
 	for _, g := range o.groups {
@@ -683,14 +711,14 @@ func (r *agentRun) run(ctx context.Context, cancel context.CancelCauseFunc) erro
 	if r.fleetLockLn != nil {
 		met.FleetLockServing()
 		h := fleetlock.Handler(fleetlock.Config{
-			Slots: sessionSlots{r.reporter}, TTL: o.fleetLockTTL, Groups: o.groups,
+			Slots: sessionSlots{r.reporter}, TTL: o.fleetLockTTL, Groups: o.groups, Labels: o.labelsNow.Get,
 			Log: log.With("component", "fleetlock"), Observe: met.FleetLockRequest,
 		})
 		wg.Go(func() { fail(fleetlock.Serve(ctx, r.fleetLockLn, h)) })
 	}
 	log.Info("agent running", "unit_dir", o.unitDir, "state_dir", o.stateDir, "file_roots", strings.Join(o.fileRoots, ","), "debug_socket", o.debugSocket,
 		"groups", strings.Join(o.groups, ","), "etcd", strings.Join(r.endpoints, ","), "metrics", o.metricsAddr,
-		"fleetlock", o.fleetLockAddr, "watchdog", svc.watchdog, "labels", describeLabels(o.published, 1<<20))
+		"fleetlock", o.fleetLockAddr, "watchdog", svc.watchdog, "labels", describeLabels(o.labelsNow.Get(), 1<<20), "labels_file", o.labelsFile)
 	if o.ready != nil {
 		o.ready <- agent
 	}
@@ -732,7 +760,7 @@ func followRegistry(ctx context.Context, o *runOptions, endpoints []string, log 
 func connectRegistry(ctx context.Context, o *runOptions, endpoints []string, log *slog.Logger, met *metrics.Metrics) (*registry.Client, *registry.Session, error) {
 	member := reconcile.Member{
 		Host: o.host, MachineID: machineID(), Groups: o.groups, Version: version, StartedAt: time.Now().UTC(),
-		Recipient: o.recipient, Labels: o.published,
+		Recipient: o.recipient, Labels: o.labelsNow.Get(),
 	}
 	cfg := o.etcd.config(endpoints)
 	cfg.Logger = log

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,9 +24,12 @@ import (
 // of the sel- groups whose selectors match its own labels (--label and its
 // facts, as published), besides its --group groups: its unit watch, its
 // membership record and a rollout coordinator candidacy per group follow
-// that set. Labels change only with a restart, so a host relabelled takes
-// or drops a selector's units in its first pass after it. The CLI counts a
-// selector's members by the same match (registry.KnownHosts).
+// that set. Labels change with the labels file (currentLabels) or a
+// restart: the follower then republishes the membership record with the
+// new labels and joins or leaves the selectors they match, so a host
+// relabelled takes or drops a selector's units in one pass, its first
+// after the change. The CLI counts a selector's members by the same match
+// (registry.MatchingSelectors, in registry.KnownHosts).
 
 // selectorFollower runs the agent's unit watch over its effective groups
 // and restarts it whenever they change.
@@ -40,8 +45,18 @@ type selectorFollower struct {
 	// coords cancels the coordinator candidacy of each.
 	sels   map[string]selector.Selector
 	coords map[string]context.CancelFunc
-	wg     sync.WaitGroup
+	// all are the selectors last applied; published the labels the
+	// membership record carries; unpublished says the record is behind
+	// (its put failed: tried again every membershipRetry).
+	all         map[string]selector.Selector
+	published   map[string]string
+	unpublished bool
+	wg          sync.WaitGroup
 }
+
+// membershipRetry is how often a membership record that could not be put
+// (etcd away) is tried again.
+const membershipRetry = 5 * time.Second
 
 // run watches the host's keys (registry Watch) for its effective groups
 // until ctx is done or the watch fails; when the selectors change which
@@ -51,6 +66,7 @@ func (f *selectorFollower) run(ctx context.Context, onSnapshot func(registry.Sna
 	defer f.wg.Wait()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	f.published = f.s.Member().Labels
 	all := f.firstRead(ctx)
 	changes := make(chan map[string]selector.Selector, 1)
 	f.wg.Go(func() {
@@ -79,11 +95,16 @@ func (f *selectorFollower) run(ctx context.Context, onSnapshot func(registry.Sna
 	}
 }
 
-// until applies the selectors from changes until the effective groups
-// differ from groups (nil), the watch ends (done: its error) or ctx is
-// done.
+// until applies the selectors from changes, and the labels as they
+// change, until the effective groups differ from groups (nil), the watch
+// ends (done: its error) or ctx is done.
 func (f *selectorFollower) until(ctx context.Context, groups []string, changes <-chan map[string]selector.Selector, done <-chan error) error {
 	for {
+		var retry <-chan time.Time
+		if f.unpublished {
+			retry = time.After(membershipRetry)
+		}
+		var err error
 		select {
 		case err := <-done:
 			if err == nil {
@@ -91,12 +112,17 @@ func (f *selectorFollower) until(ctx context.Context, groups []string, changes <
 			}
 			return err
 		case all := <-changes:
-			if err := f.apply(ctx, all); err != nil {
-				return err
-			}
-			if !slices.Equal(groups, f.groups()) {
-				return nil
-			}
+			err = f.apply(ctx, all)
+		case <-f.o.labelsNow.Changed():
+			err = f.apply(ctx, f.all)
+		case <-retry:
+			err = f.apply(ctx, f.all)
+		}
+		if err != nil {
+			return err
+		}
+		if !slices.Equal(groups, f.groups()) {
+			return nil
 		}
 	}
 }
@@ -142,10 +168,13 @@ func slicesKeys(m map[string]selector.Selector) []string {
 }
 
 // apply joins the groups of the selectors in all that match the host's
-// labels and leaves the others: logged, the membership record put again,
-// a coordinator candidacy started or stopped for each.
+// labels as they are now and leaves the others: logged, a coordinator
+// candidacy started or stopped for each, and the membership record put
+// again when its groups or labels changed.
 func (f *selectorFollower) apply(ctx context.Context, all map[string]selector.Selector) error {
-	matching := registry.MatchingSelectors(all, f.o.published)
+	f.all = all
+	labels := f.o.labelsNow.Get()
+	matching := registry.MatchingSelectors(all, labels)
 	if f.sels == nil {
 		f.sels, f.coords = map[string]selector.Selector{}, map[string]context.CancelFunc{}
 	}
@@ -172,18 +201,31 @@ func (f *selectorFollower) apply(ctx context.Context, all map[string]selector.Se
 		f.wg.Go(func() { c.Run(cctx) })
 		changed = true
 	}
-	if !changed {
+	gs := f.groups()
+	if changed {
+		f.met.SetGroups(gs)
+	}
+	relabelled := !maps.Equal(labels, f.published)
+	if !changed && !relabelled && !f.unpublished {
 		return nil
 	}
-	gs := f.groups()
-	f.met.SetGroups(gs)
-	if err := f.s.SetGroups(ctx, gs); err != nil {
+	if err := f.s.SetMember(ctx, gs, labels); err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		// The watch follows the groups all the same; the record is put
-		// again with the lease's next re-creation.
-		f.log.Warn("the membership record does not name the selector groups yet", "groups", gs, "err", err)
+		// again in membershipRetry (and with the lease's next re-creation).
+		if !f.unpublished {
+			f.log.Warn("the membership record does not name the host's groups and labels yet; retrying", "groups", strings.Join(gs, ","),
+				"labels", describeLabels(labels, 1<<20), "err", err, "retry_in", membershipRetry)
+		}
+		f.unpublished = true
+		return nil
 	}
+	if relabelled || f.unpublished {
+		f.log.Info("membership republished: labels "+describeLabels(labels, 1<<20)+", groups "+strings.Join(gs, ","),
+			"groups", strings.Join(gs, ","), "labels", describeLabels(labels, 1<<20))
+	}
+	f.published, f.unpublished = labels, false
 	return nil
 }

@@ -76,14 +76,14 @@ type sessionCoordinator struct {
 // Acquire also keeps agentd_slots_waiting and agentd_slots_held: waiting
 // while it runs, held from its success until the release (the agent
 // releases every slot it drops, a lost one too).
-func (c sessionCoordinator) Acquire(ctx context.Context, scope, unit, hash string, limit int) (func(context.Context) error, error) {
+func (c sessionCoordinator) Acquire(ctx context.Context, scope string, bucket reconcile.Bucket, unit, hash string, limit int) (func(context.Context) error, error) {
 	s := c.r.current()
 	if s == nil {
 		return nil, errNotJoined
 	}
 	met, group := c.r.met, strings.TrimPrefix(scope, "groups/")
 	met.SlotWaiting(group, 1)
-	release, err := s.Acquire(ctx, scope, unit, hash, limit)
+	release, err := s.Acquire(ctx, scope, bucket, unit, hash, limit)
 	met.SlotWaiting(group, -1)
 	if err != nil {
 		return nil, err
@@ -96,13 +96,13 @@ func (c sessionCoordinator) Acquire(ctx context.Context, scope, unit, hash strin
 	}, nil
 }
 
-func (c sessionCoordinator) Holding(ctx context.Context, scope, unit string) (bool, error) {
+func (c sessionCoordinator) Holding(ctx context.Context, scope string, bucket reconcile.Bucket, unit string) (bool, error) {
 	s := c.r.current()
 	if s == nil {
 		return false, errNotJoined
 	}
 	defer c.r.svc.boundedWait(reportWait)()
-	return s.Holding(ctx, scope, unit)
+	return s.Holding(ctx, scope, bucket, unit)
 }
 
 func (c sessionCoordinator) Halt(ctx context.Context, h reconcile.Halt) error {
@@ -136,12 +136,12 @@ type sessionSlots struct {
 	r *sessionReporter
 }
 
-func (f sessionSlots) LockReboot(ctx context.Context, group, id string, ttl time.Duration) error {
+func (f sessionSlots) LockReboot(ctx context.Context, group, id string, labels map[string]string, ttl time.Duration) error {
 	s := f.r.current()
 	if s == nil {
 		return errNotJoined
 	}
-	return s.Client().LockReboot(ctx, group, id, ttl)
+	return s.Client().LockReboot(ctx, group, id, labels, ttl)
 }
 
 func (f sessionSlots) UnlockReboot(ctx context.Context, group, id string) (int, error) {

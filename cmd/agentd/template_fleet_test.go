@@ -325,7 +325,7 @@ func TestTemplateFleetRevertWhileQueued(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	holders, err := f.reg.Holders(context.Background(), "groups/web", tfTemplate)
+	holders, err := f.reg.Holders(context.Background(), "groups/web", reconcile.Bucket{}, tfTemplate)
 	if err != nil {
 		t.Fatal(err)
 	}

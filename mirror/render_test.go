@@ -120,6 +120,8 @@ func TestParseRollout(t *testing.T) {
 		{"waves_by = \"zone=a,b,c\"\n", ""},
 		{"max_unavailable = 1\nbudget_by = \"rack\"\n", ""},
 		{"budget_by = \"rack\"\n", "needs --max-unavailable"},
+		{"window = \"Tue 02:00-04:00 Europe/Berlin\"\n", ""},
+		{"window = \"Tue 25:00-04:00\"\n", "hour"},
 		{"waves_by = rack\n", "quoted"},
 		{"waves_by = \"zone=a,,b\"\n", "waves_by"},
 		{"success_threshold = \"0%\"\n", "success_threshold"},

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentd/agentd/calendar"
 	"github.com/agentd/agentd/rollout"
 )
 
@@ -22,6 +23,7 @@ var rolloutKeys = map[string]string{
 	"waves_by":           `a label key, or the key and the waves' order: "rack" or "zone=a,b,c"`,
 	"success_threshold":  `a percentage of a wave's hosts: "90%"`,
 	"budget_by":          `a label key: "rack" (max_unavailable is then a budget per rack)`,
+	"window":             `a maintenance window: "Tue 02:00-04:00 Europe/Berlin" or "Sat *-*-01 00:00 UTC for 4h"`,
 }
 
 // ParseRollout reads a group's rollout.toml: the options of `unit put
@@ -57,7 +59,7 @@ func ParseRollout(b []byte) (rollout.Strategy, error) {
 			continue
 		}
 		if _, known := rolloutKeys[k]; !known {
-			fail("unknown key %q (known: budget_by, canary, max_unavailable, pause_after_canary, soak, success_threshold, waves, waves_by)", k)
+			fail("unknown key %q (known: budget_by, canary, max_unavailable, pause_after_canary, soak, success_threshold, waves, waves_by, window)", k)
 			continue
 		}
 		if first, dup := seen[k]; dup {
@@ -119,6 +121,16 @@ func setRollout(s *rollout.Strategy, k, v string) error {
 			return fmt.Errorf("%s is not true or false", v)
 		}
 		s.PauseAfterCanary = v == "true"
+	case "window":
+		str, err := unquote(v)
+		if err != nil {
+			return err
+		}
+		w, err := calendar.ParseWindow(str)
+		if err != nil {
+			return err
+		}
+		s.Window = &w
 	case "budget_by":
 		str, err := unquote(v)
 		if err != nil {

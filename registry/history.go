@@ -62,6 +62,7 @@ type WriteOption func(*writeOptions)
 type writeOptions struct {
 	by       string
 	reason   string // WithReason
+	override string // Overriding
 	signedBy string // SignedBy
 	// etcdUser is who etcd runs the write as (Client.EtcdUser), filled by
 	// the write itself.
@@ -106,6 +107,10 @@ func StoredBy(who string) WriteOption { return func(o *writeOptions) { o.by = wh
 // Kubernetes' change-cause). It must pass ValidateReason, else the write
 // fails (ErrInvalid) and nothing is stored.
 func WithReason(why string) WriteOption { return func(o *writeOptions) { o.reason = why } }
+
+// Overriding records, in each version the write keeps, what the writer
+// passed over to make it (`--now`: the target's maintenance window).
+func Overriding(what string) WriteOption { return func(o *writeOptions) { o.override = what } }
 
 // SignedBy records who signed the change (the signature work, issue 26
 // item 1, fills it from the verified key; it is not verified here).
@@ -184,9 +189,13 @@ type Version struct {
 	EtcdUser string `json:"etcdUser"`
 	Reason   string `json:"reason"` // why: the writer's --reason; "" if not given
 	// Signer is who signed the change (issue 26 item 1); "" when unsigned.
-	Signer  string `json:"signer,omitempty"`
-	Removed bool   `json:"removed"`
-	Content []byte `json:"-"`
+	Signer string `json:"signer,omitempty"`
+	// Override is what the writer passed over to make it: "--now:
+	// outside the window …" for a change made at once to a group with a
+	// maintenance window.
+	Override string `json:"override,omitempty"`
+	Removed  bool   `json:"removed"`
+	Content  []byte `json:"-"`
 }
 
 // History is what the registry keeps of one unit key: what it holds now
@@ -210,7 +219,8 @@ type historyRecord struct {
 	User          string    `json:"user"`
 	EtcdUser      string    `json:"etcdUser,omitempty"`
 	Reason        string    `json:"reason,omitempty"`
-	Signer        string    `json:"signer,omitempty"` // SignedBy (issue 26 item 1)
+	Signer        string    `json:"signer,omitempty"`   // SignedBy (issue 26 item 1)
+	Override      string    `json:"override,omitempty"` // Overriding
 	Time          time.Time `json:"time"`
 	Removed       bool      `json:"removed,omitempty"`
 }
@@ -301,7 +311,7 @@ func (w *writeTxn) recordHistory() error {
 	now := o.now().UTC()
 	for _, u := range w.names {
 		s := w.st[u]
-		rec := historyRecord{User: o.by, EtcdUser: o.etcdUser, Reason: o.reason, Signer: o.signedBy, Time: now, Removed: w.removal()}
+		rec := historyRecord{User: o.by, EtcdUser: o.etcdUser, Reason: o.reason, Signer: o.signedBy, Override: o.override, Time: now, Removed: w.removal()}
 		if o.signer != nil && rec.Signer == "" {
 			rec.Signer = o.signer.Fingerprint() // the key that signs this write (SignWith)
 		}
@@ -367,7 +377,7 @@ func (c *Client) History(ctx context.Context, t Target, unit string) (History, e
 			c.skipKey(kv.Key, "value is not a version record", err)
 			continue
 		}
-		v := Version{Revision: kv.CreateRevision, Time: rec.Time, User: rec.User, EtcdUser: rec.EtcdUser, Reason: rec.Reason, Signer: rec.Signer, Removed: rec.Removed}
+		v := Version{Revision: kv.CreateRevision, Time: rec.Time, User: rec.User, EtcdUser: rec.EtcdUser, Reason: rec.Reason, Signer: rec.Signer, Override: rec.Override, Removed: rec.Removed}
 		if !rec.Removed {
 			v.Content = []byte(rec.Content)
 			if rec.ContentBase64 != nil {

@@ -337,6 +337,14 @@ func (r *Record) holding(g GroupView, w int, now time.Time) (Phase, []Offender, 
 	if ph, wait := r.waitAfter(g, w); wait {
 		return ph, nil, now.Add(FollowEvery)
 	}
+	ph, at, opened, wait := r.waitWindow(w, now)
+	if wait {
+		if !at.IsZero() {
+			at = at.Add(time.Millisecond) // inside, to the clock's grain
+		}
+		return ph, nil, at
+	}
+	closes := at
 	switch {
 	case w > 0 && r.Strategy.PauseAfterCanary && !r.Promoted:
 		return Phase{State: WaitingPromote, Wave: w, Reason: "the canary is healthy: `agentd rollout promote " + r.ID + "` sends the change on"}, nil, time.Time{}
@@ -350,7 +358,7 @@ func (r *Record) holding(g GroupView, w int, now time.Time) (Phase, []Offender, 
 	var due time.Time
 	if d := r.Strategy.ProgressDeadline; d > 0 {
 		last := r.lastMoved(latestHealthy(g.Progress))
-		if h := g.heldUntil(); h.After(last) {
+		if h := g.heldUntil(opened); h.After(last) {
 			last = h
 		}
 		due = last.Add(d + time.Millisecond)
@@ -369,6 +377,9 @@ func (r *Record) holding(g GroupView, w int, now time.Time) (Phase, []Offender, 
 			}
 			return Phase{State: Failed, Wave: w, Reason: reason}, stuck, time.Time{}
 		}
+	}
+	if !closes.IsZero() && (due.IsZero() || closes.Before(due)) {
+		due = closes // to say it waits for the next opening
 	}
 	return Phase{State: Running, Wave: w}, nil, due
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/calendar"
 	"github.com/agentd/agentd/reconcile"
 )
 
@@ -24,6 +25,13 @@ func TestDecide(t *testing.T) {
 	canaryWaves := Strategy{Canary: Count{N: 1}, Waves: []Count{pct(50)}} // 5 hosts: [h1] [h2 h3] [h4 h5]
 	threshold50 := Strategy{Waves: []Count{{N: 4}}, SuccessThreshold: 50} // 5 hosts: [h1 h2 h3 h4] [h5]
 	byRack := Strategy{MaxUnavailable: Count{N: 1}, BudgetBy: "rack"}
+	window := func(text string) *calendar.Window {
+		w, err := calendar.ParseWindow(text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &w
+	}
 	after := Strategy{MaxUnavailable: Count{N: 1}, Follows: &Ref{Group: "db", ID: "r0"}}
 	racks := func(r *Record) {
 		r.Buckets, r.BucketNames = []int{0, 0, 1, 1, 2}, []string{"rack=r1", "rack=r2", "(no rack)"}
@@ -480,6 +488,34 @@ func TestDecide(t *testing.T) {
 			strategy: Strategy{Canary: Count{N: 1}, ProgressDeadline: time.Minute}, live: []string{"h2", "h3", "h4", "h5"},
 			admitted: []string{"h1"}, now: t0.Add(61 * time.Second),
 			want: Failed, wantEnd: true, reason: []string{"h1: admitted, but it has no live agent"}, offenders: []string{"h1"},
+		},
+
+		// --window: now is 00:17:10 UTC.
+		{
+			name: "window closed: nothing admitted, looks again when it opens", strategy: Strategy{Window: window("*-*-* 01:00 UTC for 1h")},
+			want: WaitingWindow, reason: []string{"waiting for window Thu 01:00 UTC (in 42 min"}, due: t0.Add(43*time.Minute + 20*time.Second + time.Millisecond),
+		},
+		{
+			name: "window open: every host admitted, looks again when it closes", strategy: Strategy{Window: window("*-*-* 00:00 UTC for 1h")},
+			want: Running, admit: hostNames(5), due: t0.Add(43*time.Minute + 20*time.Second),
+		},
+		{
+			name: "window closed with hosts admitted: they go on, no more admitted", strategy: Strategy{Window: window("*-*-* 01:00 UTC for 1h"), MaxUnavailable: Count{N: 1}},
+			progress: map[string]*Progress{"h1": at(HostApplying, ago(time.Second), "")},
+			want:     WaitingWindow, due: t0.Add(43*time.Minute + 20*time.Second + time.Millisecond),
+		},
+		{
+			name: "window that never opens again: says so, never looks again", strategy: Strategy{Window: window("1970-01-01 00:00 UTC for 10min")},
+			want: WaitingWindow, reason: []string{"never opens again", "agentd rollout promote"},
+		},
+		{
+			name: "window closed, promoted outside it: admitted", strategy: Strategy{Window: window("*-*-* 01:00 UTC for 1h")},
+			edit: func(r *Record) { r.OutsideWindow = true }, want: Running, admit: hostNames(5),
+		},
+		{
+			name:     "window: the progress deadline counts from its opening",
+			strategy: Strategy{Window: window("*-*-* 00:17 UTC for 1h"), MaxUnavailable: Count{N: 1}, ProgressDeadline: time.Minute},
+			admitted: []string{"h1"}, want: Running, due: t0.Add(80*time.Second + time.Millisecond),
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -3,17 +3,23 @@ package rollout
 import (
 	"fmt"
 	"time"
+
+	"github.com/agentd/agentd/calendar"
 )
 
-// A rollout may wait before its first host for something outside its
-// group: another rollout's end (--after, Strategy.Follows). Like a pause it
-// is held on purpose: the progress deadline does not run while it waits,
-// and counts from when the wait ended.
+// A rollout may wait for something outside its group: another rollout's
+// end before its first host (--after, Strategy.Follows), and its window
+// before each admission (--window, Strategy.Window). Like a pause these
+// are holds on purpose: the progress deadline does not run while it
+// waits, and counts from when the wait ended.
 
 const (
 	// WaitingAfter: the rollout waits for the one it follows (--after)
 	// to end done.
 	WaitingAfter State = "waiting-after"
+	// WaitingWindow: its window is closed; no host is admitted until it
+	// opens (the hosts admitted go on).
+	WaitingWindow State = "waiting-window"
 )
 
 // FollowEvery is how often a coordinator reads the rollout one of its
@@ -75,11 +81,35 @@ func (r *Record) waitAfter(g GroupView, w int) (Phase, bool) {
 	return Phase{State: WaitingAfter, Wave: w, Reason: reason}, true
 }
 
+// waitWindow is, outside r's window, the phase that says so and when the
+// window opens (zero: never); inside it, false and when it closes (to look
+// again then) and when it opened (for the progress deadline).
+func (r *Record) waitWindow(w int, now time.Time) (ph Phase, at, opened time.Time, wait bool) {
+	win := r.Strategy.Window
+	if win == nil || win.IsZero() || r.OutsideWindow {
+		return Phase{}, time.Time{}, time.Time{}, false
+	}
+	open, opens, closes := win.Open(now)
+	if open {
+		return Phase{}, closes, opens, false
+	}
+	return Phase{State: WaitingWindow, Wave: w, Reason: WindowReason(*win, now)}, opens, time.Time{}, true
+}
+
+// WindowReason is what a rollout waiting for win says at now.
+func WindowReason(win calendar.Window, now time.Time) string {
+	if _, opens, _ := win.Open(now); opens.IsZero() {
+		return "its window (" + win.String() + ") never opens again: `agentd rollout promote` lets it go on outside it, `agentd rollout abort` ends it"
+	}
+	return "waiting for window " + win.Describe(now)
+}
+
 // heldUntil is when the waits outside the group ended, for the progress
-// deadline (zero: none).
-func (g GroupView) heldUntil() time.Time {
-	if g.Follows.Done() {
+// deadline (zero: none): the followed rollout's end, the window's
+// opening (opened).
+func (g GroupView) heldUntil(opened time.Time) time.Time {
+	if g.Follows.Done() && g.Follows.At.After(opened) {
 		return g.Follows.At
 	}
-	return time.Time{}
+	return opened
 }

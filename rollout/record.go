@@ -27,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/agentd/agentd/calendar"
 	"github.com/agentd/agentd/reconcile"
 )
 
@@ -125,6 +126,9 @@ type Strategy struct {
 	// Follows is the rollout this one waits for: it admits no host until
 	// that one has ended done (--after).
 	Follows *Ref `json:"follows,omitempty"`
+	// Window is when the rollout admits hosts (--window, or its group's
+	// window): outside it none is admitted, the ones admitted go on.
+	Window *calendar.Window `json:"window,omitempty"`
 }
 
 // Ref names a rollout of another group (or the same one), as --after
@@ -235,7 +239,7 @@ func (s Strategy) GateTimeoutOr() time.Duration {
 func (s Strategy) IsRollout() bool {
 	return !s.Canary.IsZero() || len(s.Waves) > 0 || !s.MaxUnavailable.IsZero() || s.Soak > 0 ||
 		s.ProgressDeadline > 0 || s.PauseAfterCanary || s.AutoRevert || s.MaxRestarts >= 0 || s.Gated() ||
-		s.WavesBy != "" || s.SuccessThreshold > 0 || s.BudgetBy != "" || s.Follows != nil
+		s.WavesBy != "" || s.SuccessThreshold > 0 || s.BudgetBy != "" || s.Follows != nil || s.Window != nil
 }
 
 // Validate refuses a strategy that could not be run as written.
@@ -432,6 +436,10 @@ type Record struct {
 	PausedAt    time.Time `json:"pausedAt,omitzero"`
 	ResumedAt   time.Time `json:"resumedAt,omitzero"` // also set by promote
 	Promoted    bool      `json:"promoted,omitempty"`
+	// OutsideWindow: `agentd rollout promote` let it admit hosts outside
+	// its window, for an emergency (by and when: PromotedBy, ResumedAt).
+	OutsideWindow bool   `json:"outsideWindow,omitempty"`
+	PromotedBy    string `json:"promotedBy,omitempty"`
 	// Gated is the last wave (index) the gate command let open.
 	Gated int    `json:"gated,omitempty"`
 	Abort *Abort `json:"abort,omitempty"`

@@ -25,6 +25,16 @@ type View struct {
 	// Progress is every host's progress, when asked for (else nil).
 	Progress map[string]*Progress
 	Revision int64
+	// Now is the time the view is read at (zero: the clock's now), for
+	// what a phase says of time (a window's opening).
+	Now time.Time
+}
+
+func (v View) now() time.Time {
+	if v.Now.IsZero() {
+		return time.Now()
+	}
+	return v.Now
 }
 
 // Phase is where the rollout stands: its end when one is written (or its
@@ -50,9 +60,13 @@ func (v View) Phase() Phase {
 	case s == nil:
 		return Phase{State: Starting, Reason: "no coordinator has looked at it yet"}
 	case s.Phase.State == Paused, // resumed since the summary
-		s.Phase.State == WaitingPromote && r.Promoted,   // promoted since
-		s.Phase.State == WaitingGate && r.Gated >= wave: // its gate passed since
+		s.Phase.State == WaitingPromote && r.Promoted,     // promoted since
+		s.Phase.State == WaitingGate && r.Gated >= wave,   // its gate passed since
+		s.Phase.State == WaitingWindow && r.OutsideWindow: // promoted outside its window since
 		return Phase{State: Running, Wave: wave}
+	case s.Phase.State == WaitingWindow && r.Strategy.Window != nil:
+		// Said as of now: "in 3 h 12 min" from the summary's time would be stale.
+		return Phase{State: WaitingWindow, Wave: wave, Reason: WindowReason(*r.Strategy.Window, v.now())}
 	case s.Phase.State == WaitingGate && r.Strategy.GateCmd != "" && v.GateRunner == "":
 		return Phase{State: WaitingGate, Wave: wave, Reason: "waiting for the gate command before wave " + strconv.Itoa(wave+1) +
 			"; no command is running it: `agentd rollout resume " + r.ID + "` runs it here, `agentd rollout promote " + r.ID + "` skips it"}

@@ -127,7 +127,7 @@ func (e *env) cliCtx(ctx context.Context, args ...string) (string, int) {
 	var out bytes.Buffer
 	root := newRoot()
 	full := args
-	if args[0] == "unit" || args[0] == "hosts" || args[0] == "locks" || args[0] == "rollout" {
+	if args[0] == "unit" || args[0] == "hosts" || args[0] == "locks" || args[0] == "rollout" || args[0] == "window" {
 		full = append(full, "--etcd-endpoints", e.endpoint)
 	}
 	root.SetArgs(full)

@@ -184,6 +184,9 @@ func printHistory(out io.Writer, key string, h registry.History) error {
 		if i == cur {
 			note = "current"
 		}
+		if v.Override != "" {
+			note = strings.TrimPrefix(note+"; "+v.Override, "; ")
+		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t", v.Revision, v.Time.Local().Format(time.DateTime), hash, size, orDash(v.User), orDash(v.EtcdUser))
 		if signed {
 			fmt.Fprintf(tw, "%s\t", orDash(v.Signer))

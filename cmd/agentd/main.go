@@ -105,7 +105,7 @@ Exit codes:
 	// Every flag can come from AGENTD_<FLAG>; filled before any command runs.
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return applyEnv(cmd) }
 	root.AddCommand(newRunCmd(), newUnitCmd(), newHostsCmd(), newStatusCmd(), newSyncCmd(), newDiffCmd(), newDoctorCmd())
-	root.AddCommand(newRbacCmd(), newRolloutCmd(), newLocksCmd(), newManPagesCmd(), newSecretsCmd(), newMirrorCmd())
+	root.AddCommand(newRbacCmd(), newRolloutCmd(), newLocksCmd(), newManPagesCmd(), newSecretsCmd(), newMirrorCmd(), newWindowCmd())
 	return root
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/agentd/agentd/calendar"
 	"github.com/agentd/agentd/mirror"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
@@ -42,6 +43,9 @@ type mirrorStore interface {
 	KnownHosts(ctx context.Context) ([]registry.KnownHost, error)
 	// List reads a target's keys: those of a target a commit takes over.
 	List(ctx context.Context, t *registry.Target) ([]registry.Listed, error)
+	// Window is a group's maintenance window (agentd window set): a
+	// commit's change to the group waits for it, as a put's does.
+	Window(ctx context.Context, group string) (calendar.Window, bool, error)
 	rolloutReader
 }
 

@@ -84,7 +84,8 @@ func verdictOf(rs []verdictRollout) string {
 }
 
 // commitRollouts are the rollouts commit c's change ch starts: one for
-// each group it writes that has a rollout strategy in c, over the group's
+// each group it writes that has a rollout strategy in c or a maintenance
+// window (its rollout.toml's, else the group's own), over the group's
 // hosts now (groupRollout, as `unit put --group G --waves …`). A group
 // no host has joined yet is written at once (logged): there is no host to
 // stage it on.
@@ -96,8 +97,23 @@ func (m *mirrorLoop) commitRollouts(ctx context.Context, c *object.Commit, ch mi
 	var known []registry.KnownHost
 	out := map[string]*rollout.Record{}
 	for _, t := range ch.Targets() {
+		if t.Group == "" {
+			continue
+		}
 		s, ok := strategies[t.Group]
-		if t.Group == "" || !ok || !s.IsRollout() {
+		if !ok {
+			s = rollout.Strategy{MaxRestarts: -1} // none: as rollout.toml's defaults
+		}
+		if s.Window == nil {
+			w, ok, err := m.store.Window(ctx, t.Group)
+			if err != nil {
+				return nil, fmt.Errorf("read the window of group %s: %w", t.Group, err)
+			}
+			if ok {
+				s.Window = &w // the group's own: the commit's change waits for it
+			}
+		}
+		if !s.IsRollout() {
 			continue
 		}
 		if known == nil {

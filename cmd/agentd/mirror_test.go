@@ -26,6 +26,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/agentd/agentd/internal/citest"
+	"github.com/agentd/agentd/calendar"
 	"github.com/agentd/agentd/mirror"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/rollout"
@@ -202,6 +203,10 @@ func (f *fakeMirrorStore) ApplyCommit(_ context.Context, mc registry.MirrorCommi
 }
 
 func (f *fakeMirrorStore) KnownHosts(context.Context) ([]registry.KnownHost, error) { return nil, nil }
+
+func (f *fakeMirrorStore) Window(context.Context, string) (calendar.Window, bool, error) {
+	return calendar.Window{}, false, nil
+}
 
 func (f *fakeMirrorStore) List(context.Context, *registry.Target) ([]registry.Listed, error) {
 	return nil, nil

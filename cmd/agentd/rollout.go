@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/agentd/agentd/calendar"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/selector"
@@ -38,6 +39,8 @@ type strategyFlags struct {
 	gateTimeout                   time.Duration
 	wavesBy, successThreshold     string
 	budgetBy, after               string
+	window                        string
+	now                           bool
 	supersede                     bool
 	reason                        string
 
@@ -69,6 +72,8 @@ func (f *strategyFlags) bind(cmd *cobra.Command, name, nothing string) {
 	fs.StringVar(&f.successThreshold, "success-threshold", "", "rollout: a wave counts as done when `N%` of its hosts are healthy and the others failed (named); default: all of them, the first failure fails the rollout")
 	fs.StringVar(&f.budgetBy, "budget-by", "", "rollout: --max-unavailable is a budget per value of the hosts' label `KEY` (--max-unavailable 1 --budget-by rack: one host per rack at once, the racks in parallel)")
 	fs.StringVar(&f.after, "after", "", "rollout: begin only once the rollout `ROLLOUT|GROUP|SELECTOR` names (an ID, or the newest rollout of a group or selector target) has ended done; if it failed or was aborted, this one waits and says so")
+	fs.StringVar(&f.window, "window", "", "rollout: admit hosts only inside the maintenance window `WINDOW` ('Tue 02:00-04:00 Europe/Berlin', or 'CALENDAR for DURATION'; systemd.time(7) calendar syntax, UTC without a zone); stored and staged at once")
+	fs.BoolVar(&f.now, "now", false, "an emergency: apply at once though the target has a maintenance window (agentd window ls); recorded in the history")
 	fs.BoolVar(&f.supersede, "supersede", false, "rollout: end a running rollout of the same keys (as superseded) instead of refusing")
 	fs.StringVar(&f.reason, "reason", "", reasonHelp)
 }
@@ -120,6 +125,16 @@ func (f *strategyFlags) strategy() (rollout.Strategy, error) {
 	}
 	if f.after != "" {
 		s.Follows = &rollout.Ref{Said: strings.TrimSpace(f.after)} // resolved in newRollout
+	}
+	if f.window != "" {
+		w, err := calendar.ParseWindow(f.window)
+		if err != nil {
+			return s, withCode(exitUsage, fmt.Errorf("%s: --window: %w; %s", f.name, err, f.nothing))
+		}
+		s.Window = &w
+		if f.now {
+			return s, withCode(exitUsage, fmt.Errorf("%s: --now and --window: give the window, or apply at once; %s", f.name, f.nothing))
+		}
 	}
 	if f.gateTimeout != rollout.DefaultGateTimeout {
 		s.GateTimeout = f.gateTimeout
@@ -183,6 +198,18 @@ func (f *strategyFlags) strategy() (rollout.Strategy, error) {
 // so: the rollout (nil: not one) and opts with the option that writes it
 // in the write's own transaction (registry.WithRollout).
 func (f *strategyFlags) stage(ctx context.Context, reg *registry.Client, tg registry.Target, opts []registry.WriteOption, warn io.Writer) (*rollout.Record, []registry.WriteOption, error) {
+	if tg.Group != "" && f.s.Window == nil {
+		w, ok, err := reg.Window(ctx, tg.Group)
+		switch {
+		case err != nil:
+			return nil, nil, err // a window that does not read: nothing goes out at once
+		case ok && f.now:
+			fmt.Fprintf(warn, "warning: --now: %s has the maintenance window %s (%s): this change goes out at once, and its history says so\n", tg, w, w.Describe(time.Now()))
+			opts = append(opts, registry.Overriding("--now: outside the window "+w.String()))
+		case ok:
+			f.s.Window = &w // the group's window: the write is a rollout that waits for it
+		}
+	}
 	if !f.s.IsRollout() {
 		return nil, opts, nil
 	}
@@ -344,8 +371,8 @@ func announceRollout(ctx context.Context, out io.Writer, asJSON bool, reg *regis
 			"rollout %s: superseded by %s (ended; its hosts take this one instead)\n", id, r.ID)
 	}
 	say(out, asJSON, map[string]any{"event": "rollout", "rollout": r.ID, "group": r.Group, "hosts": r.Hosts, "waveEnds": r.WaveEnds},
-		"rollout %s: %d %s in %s %s%s%s; follow it with agentd rollout status %s --watch\n",
-		r.ID, len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), plural(len(r.WaveEnds), "wave", "waves"), joinInts(r.WaveEnds), waveLabels(r), budgetNote(r), r.ID)
+		"rollout %s: %d %s in %s %s%s%s%s; follow it with agentd rollout status %s --watch\n",
+		r.ID, len(r.Hosts), plural(len(r.Hosts), "host", "hosts"), plural(len(r.WaveEnds), "wave", "waves"), joinInts(r.WaveEnds), waveLabels(r), budgetNote(r), windowNote(r, time.Now()), r.ID)
 }
 
 func joinInts(ns []int) string {

@@ -58,6 +58,7 @@ func describeStrategy(s rollout.Strategy) string {
 	add(s.SuccessThreshold > 0, "--success-threshold %d%%", s.SuccessThreshold)
 	add(s.BudgetBy != "", "--budget-by %s", s.BudgetBy)
 	add(s.Follows != nil, "--after %s", s.Follows)
+	add(s.Window != nil, "--window '%s'", s.Window)
 	if len(parts) == 0 {
 		return "-"
 	}
@@ -164,6 +165,15 @@ func printRolloutStatus(out io.Writer, v rollout.View, ph rollout.Phase, which h
 		started += ": " + r.Reason
 	}
 	fmt.Fprintln(&b, started)
+	if w := r.Strategy.Window; w != nil {
+		if r.OutsideWindow {
+			fmt.Fprintf(&b, "window:   %s; promoted outside it by %s at %s\n", w, orDash(r.PromotedBy), r.ResumedAt.Local().Format(time.DateTime))
+		} else if open, _, _ := w.Open(now); open {
+			fmt.Fprintf(&b, "window:   %s; %s\n", w, w.Describe(now))
+		} else {
+			fmt.Fprintf(&b, "window:   %s; next: %s\n", w, w.Describe(now))
+		}
+	}
 	if r.Paused {
 		fmt.Fprintf(&b, "paused:   since %s%s\n", r.PausedAt.Local().Format(time.DateTime), prefixed(r.PauseReason))
 	}
@@ -550,8 +560,10 @@ goes on). "agentd rollout promote ID" opens the waiting wave without the gate.`,
 func newRolloutPromoteCmd() *cobra.Command {
 	return controlCmd("promote ID", "Send a rollout on past what holds it: the canary's pause, a pause, or its gate",
 		`Send a rollout on: after --pause-after-canary (waiting-promote), after a pause
-(as resume), or past its gate (waiting-gate, or paused by a failed gate: the
-wave opens without the gate, be it a command, --gate-url or --gate-prom).
+(as resume), past its gate (waiting-gate, or paused by a failed gate: the
+wave opens without the gate, be it a command, --gate-url or --gate-prom), or
+outside its maintenance window (waiting-window: an emergency; it goes on
+outside the window from now on, and rollout status says who let it).
 Exit 1 when nothing holds it.`, nil,
 		func(v rollout.View, now time.Time, _ string) (string, error) {
 			r, ph := v.Record, v.Phase()
@@ -559,6 +571,10 @@ Exit 1 when nothing holds it.`, nil,
 				return "", err
 			}
 			switch ph.State {
+			case rollout.WaitingWindow:
+				// An emergency: it goes on outside its window from now on.
+				r.OutsideWindow, r.PromotedBy, r.ResumedAt = true, storedBy(), now
+				return fmt.Sprintf("rollout %s promoted outside its window (%s): wave %d of %d goes on now", r.ID, r.Strategy.Window, phaseWave(v, ph), len(r.WaveEnds)), nil
 			case rollout.WaitingPromote, rollout.Paused, rollout.WaitingGate:
 			default:
 				return "", fmt.Errorf("rollout %s is not paused (%s): nothing to promote", r.ID, describePhase(v, ph))

@@ -400,6 +400,19 @@ func budgetNote(r *rollout.Record) string {
 	return fmt.Sprintf("; at most %s at once per %s (%s)", s.MaxUnavailable, s.BudgetBy, strings.Join(r.BucketNames, ", "))
 }
 
+// windowNote is "; only inside the window Tue *-*-* 02:00:00 … (opens Tue
+// 02:00 CET (in 3 h 12 min))" for a rollout with a window.
+func windowNote(r *rollout.Record, now time.Time) string {
+	w := r.Strategy.Window
+	if w == nil {
+		return ""
+	}
+	if open, _, _ := w.Open(now); open {
+		return fmt.Sprintf("; only inside the window %s (%s)", w, w.Describe(now))
+	}
+	return fmt.Sprintf("; only inside the window %s (opens %s)", w, w.Describe(now))
+}
+
 // phaseWave is the phase's wave counted from 1 (a rollout whose every
 // wave is done is in its last).
 func phaseWave(v rollout.View, ph rollout.Phase) int {

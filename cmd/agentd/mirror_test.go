@@ -25,8 +25,8 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 	"golang.org/x/crypto/ssh"
 
-	"github.com/agentd/agentd/internal/citest"
 	"github.com/agentd/agentd/calendar"
+	"github.com/agentd/agentd/internal/citest"
 	"github.com/agentd/agentd/mirror"
 	"github.com/agentd/agentd/registry"
 	"github.com/agentd/agentd/rollout"

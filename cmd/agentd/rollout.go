@@ -204,7 +204,7 @@ func (f *strategyFlags) stage(ctx context.Context, reg *registry.Client, tg regi
 		case err != nil:
 			return nil, nil, err // a window that does not read: nothing goes out at once
 		case ok && f.now:
-			fmt.Fprintf(warn, "warning: --now: %s has the maintenance window %s (%s): this change goes out at once, and its history says so\n", tg, w, w.Describe(time.Now()))
+			fmt.Fprintf(warn, "warning: --now: %s has the maintenance window %s (%s): this change goes out at once, and its history says so\n", tg, w, windowState(w, time.Now()))
 			opts = append(opts, registry.Overriding("--now: outside the window "+w.String()))
 		case ok:
 			f.s.Window = &w // the group's window: the write is a rollout that waits for it

@@ -168,10 +168,8 @@ func printRolloutStatus(out io.Writer, v rollout.View, ph rollout.Phase, which h
 	if w := r.Strategy.Window; w != nil {
 		if r.OutsideWindow {
 			fmt.Fprintf(&b, "window:   %s; promoted outside it by %s at %s\n", w, orDash(r.PromotedBy), r.ResumedAt.Local().Format(time.DateTime))
-		} else if open, _, _ := w.Open(now); open {
-			fmt.Fprintf(&b, "window:   %s; %s\n", w, w.Describe(now))
 		} else {
-			fmt.Fprintf(&b, "window:   %s; next: %s\n", w, w.Describe(now))
+			fmt.Fprintf(&b, "window:   %s; %s\n", w, windowState(*w, now))
 		}
 	}
 	if r.Paused {

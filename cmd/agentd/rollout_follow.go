@@ -407,10 +407,7 @@ func windowNote(r *rollout.Record, now time.Time) string {
 	if w == nil {
 		return ""
 	}
-	if open, _, _ := w.Open(now); open {
-		return fmt.Sprintf("; only inside the window %s (%s)", w, w.Describe(now))
-	}
-	return fmt.Sprintf("; only inside the window %s (opens %s)", w, w.Describe(now))
+	return fmt.Sprintf("; only inside the window %s (%s)", w, windowState(*w, now))
 }
 
 // phaseWave is the phase's wave counted from 1 (a rollout whose every

@@ -43,6 +43,15 @@ Without a zone the window is in UTC.`,
 	return cmd
 }
 
+// windowState is where w stands at now, as a clause: "opens Tue 02:00
+// CET (in 3 h 12 min)", "open until 04:00 CET", "never opens again".
+func windowState(w calendar.Window, now time.Time) string {
+	if open, opens, _ := w.Open(now); !open && !opens.IsZero() {
+		return "opens " + w.Describe(now)
+	}
+	return w.Describe(now)
+}
+
 // windowGroup is the group --group or --selector names; a host has no
 // window (a write to one host is not staged).
 func windowGroup(tf *targetFlags) (registry.Target, error) {
@@ -78,8 +87,8 @@ func newWindowSetCmd() *cobra.Command {
 				if err := reg.SetWindow(ctx, tg.Group, w); err != nil {
 					return writeError(err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s: window %s (%s); changes to it wait for it (--now passes over it)\n",
-					tf.describe(tg), w, w.Describe(time.Now()))
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: window %s; %s; changes to it wait for it (--now passes over it)\n",
+					tf.describe(tg), w, windowState(w, time.Now()))
 				return nil
 			})
 		},

@@ -41,7 +41,7 @@ func TestRolloutWindowOpensLater(t *testing.T) {
 		t.Errorf("agentd status on h2 before the window: want it waiting for the window:\n%s", st)
 	}
 	rs, _ := f.hosts[0].cli("rollout", "status", id)
-	if !strings.Contains(rs, "window:   *-*-* "+opens.UTC().Format("15:04:05")+" UTC for 1min; next: ") {
+	if !strings.Contains(rs, "window:   *-*-* "+opens.UTC().Format("15:04:05")+" UTC for 1min; opens ") {
 		t.Errorf("rollout status: want the window line:\n%s", rs)
 	}
 	f.waitPhase(id, rollout.Done)
@@ -71,7 +71,7 @@ func TestGroupWindowNowAndPromote(t *testing.T) {
 	c := f.hosts[0]
 	later := time.Now().Add(3 * time.Hour).UTC().Format("15:04")
 	window := fmt.Sprintf("*-*-* %s UTC for 30min", later)
-	if out, code := c.cli("window", "set", window, "--group", "web"); code != 0 || !strings.Contains(out, "groups/web: window *-*-* "+later+":00 UTC for 30min") {
+	if out, code := c.cli("window", "set", window, "--group", "web"); code != 0 || !strings.Contains(out, "groups/web: window *-*-* "+later+":00 UTC for 30min; opens ") {
 		t.Fatalf("window set: exit %d\n%s", code, out)
 	}
 	if out, code := c.cli("window", "ls"); code != 0 || !strings.Contains(out, "groups/web") || !strings.Contains(out, "closed; opens ") || !strings.Contains(out, later+" UTC (in 2 h") {

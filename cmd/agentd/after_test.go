@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/agentd/agentd/internal/systemdtest"
 	"github.com/agentd/agentd/registry/registrytest"
 	"github.com/agentd/agentd/rollout"
 )
@@ -20,17 +17,11 @@ import (
 // systemd.
 func groupsFleet(t *testing.T, groups ...string) *fleet {
 	t.Helper()
-	endpoint := registrytest.StartEtcd(t).Endpoint()
-	f := &fleet{t: t, endpoint: endpoint, reg: registrytest.NewClient(t, endpoint), byRun: map[string]string{}}
-	f.events = filepath.Join(t.TempDir(), "events")
+	specs := make([]hostSpec, len(groups))
 	for i, g := range groups {
-		h := systemdtest.Start(t)
-		e := &env{t: t, h: h, endpoint: endpoint, reg: f.reg, host: fmt.Sprintf("h%d", i+1), groups: []string{g}, quiet: true}
-		e.startAgent()
-		f.hosts = append(f.hosts, e)
-		f.byRun[filepath.Join(h.Dir, "run")] = e.host
+		specs[i] = hostSpec{group: g}
 	}
-	return f
+	return specFleet(t, specs...)
 }
 
 // putTo writes app.service to group with args, and returns what it said.

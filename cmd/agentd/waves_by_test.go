@@ -14,16 +14,34 @@ import (
 )
 
 // Issue 38, item 3: waves by label. labelledFleet is a fleet whose hosts
-// h1.. carry the labels given (in order), each its own systemd.
+// h1.. carry the labels given (in order), each its own systemd, all in
+// group web.
 func labelledFleet(t *testing.T, labels ...string) *fleet {
+	t.Helper()
+	specs := make([]hostSpec, len(labels))
+	for i, l := range labels {
+		specs[i] = hostSpec{group: "web", labels: []string{l}}
+	}
+	return specFleet(t, specs...)
+}
+
+// hostSpec is one host of specFleet: its group and its labels.
+type hostSpec struct {
+	group  string
+	labels []string
+}
+
+// specFleet is a fleet of hosts h1.. as specs say, each its own systemd
+// and agent, on one etcd.
+func specFleet(t *testing.T, specs ...hostSpec) *fleet {
 	t.Helper()
 	endpoint := registrytest.StartEtcd(t).Endpoint()
 	f := &fleet{t: t, endpoint: endpoint, reg: registrytest.NewClient(t, endpoint), byRun: map[string]string{}}
 	f.events = filepath.Join(t.TempDir(), "events")
-	for i, l := range labels {
+	for i, sp := range specs {
 		h := systemdtest.Start(t)
-		e := &env{t: t, h: h, endpoint: endpoint, reg: f.reg, host: fmt.Sprintf("h%d", i+1), groups: []string{"web"}, quiet: true}
-		e.startAgentOn([]string{endpoint}, func(o *runOptions) { o.labels = []string{l} })
+		e := &env{t: t, h: h, endpoint: endpoint, reg: f.reg, host: fmt.Sprintf("h%d", i+1), groups: []string{sp.group}, quiet: true}
+		e.startAgentOn([]string{endpoint}, func(o *runOptions) { o.labels = sp.labels })
 		f.hosts = append(f.hosts, e)
 		f.byRun[filepath.Join(h.Dir, "run")] = e.host
 	}

@@ -288,7 +288,7 @@ type rolloutLines struct {
 	out     io.Writer
 	json    bool
 	tty     bool
-	last    string
+	last    string // what the last line said (for a window's wait: without its countdown)
 	pending string // a counters line not printed yet (rate limit)
 	printed time.Time
 	drawn   bool
@@ -328,10 +328,16 @@ func (l *rolloutLines) show(v rollout.View, ph rollout.Phase, now time.Time) {
 			line += " (its last summary " + ago(now.Sub(v.Summary.At)) + " ago)"
 		}
 	}
-	if line == l.last {
+	key := line
+	if ph.State == rollout.WaitingWindow && !l.tty {
+		// The countdown alone ("in 3 h 12 min") is no news for a log: a
+		// line when the phase or the counts move, not every minute.
+		key = fmt.Sprintf("%s %d %s %s", ph.State, ph.Wave, counters(v), v.Coordinator)
+	}
+	if key == l.last {
 		return
 	}
-	l.last = line
+	l.last = key
 	if l.json {
 		say(l.out, true, map[string]any{"event": "rollout-phase", "rollout": r.ID, "state": ph.State, "wave": phaseWave(v, ph), "waves": len(r.WaveEnds),
 			"reason": ph.Reason, "counts": countsOf(v), "hosts": len(r.Hosts), "elapsedMs": now.Sub(l.start).Milliseconds()}, "")

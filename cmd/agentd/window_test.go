@@ -30,11 +30,24 @@ func TestRolloutWindowOpensLater(t *testing.T) {
 	clearEvents(f)
 	opens := time.Now().Add(6 * time.Second).Truncate(time.Second)
 	window := fmt.Sprintf("*-*-* %s UTC for 1min", opens.UTC().Format("15:04:05"))
-	out := f.putTo("web", f.unit("/bin/sleep 1001", policy), 0, "--window", window)
-	id := rolloutID(t, out)
-	if !strings.Contains(out, "only inside the window *-*-* "+opens.UTC().Format("15:04:05")+" UTC for 1min (opens ") {
-		t.Errorf("put: want the window named:\n%s", out)
+	type result struct {
+		out  string
+		code int
 	}
+	waited := make(chan result, 1)
+	src := f.hosts[0].writeUnit("app.service", f.unit("/bin/sleep 1001", policy))
+	go func() { // --wait follows it through the closed window, to the end
+		out, code := f.hosts[0].cli("unit", "put", src, "--group", "web", "--window", window, "--wait", "--timeout", "60s")
+		waited <- result{out, code}
+	}()
+	var id string
+	eventually(t, "the rollout was stored", func() bool {
+		vs, err := f.reg.Rollouts(context.Background(), "web", false)
+		if err == nil && len(vs) > 0 && vs[0].Record.Strategy.Window != nil {
+			id = vs[0].Record.ID
+		}
+		return id != ""
+	})
 	f.waitPhase(id, rollout.WaitingWindow, "waiting for window ", opens.UTC().Format("15:04:05")+" UTC (in ")
 	st, _ := f.hosts[1].cli("status", "--debug-socket", f.hosts[1].agent.opts.debugSocket)
 	if !strings.Contains(st, "rollout "+id+" waiting-window, this host pending") || !strings.Contains(st, "waiting for window") {
@@ -44,7 +57,15 @@ func TestRolloutWindowOpensLater(t *testing.T) {
 	if !strings.Contains(rs, "window:   *-*-* "+opens.UTC().Format("15:04:05")+" UTC for 1min; opens ") {
 		t.Errorf("rollout status: want the window line:\n%s", rs)
 	}
-	f.waitPhase(id, rollout.Done)
+	res := <-waited
+	if res.code != 0 || !strings.Contains(res.out, "only inside the window *-*-* "+opens.UTC().Format("15:04:05")+" UTC for 1min (opens ") ||
+		!strings.Contains(res.out, "waiting-window, wave 1 of 1 — waiting for window ") || !strings.Contains(res.out, "done, wave 1 of 1") {
+		t.Errorf("put --window --wait: exit %d, want the window named, the wait for it and the end:\n%s", res.code, res.out)
+	}
+	// Not a line a second while it counts down: the wait is said once.
+	if n := strings.Count(res.out, "waiting-window"); n > 2 {
+		t.Errorf("put --wait said waiting-window %d times, want it once (twice if the coordinator had not looked yet):\n%s", n, res.out)
+	}
 	starts := 0
 	for _, ev := range f.readEvents() {
 		if ev.at < float64(opens.UnixNano())/1e9 {

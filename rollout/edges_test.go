@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/agentd/agentd/calendar"
 	"github.com/agentd/agentd/reconcile"
 )
 
@@ -133,5 +134,40 @@ func TestDecideCoordinatorGate(t *testing.T) {
 				t.Errorf("gate %d phase %s admit %v, want gate %d, waiting-gate, nobody admitted", d.Gate, d.Summary.Phase.State, d.Admit, tc.want)
 			}
 		})
+	}
+}
+
+// A reader's phase of a rollout waiting for its window is said as of the
+// read: the countdown from the summary's time would be stale; a window
+// open before the coordinator looked says so; a promote outside the
+// window runs at once.
+func TestViewPhaseOfAWindow(t *testing.T) {
+	w, err := calendar.ParseWindow("*-*-* 01:00 UTC for 1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, entries := fixture(Strategy{Window: &w}, 3)
+	d := Decide(r, GroupView{Entries: entries}, "h1", t0) // 00:16:40
+	if d.Summary.Phase.State != WaitingWindow {
+		t.Fatalf("decided %+v, want waiting-window", d.Summary.Phase)
+	}
+	for _, tc := range []struct {
+		now  time.Time
+		edit func(r *Record)
+		want State
+		says string
+	}{
+		{now: t0.Add(30 * time.Minute), want: WaitingWindow, says: "waiting for window Thu 01:00 UTC (in 13 min)"},
+		{now: t0.Add(44 * time.Minute), want: WaitingWindow, says: "its window is open until 02:00 UTC: hosts are admitted at the coordinator's next look"},
+		{now: t0.Add(30 * time.Minute), edit: func(r *Record) { r.OutsideWindow = true }, want: Running},
+	} {
+		rr := *r
+		if tc.edit != nil {
+			tc.edit(&rr)
+		}
+		ph := View{Record: &rr, Summary: &d.Summary, Entries: entries, Now: tc.now}.Phase()
+		if ph.State != tc.want || !strings.Contains(ph.Reason, tc.says) {
+			t.Errorf("at %s: phase %s (%s), want %s saying %q", tc.now.UTC().Format(time.TimeOnly), ph.State, ph.Reason, tc.want, tc.says)
+		}
 	}
 }

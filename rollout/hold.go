@@ -96,9 +96,14 @@ func (r *Record) waitWindow(w int, now time.Time) (ph Phase, at, opened time.Tim
 	return Phase{State: WaitingWindow, Wave: w, Reason: WindowReason(*win, now)}, opens, time.Time{}, true
 }
 
-// WindowReason is what a rollout waiting for win says at now.
+// WindowReason is what a rollout waiting for win says at now (a reader
+// may look between the opening and the coordinator's next pass).
 func WindowReason(win calendar.Window, now time.Time) string {
-	if _, opens, _ := win.Open(now); opens.IsZero() {
+	open, opens, _ := win.Open(now)
+	switch {
+	case open:
+		return "its window is " + win.Describe(now) + ": hosts are admitted at the coordinator's next look"
+	case opens.IsZero():
 		return "its window (" + win.String() + ") never opens again: `agentd rollout promote` lets it go on outside it, `agentd rollout abort` ends it"
 	}
 	return "waiting for window " + win.Describe(now)

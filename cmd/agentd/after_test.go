@@ -100,6 +100,27 @@ func TestRolloutAfterAnother(t *testing.T) {
 		t.Fatalf("rollout abort %s: exit %d\n%s", b, code, out)
 	}
 
+	// Failed: a db version that exits at once fails its canary; a web
+	// rollout after it is told so at put time and waits, saying so.
+	failing := rolloutID(t, f.putTo("db", f.unit("/bin/false", policy), 0, "--canary", "1", "--supersede"))
+	f.waitPhase(failing, rollout.Failed)
+	clearEvents(f)
+	out := f.putTo("web", f.unit("/bin/sleep 1003", policy), 0, "--after", "db", "--supersede")
+	if !strings.Contains(out, "warning: rollout "+failing+" of group db, which --after names, ended failed") {
+		t.Errorf("put --after a failed rollout: want a warning naming it:\n%s", out)
+	}
+	e := rolloutID(t, out)
+	f.waitPhase(e, rollout.WaitingAfter, "rollout db/"+failing+" (--after) ended failed: h1 failed the change")
+	time.Sleep(time.Second)
+	for _, ev := range f.readEvents() {
+		if ev.host == "h3" || ev.host == "h4" {
+			t.Errorf("%s restarted (stop %v) after a rollout that failed", ev.host, ev.stop)
+		}
+	}
+	if out, code := f.hosts[0].cli("rollout", "abort", e); code != 0 {
+		t.Fatalf("rollout abort %s: exit %d\n%s", e, code, out)
+	}
+
 	// Done: web's begins.
 	c := rolloutID(t, f.putTo("db", f.unit("/bin/sleep 1002", policy), 0, "--canary", "1", "--pause-after-canary", "--supersede"))
 	f.waitPhase(c, rollout.WaitingPromote)

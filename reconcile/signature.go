@@ -84,6 +84,10 @@ type Trust struct {
 	Verifier Verifier
 	// Targets are this host's unit key roots: its own and its groups'.
 	Targets []SignedTarget
+	// GroupTarget is the root of a group joined while the agent runs (a
+	// selector target's, by its labels), for a key of a group not in
+	// Targets; nil: such a key is refused as of a target it does not know.
+	GroupTarget func(group string) SignedTarget
 	// Marks are the newest versions accepted, by full key, as saved.
 	Marks map[string]Mark
 	// SaveMarks saves the marks (the state directory) when they changed;

@@ -88,6 +88,12 @@ func (t *trustState) target(e Entry) (SignedTarget, bool) {
 		e.Group = ""
 	}
 	tg, ok := t.targets[targetID{e.Scope, e.Group}]
+	if !ok && e.Scope == ScopeGroup && e.Group != "" && t.cfg.GroupTarget != nil {
+		// A group joined since the start (a selector's): the snapshot has
+		// its keys only because this host is a member.
+		tg, ok = t.cfg.GroupTarget(e.Group), true
+		t.targets[targetID{e.Scope, e.Group}] = tg
+	}
 	return tg, ok
 }
 

@@ -63,10 +63,16 @@ func (c *Client) parseSignatureKey(key string) (t Target, unit string, ok bool) 
 func (c *Client) SignedTargets(host string, groups []string) []reconcile.SignedTarget {
 	out := []reconcile.SignedTarget{{Scope: reconcile.ScopeHost, Name: Target{Host: host}.String(), Root: c.hostUnits(host)}}
 	for _, g := range groups {
-		t := Target{Group: g}
-		out = append(out, reconcile.SignedTarget{Scope: reconcile.ScopeGroup, Group: g, Name: t.String(), Root: c.groupUnits(g)})
+		out = append(out, c.GroupSignedTarget(g))
 	}
 	return out
+}
+
+// GroupSignedTarget is the unit key root of group, as SignedTargets names
+// a group's: for a group the agent joins while it runs (a selector's).
+func (c *Client) GroupSignedTarget(group string) reconcile.SignedTarget {
+	t := Target{Group: group}
+	return reconcile.SignedTarget{Scope: reconcile.ScopeGroup, Group: group, Name: t.String(), Root: c.groupUnits(group)}
 }
 
 // sign adds, for each key written, its signature record (or, unsigned,

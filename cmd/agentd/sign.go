@@ -214,11 +214,13 @@ func (r *agentRun) openTrust() error {
 	}
 	r.log.Info("signed changes only: a change of a unit key is applied when an allowed signer signed it", "allowed_signers", r.o.allowedSigners,
 		"signers", strings.Join(who, "; "), "keys_accepted_before", len(marks))
+	layout := registry.New(nil, r.o.etcd.prefix) // key layout only
 	r.trust = &reconcile.Trust{
-		Verifier:  allowedSigners{r.allowed},
-		Targets:   registry.New(nil, r.o.etcd.prefix).SignedTargets(r.o.host, r.o.groups),
-		Marks:     marks,
-		SaveMarks: store.Save,
+		Verifier:    allowedSigners{r.allowed},
+		Targets:     layout.SignedTargets(r.o.host, r.o.groups),
+		GroupTarget: layout.GroupSignedTarget, // the selector groups it joins
+		Marks:       marks,
+		SaveMarks:   store.Save,
 	}
 	return nil
 }

@@ -47,7 +47,29 @@ func newFleet(t *testing.T, n int, endpoint string) *fleet {
 	for i := range n {
 		f.add(fmt.Sprintf("h%d", i+1))
 	}
+	f.waitJoined()
 	return f
+}
+
+// waitJoined waits until every host's agent is a live member: an agent
+// is ready before its membership is written, and a put --wait counts the
+// members it finds (a host that joins after it is not waited for).
+func (f *fleet) waitJoined() {
+	f.t.Helper()
+	t := f.t
+	eventually(t, "every agent of the fleet joined", func() bool {
+		known, err := f.reg.KnownHosts(t.Context())
+		live := map[string]bool{}
+		for _, k := range known {
+			live[k.Host] = k.Live
+		}
+		for _, e := range f.hosts {
+			if !live[e.host] {
+				return false
+			}
+		}
+		return err == nil
+	})
 }
 
 func (f *fleet) add(host string) *env {

@@ -45,6 +45,7 @@ func specFleet(t *testing.T, specs ...hostSpec) *fleet {
 		f.hosts = append(f.hosts, e)
 		f.byRun[filepath.Join(h.Dir, "run")] = e.host
 	}
+	f.waitJoined()
 	return f
 }
 

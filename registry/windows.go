@@ -25,11 +25,10 @@ import (
 
 func (c *Client) windowsRoot() string           { return c.prefix + "/windows/" }
 func (c *Client) windowKey(group string) string { return c.windowsRoot() + "groups/" + group }
-func validWindowGroup(group string) error       { return ValidateName("group", group) }
 
 // SetWindow records w as group's maintenance window (replacing any).
 func (c *Client) SetWindow(ctx context.Context, group string, w calendar.Window) error {
-	if err := validWindowGroup(group); err != nil {
+	if err := ValidateName("group", group); err != nil {
 		return err
 	}
 	if w.IsZero() {
@@ -45,7 +44,7 @@ func (c *Client) SetWindow(ctx context.Context, group string, w calendar.Window)
 
 // RemoveWindow removes group's window; false: it had none.
 func (c *Client) RemoveWindow(ctx context.Context, group string) (bool, error) {
-	if err := validWindowGroup(group); err != nil {
+	if err := ValidateName("group", group); err != nil {
 		return false, err
 	}
 	rctx, cancel := c.reqCtx(ctx)
@@ -61,7 +60,7 @@ func (c *Client) RemoveWindow(ctx context.Context, group string) (bool, error) {
 // is an error naming it: a write to the group must not go out at once
 // because its window was mistyped by hand.
 func (c *Client) Window(ctx context.Context, group string) (calendar.Window, bool, error) {
-	if err := validWindowGroup(group); err != nil {
+	if err := ValidateName("group", group); err != nil {
 		return calendar.Window{}, false, err
 	}
 	rctx, cancel := c.reqCtx(ctx)

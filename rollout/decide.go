@@ -337,14 +337,17 @@ func (r *Record) holding(g GroupView, w int, now time.Time) (Phase, []Offender, 
 	if ph, wait := r.waitAfter(g, w); wait {
 		return ph, nil, now.Add(FollowEvery)
 	}
-	ph, at, opened, wait := r.waitWindow(w, now)
-	if wait {
-		if !at.IsZero() {
-			at = at.Add(time.Millisecond) // inside, to the clock's grain
+	var opened, closes time.Time // of the window's opening now
+	if win := r.window(); win != nil {
+		open, opens, ends := win.Open(now)
+		if !open {
+			if !opens.IsZero() {
+				opens = opens.Add(time.Millisecond) // inside, to the clock's grain
+			}
+			return Phase{State: WaitingWindow, Wave: w, Reason: WindowReason(*win, now)}, nil, opens // zero: it never opens
 		}
-		return ph, nil, at
+		opened, closes = opens, ends
 	}
-	closes := at
 	switch {
 	case w > 0 && r.Strategy.PauseAfterCanary && !r.Promoted:
 		return Phase{State: WaitingPromote, Wave: w, Reason: "the canary is healthy: `agentd rollout promote " + r.ID + "` sends the change on"}, nil, time.Time{}

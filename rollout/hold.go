@@ -81,19 +81,13 @@ func (r *Record) waitAfter(g GroupView, w int) (Phase, bool) {
 	return Phase{State: WaitingAfter, Wave: w, Reason: reason}, true
 }
 
-// waitWindow is, outside r's window, the phase that says so and when the
-// window opens (zero: never); inside it, false and when it closes (to look
-// again then) and when it opened (for the progress deadline).
-func (r *Record) waitWindow(w int, now time.Time) (ph Phase, at, opened time.Time, wait bool) {
-	win := r.Strategy.Window
-	if win == nil || win.IsZero() || r.OutsideWindow {
-		return Phase{}, time.Time{}, time.Time{}, false
+// window is the window r admits hosts in; nil: none, or promoted
+// outside it (`agentd rollout promote`).
+func (r *Record) window() *calendar.Window {
+	if w := r.Strategy.Window; w != nil && !w.IsZero() && !r.OutsideWindow {
+		return w
 	}
-	open, opens, closes := win.Open(now)
-	if open {
-		return Phase{}, closes, opens, false
-	}
-	return Phase{State: WaitingWindow, Wave: w, Reason: WindowReason(*win, now)}, opens, time.Time{}, true
+	return nil
 }
 
 // WindowReason is what a rollout waiting for win says at now (a reader

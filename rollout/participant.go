@@ -300,8 +300,10 @@ func (h *Participant) Running() []HostRollout {
 			hr.State, hr.Reason = Paused, r.PauseReason
 		case mine == nil && !v.Admitted[r.ID]:
 			// Not admitted: a closed window is why, if the rollout has one.
-			if ph, _, _, wait := r.waitWindow(max(hr.Wave, 0), time.Now()); wait {
-				hr.State, hr.Reason = ph.State, ph.Reason
+			if win := r.window(); win != nil {
+				if open, _, _ := win.Open(time.Now()); !open {
+					hr.State, hr.Reason = WaitingWindow, WindowReason(*win, time.Now())
+				}
 			}
 		}
 		if hr.State.Ended() && mine.StateOf() != HostReverting && !(r.Reverts() && mine.Took()) {

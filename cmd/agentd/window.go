@@ -132,6 +132,7 @@ func newWindowRmCmd() *cobra.Command {
 
 // windowRow is one window of `window ls --json`.
 type windowRow struct {
+	group    string
 	Target   string `json:"target"`
 	Selector string `json:"selector,omitempty"`
 	Window   string `json:"window,omitempty"`
@@ -165,7 +166,7 @@ func newWindowLsCmd() *cobra.Command {
 				var rows []windowRow
 				for g, w := range ws {
 					open, opens, closes := w.Open(now)
-					row := windowRow{Target: "groups/" + g, Window: w.String(), Open: open, Says: w.Describe(now)}
+					row := windowRow{group: g, Target: registry.Target{Group: g}.String(), Window: w.String(), Open: open, Says: w.Describe(now)}
 					if open {
 						row.Closes = closes.Format(time.RFC3339)
 					} else if !opens.IsZero() {
@@ -174,10 +175,10 @@ func newWindowLsCmd() *cobra.Command {
 					rows = append(rows, row)
 				}
 				for g, e := range bad {
-					rows = append(rows, windowRow{Target: "groups/" + g, Says: "does not read", Error: e.Error()})
+					rows = append(rows, windowRow{group: g, Target: registry.Target{Group: g}.String(), Says: "does not read", Error: e.Error()})
 				}
 				for i := range rows {
-					if s, ok := sels[rows[i].Target[len("groups/"):]]; ok {
+					if s, ok := sels[rows[i].group]; ok {
 						rows[i].Selector = s.String()
 					}
 				}

@@ -24,7 +24,6 @@ import (
 	"github.com/agentd/agentd/internal/testport"
 	"github.com/agentd/agentd/reconcile"
 	"github.com/agentd/agentd/registry"
-	"github.com/agentd/agentd/registry/registrytest"
 )
 
 // mirrorProc is one `agentd mirror` running in-process.
@@ -159,17 +158,14 @@ func TestMirrorE2ESignedCommitRuns(t *testing.T) {
 // mirror stops before the unsigned one, and status names it.
 func TestMirrorE2EUnsignedStops(t *testing.T) {
 	t.Parallel()
-	etcd := registrytest.StartEtcd(t)
-	reg := registrytest.NewClient(t, etcd.Endpoint())
-	g := newGitRepo(t)
-	key, line := g.key("alice@example.com")
+	endpoint, reg, g, key, line := mirrorScene(t)
 	g.write("hosts/h1/a.service", helloV1)
 	c1 := g.commit(key, "one")
 	g.write("hosts/h1/b.service", helloV1)
 	c2 := g.commit("", "two, unsigned")
 	g.write("hosts/h1/c.service", helloV1)
 	g.commit(key, "three")
-	startMirror(t, etcd.Endpoint(), g, g.signers(line), nil)
+	startMirror(t, endpoint, g, g.signers(line), nil)
 	st := waitMirror(t, reg, "the unsigned commit is refused", refusedCommit(c2))
 	if st.Commit != c1 || st.Refused.Author != "Alice <alice@example.com>" || !strings.Contains(st.Refused.Reason, "not signed") {
 		t.Fatalf("state %+v, refused %+v", st, st.Refused)
@@ -183,7 +179,7 @@ func TestMirrorE2EUnsignedStops(t *testing.T) {
 			t.Errorf("%s is in the registry: written from the refused commit or after it", k)
 		}
 	}
-	out, code := mirrorCLI(t, etcd.Endpoint(), "mirror", "status")
+	out, code := mirrorCLI(t, endpoint, "mirror", "status")
 	for _, want := range []string{c2[:12], "Alice <alice@example.com>", "not signed", c1[:12]} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("mirror status (exit %d) does not say %q:\n%s", code, want, out)
@@ -194,29 +190,26 @@ func TestMirrorE2EUnsignedStops(t *testing.T) {
 // A force push is refused; `mirror reset --to` names where to go on from.
 func TestMirrorE2EForcePushAndReset(t *testing.T) {
 	t.Parallel()
-	etcd := registrytest.StartEtcd(t)
-	reg := registrytest.NewClient(t, etcd.Endpoint())
-	g := newGitRepo(t)
-	key, line := g.key("alice@example.com")
+	endpoint, reg, g, key, line := mirrorScene(t)
 	for i := range 5 {
 		g.write(fmt.Sprintf("hosts/h1/u%d.service", i), helloV1)
 	}
 	c1 := g.commit(key, "one")
 	g.write("hosts/h1/a.service", helloV1)
 	c2 := g.commit(key, "two")
-	startMirror(t, etcd.Endpoint(), g, g.signers(line), nil)
+	startMirror(t, endpoint, g, g.signers(line), nil)
 	waitMirror(t, reg, "two mirrored", atCommit(c2))
 	g.git("reset", "-q", "--hard", c1)
 	g.write("hosts/h1/b.service", helloV1)
 	c3 := g.commit(key, "three, rewritten")
-	if out, code := mirrorCLI(t, etcd.Endpoint(), "mirror", "sync"); code != 0 {
+	if out, code := mirrorCLI(t, endpoint, "mirror", "sync"); code != 0 {
 		t.Fatalf("mirror sync: exit %d\n%s", code, out)
 	}
 	st := waitMirror(t, reg, "the force push is refused", refusedCommit(c3))
 	if st.Commit != c2 || !strings.Contains(st.Refused.Reason, "not a fast-forward") {
 		t.Fatalf("state %+v, refused %+v", st, st.Refused)
 	}
-	out, code := mirrorCLI(t, etcd.Endpoint(), "mirror", "reset", "--to", c1)
+	out, code := mirrorCLI(t, endpoint, "mirror", "reset", "--to", c1)
 	if code != 0 || !strings.Contains(out, c1) || !strings.Contains(out, c2[:12]) {
 		t.Fatalf("mirror reset: exit %d\n%s", code, out)
 	}
@@ -234,21 +227,18 @@ func TestMirrorE2EForcePushAndReset(t *testing.T) {
 // --allow-mass-delete`.
 func TestMirrorE2EMassDeleteHeld(t *testing.T) {
 	t.Parallel()
-	etcd := registrytest.StartEtcd(t)
-	reg := registrytest.NewClient(t, etcd.Endpoint())
-	g := newGitRepo(t)
-	key, line := g.key("alice@example.com")
+	endpoint, reg, g, key, line := mirrorScene(t)
 	for i := range 10 {
 		g.write(fmt.Sprintf("hosts/h1/u%d.service", i), helloV1)
 	}
 	c1 := g.commit(key, "ten")
-	startMirror(t, etcd.Endpoint(), g, g.signers(line), nil)
+	startMirror(t, endpoint, g, g.signers(line), nil)
 	waitMirror(t, reg, "ten mirrored", atCommit(c1))
 	for i := range 9 {
 		g.rm(fmt.Sprintf("hosts/h1/u%d.service", i))
 	}
 	c2 := g.commit(key, "delete nine")
-	mirrorCLI(t, etcd.Endpoint(), "mirror", "sync")
+	mirrorCLI(t, endpoint, "mirror", "sync")
 	st := waitMirror(t, reg, "the mass delete is held", refusedCommit(c2))
 	if st.Commit != c1 || !strings.Contains(st.Refused.Reason, "--allow-mass-delete") {
 		t.Fatalf("state %+v, refused %+v", st, st.Refused)
@@ -256,7 +246,7 @@ func TestMirrorE2EMassDeleteHeld(t *testing.T) {
 	if tree, err := reg.MirrorTree(context.Background(), "default"); err != nil || len(tree[h1]) != 10 {
 		t.Fatalf("mirrored keys while held: %d, %v", len(tree[h1]), err)
 	}
-	if out, code := mirrorCLI(t, etcd.Endpoint(), "mirror", "sync", "--allow-mass-delete"); code != 0 {
+	if out, code := mirrorCLI(t, endpoint, "mirror", "sync", "--allow-mass-delete"); code != 0 {
 		t.Fatalf("mirror sync --allow-mass-delete: exit %d\n%s", code, out)
 	}
 	waitMirror(t, reg, "the mass delete is applied", atCommit(c2))
@@ -269,15 +259,12 @@ func TestMirrorE2EMassDeleteHeld(t *testing.T) {
 // other takes over.
 func TestMirrorE2ETwoMirrorsOneWrites(t *testing.T) {
 	t.Parallel()
-	etcd := registrytest.StartEtcd(t)
-	reg := registrytest.NewClient(t, etcd.Endpoint())
-	g := newGitRepo(t)
-	key, line := g.key("alice@example.com")
+	endpoint, reg, g, key, line := mirrorScene(t)
 	g.write("hosts/h1/a.service", helloV1)
 	c1 := g.commit(key, "one")
 	signers := g.signers(line)
-	a := startMirror(t, etcd.Endpoint(), g, signers, func(o *mirrorOptions) { o.id = "a" })
-	b := startMirror(t, etcd.Endpoint(), g, signers, func(o *mirrorOptions) { o.id = "b" })
+	a := startMirror(t, endpoint, g, signers, func(o *mirrorOptions) { o.id = "a" })
+	b := startMirror(t, endpoint, g, signers, func(o *mirrorOptions) { o.id = "b" })
 	waitMirror(t, reg, "one mirrored", atCommit(c1))
 	time.Sleep(500 * time.Millisecond) // time for a wrong second election to show
 	if n := a.elected.Load() + b.elected.Load(); n != 1 {
@@ -291,7 +278,7 @@ func TestMirrorE2ETwoMirrorsOneWrites(t *testing.T) {
 	g.write("hosts/h1/b.service", helloV1)
 	c2 := g.commit(key, "two")
 	eventually(t, "the standby is elected", func() bool { return standby.elected.Load() == 1 })
-	mirrorCLI(t, etcd.Endpoint(), "mirror", "sync")
+	mirrorCLI(t, endpoint, "mirror", "sync")
 	waitMirror(t, reg, "the standby mirrors", atCommit(c2))
 }
 
@@ -299,16 +286,13 @@ func TestMirrorE2ETwoMirrorsOneWrites(t *testing.T) {
 // or GitLab's token, fetches at once.
 func TestMirrorE2EWebhook(t *testing.T) {
 	t.Parallel()
-	etcd := registrytest.StartEtcd(t)
-	reg := registrytest.NewClient(t, etcd.Endpoint())
-	g := newGitRepo(t)
-	key, line := g.key("alice@example.com")
+	endpoint, reg, g, key, line := mirrorScene(t)
 	g.write("hosts/h1/a.service", helloV1)
 	c1 := g.commit(key, "one")
 	secretFile := filepath.Join(g.dir, "secret")
 	g.write("../secret", "s3cret\n")
 	addr := "127.0.0.1:" + strconv.Itoa(testport.Restartable(t))
-	p := startMirror(t, etcd.Endpoint(), g, g.signers(line), func(o *mirrorOptions) {
+	p := startMirror(t, endpoint, g, g.signers(line), func(o *mirrorOptions) {
 		o.webhookListen, o.webhookSecretFile = addr, secretFile
 	})
 	waitMirror(t, reg, "one mirrored", atCommit(c1))
@@ -365,34 +349,31 @@ func TestMirrorE2EWebhook(t *testing.T) {
 // the mirror) unless --force.
 func TestMirrorE2EDirectPutRefused(t *testing.T) {
 	t.Parallel()
-	etcd := registrytest.StartEtcd(t)
-	reg := registrytest.NewClient(t, etcd.Endpoint())
-	g := newGitRepo(t)
-	key, line := g.key("alice@example.com")
+	endpoint, reg, g, key, line := mirrorScene(t)
 	g.write("hosts/h1/a.service", helloV1)
 	c1 := g.commit(key, "one")
-	startMirror(t, etcd.Endpoint(), g, g.signers(line), nil)
+	startMirror(t, endpoint, g, g.signers(line), nil)
 	waitMirror(t, reg, "one mirrored", atCommit(c1))
 	g.write("../src/x.service", helloV2)
 	src := filepath.Join(g.dir, "src", "x.service")
-	out, code := mirrorCLI(t, etcd.Endpoint(), "unit", "put", src, "--host", "h1")
+	out, code := mirrorCLI(t, endpoint, "unit", "put", src, "--host", "h1")
 	if code != exitUsage || !strings.Contains(out, `"default"`) || !strings.Contains(out, g.url()) || !strings.Contains(out, "--force") {
 		t.Fatalf("unit put to a mirrored host: exit %d, want 2 naming the mirror\n%s", code, out)
 	}
 	if _, err := reg.Get(context.Background(), h1, "x.service"); err == nil {
 		t.Fatal("the refused put was stored")
 	}
-	if out, code := mirrorCLI(t, etcd.Endpoint(), "unit", "put", src, "--host", "h1", "--force"); code != 0 {
+	if out, code := mirrorCLI(t, endpoint, "unit", "put", src, "--host", "h1", "--force"); code != 0 {
 		t.Fatalf("unit put --force: exit %d\n%s", code, out)
 	}
 	if _, err := reg.Get(context.Background(), h1, "x.service"); err != nil {
 		t.Fatalf("put --force: %v", err)
 	}
-	if out, code := mirrorCLI(t, etcd.Endpoint(), "unit", "rm", "a.service", "--host", "h1"); code != exitUsage {
+	if out, code := mirrorCLI(t, endpoint, "unit", "rm", "a.service", "--host", "h1"); code != exitUsage {
 		t.Fatalf("unit rm of a mirrored key: exit %d, want 2\n%s", code, out)
 	}
 	// Another host is not the mirror's.
-	if out, code := mirrorCLI(t, etcd.Endpoint(), "unit", "put", src, "--host", "h2"); code != 0 {
+	if out, code := mirrorCLI(t, endpoint, "unit", "put", src, "--host", "h2"); code != 0 {
 		t.Fatalf("unit put to an unmirrored host: exit %d\n%s", code, out)
 	}
 }
@@ -402,10 +383,7 @@ func TestMirrorE2EDirectPutRefused(t *testing.T) {
 // (under the mass-delete guard), not silently in the commit after it.
 func TestMirrorE2ETakeOverRemovesHandPutKeys(t *testing.T) {
 	t.Parallel()
-	etcd := registrytest.StartEtcd(t)
-	reg := registrytest.NewClient(t, etcd.Endpoint())
-	g := newGitRepo(t)
-	key, line := g.key("alice@example.com")
+	endpoint, reg, g, key, line := mirrorScene(t)
 	hand := map[string][]byte{"hand.service": []byte(helloV2)} // one of five: 20 %, at the guard
 	for i := range 4 {
 		hand[fmt.Sprintf("a%d.service", i)] = []byte(helloV1)
@@ -417,7 +395,7 @@ func TestMirrorE2ETakeOverRemovesHandPutKeys(t *testing.T) {
 		g.write(fmt.Sprintf("hosts/h1/a%d.service", i), helloV1)
 	}
 	c1 := g.commit(key, "take h1 over")
-	startMirror(t, etcd.Endpoint(), g, g.signers(line), nil)
+	startMirror(t, endpoint, g, g.signers(line), nil)
 	waitMirror(t, reg, "the first commit mirrored", atCommit(c1))
 	if _, err := reg.Get(context.Background(), h1, "hand.service"); err == nil {
 		t.Error("hand.service, put by hand and not in git, is still in hosts/h1 after the commit that took h1 over")

@@ -392,16 +392,13 @@ func commitsInHistory(t *testing.T, reg *registry.Client, target registry.Target
 // and the key's history are what they were.
 func TestMirrorWebhookReplay(t *testing.T) {
 	t.Parallel()
-	etcd := registrytest.StartEtcd(t)
-	reg := registrytest.NewClient(t, etcd.Endpoint())
-	g := newGitRepo(t)
-	key, line := g.key("alice@example.com")
+	endpoint, reg, g, key, line := mirrorScene(t)
 	g.write("hosts/h1/a.service", helloV1)
 	c1 := g.commit(key, "one")
 	g.write("../secret", "s3cret\n")
 	hook := "127.0.0.1:" + strconv.Itoa(testport.Restartable(t))
 	metrics := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	startMirror(t, etcd.Endpoint(), g, g.signers(line), func(o *mirrorOptions) {
+	startMirror(t, endpoint, g, g.signers(line), func(o *mirrorOptions) {
 		o.webhookListen, o.webhookSecretFile, o.metricsAddr = hook, filepath.Join(g.dir, "secret"), metrics
 	})
 	waitMirror(t, reg, "one mirrored", atCommit(c1))
@@ -432,7 +429,7 @@ func TestMirrorWebhookReplay(t *testing.T) {
 	// The round that wrote two has fetched; nothing else triggers one
 	// (the poll is an hour).
 	fetches := fetchesOK(t, metrics)
-	rev := etcdRevision(t, etcd.Endpoint())
+	rev := etcdRevision(t, endpoint)
 	if n := commitsInHistory(t, reg, h1, "b.service", c2); n != 1 {
 		t.Fatalf("b.service's history holds commit two %d times before the replay", n)
 	}
@@ -443,7 +440,7 @@ func TestMirrorWebhookReplay(t *testing.T) {
 	if got := fetchesOK(t, metrics); got > fetches+1 {
 		t.Errorf("the replay fetched %v times, want at most 1", got-fetches)
 	}
-	if got := etcdRevision(t, etcd.Endpoint()); got != rev {
+	if got := etcdRevision(t, endpoint); got != rev {
 		t.Errorf("the replay wrote to the registry: revision %d → %d", rev, got)
 	}
 	if n := commitsInHistory(t, reg, h1, "b.service", c2); n != 1 {
@@ -606,16 +603,13 @@ func TestMirrorDefaultsFileNamesEveryFlag(t *testing.T) {
 // again: here after `mirror reset --to` the refused commit.
 func TestMirrorStoppedGauge(t *testing.T) {
 	t.Parallel()
-	etcd := registrytest.StartEtcd(t)
-	reg := registrytest.NewClient(t, etcd.Endpoint())
-	g := newGitRepo(t)
-	key, line := g.key("alice@example.com")
+	endpoint, reg, g, key, line := mirrorScene(t)
 	g.write("hosts/h1/a.service", helloV1)
 	g.commit(key, "one")
 	g.write("hosts/h1/b.service", helloV1)
 	c2 := g.commit("", "two, unsigned")
 	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	startMirror(t, etcd.Endpoint(), g, g.signers(line), func(o *mirrorOptions) { o.metricsAddr = addr; o.poll = time.Second })
+	startMirror(t, endpoint, g, g.signers(line), func(o *mirrorOptions) { o.metricsAddr = addr; o.poll = time.Second })
 	waitMirror(t, reg, "the unsigned commit is refused", refusedCommit(c2))
 	stopped := func() float64 {
 		f, ok := parseScrape(t, agentMetrics(t, addr))["agentd_mirror_stopped"]
@@ -627,7 +621,7 @@ func TestMirrorStoppedGauge(t *testing.T) {
 	if v := stopped(); v != 1 {
 		t.Fatalf("agentd_mirror_stopped = %v before the refused commit, want 1", v)
 	}
-	if out, code := mirrorCLI(t, etcd.Endpoint(), "mirror", "reset", "--to", c2); code != 0 {
+	if out, code := mirrorCLI(t, endpoint, "mirror", "reset", "--to", c2); code != 0 {
 		t.Fatalf("mirror reset: exit %d\n%s", code, out)
 	}
 	deadline := time.Now().Add(20 * time.Second)

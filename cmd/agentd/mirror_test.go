@@ -29,6 +29,7 @@ import (
 	"github.com/agentd/agentd/internal/citest"
 	"github.com/agentd/agentd/mirror"
 	"github.com/agentd/agentd/registry"
+	"github.com/agentd/agentd/registry/registrytest"
 	"github.com/agentd/agentd/rollout"
 	"github.com/agentd/agentd/sshsig"
 )
@@ -85,6 +86,18 @@ func (g *gitRepo) git(args ...string) string {
 
 // key makes an ed25519 key pair with ssh-keygen and returns the private
 // key's path and its allowed_signers line for principal.
+// mirrorScene is what the mirror's end-to-end tests begin with: an etcd
+// (its endpoint and a client), and a git repository with alice's signing
+// key (the private key's file and its allowed_signers line).
+func mirrorScene(t *testing.T) (endpoint string, reg *registry.Client, g *gitRepo, key, line string) {
+	t.Helper()
+	endpoint = registrytest.StartEtcd(t).Endpoint()
+	reg = registrytest.NewClient(t, endpoint)
+	g = newGitRepo(t)
+	key, line = g.key("alice@example.com")
+	return endpoint, reg, g, key, line
+}
+
 func (g *gitRepo) key(principal string) (priv, line string) {
 	g.t.Helper()
 	priv = filepath.Join(g.dir, principal)
